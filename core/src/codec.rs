@@ -1,0 +1,650 @@
+//! The intention codec: a compact, versioned, checksummed binary format
+//! (specified in `docs/format.md`).
+//!
+//! Decoding happens in two steps. [`parse`] checks the framing, checksum,
+//! limits and field validity of untrusted bytes without touching any tree.
+//! `resolve` then turns the parsed nodes into tree nodes, resolving
+//! cross-intention pointers and unaltered payloads against the snapshot the
+//! writer read, and checks that the result is an ordered, balanced tree.
+//! Both steps are pure functions of the log, so every node accepts or rejects
+//! the same bytes with the same error.
+
+use std::ops::Bound;
+use std::sync::Arc;
+
+use integer_encoding::VarInt;
+
+use crate::error::{
+    DecodeError, TxnError, MAX_INTENTION_BYTES, MAX_INTENTION_NODES, MAX_KEY_LEN,
+    MAX_RANGES_PER_NODE, MAX_VALUE_LEN,
+};
+use crate::node::{
+    find, height, max_key, min_key, oldest_from, Bytes, Link, LogPos, Node, Owner, OwnerKind,
+    Vn, ALTERED, DEPENDS_ON, DEPENDS_ON_TREE, OLDEST_UNKNOWN_OWN, SUBTREE_ONLY_READ,
+};
+use crate::range::{Gap, KeyRange};
+use crate::txn::Isolation;
+
+/// Magic bytes at the start of every intention record.
+pub const INTENTION_MAGIC: &[u8; 4] = b"MLDI";
+/// Intention format version written by this build.
+pub const INTENTION_VERSION: u8 = 1;
+
+const F_ALTERED: u8 = 1;
+const F_DEPENDS_ON: u8 = 2;
+const F_DEPENDS_ON_TREE: u8 = 4;
+const F_ONLY_READ: u8 = 8;
+const F_HAS_SCV: u8 = 16;
+const F_HAS_SSV: u8 = 32;
+const F_KNOWN: u8 = 63;
+
+const CHILD_NONE: u8 = 0;
+const CHILD_LOCAL: u8 = 1;
+const CHILD_CROSS: u8 = 2;
+
+// ---------------------------------------------------------------- writing
+
+pub(crate) struct Writer {
+    pub(crate) buf: Vec<u8>,
+}
+
+impl Writer {
+    fn varint(&mut self, v: u64) {
+        let mut tmp = [0u8; 10];
+        let n = v.encode_var(&mut tmp);
+        self.buf.extend_from_slice(&tmp[..n]);
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        self.varint(b.len() as u64);
+        self.buf.extend_from_slice(b);
+    }
+    fn bound(&mut self, b: &Bound<Bytes>) {
+        match b {
+            Bound::Unbounded => self.buf.push(0),
+            Bound::Included(k) => {
+                self.buf.push(1);
+                self.bytes(k);
+            }
+            Bound::Excluded(k) => {
+                self.buf.push(2);
+                self.bytes(k);
+            }
+        }
+    }
+    fn ranges(&mut self, rs: &[KeyRange]) {
+        self.varint(rs.len() as u64);
+        for r in rs {
+            self.bound(&r.start);
+            self.bound(&r.end);
+        }
+    }
+}
+
+/// Everything the encoder needs from a finished transaction.
+pub(crate) struct EncodeInput<'a> {
+    pub(crate) root: &'a Link,
+    pub(crate) local: &'a Arc<Owner>,
+    pub(crate) isolation: Isolation,
+    pub(crate) snapshot_pos: LogPos,
+    pub(crate) snapshot_csn: Vn,
+    pub(crate) deletes: &'a [(Bytes, Vn)],
+    pub(crate) header_ranges: &'a [KeyRange],
+}
+
+/// Encodes a transaction's local tree as an intention record.
+pub(crate) fn encode(input: &EncodeInput<'_>) -> Result<Vec<u8>, TxnError> {
+    let mut w = Writer {
+        buf: Vec::with_capacity(256),
+    };
+    w.buf.extend_from_slice(INTENTION_MAGIC);
+    w.buf.push(INTENTION_VERSION);
+    w.buf.push(input.isolation.code());
+    w.varint(input.snapshot_pos);
+    w.varint(input.snapshot_csn);
+    let count = count_local(input.root, input.local);
+    if count > MAX_INTENTION_NODES {
+        return Err(TxnError::TooLarge {
+            what: "node count",
+        });
+    }
+    w.varint(count as u64);
+    if let Some(root) = input.root {
+        encode_node(&mut w, root, input);
+    }
+    w.varint(input.deletes.len() as u64);
+    for (k, scv) in input.deletes {
+        w.bytes(k);
+        w.varint(input.snapshot_csn - scv);
+    }
+    w.ranges(input.header_ranges);
+    let crc = crc32fast::hash(&w.buf);
+    w.buf.extend_from_slice(&crc.to_le_bytes());
+    if w.buf.len() > MAX_INTENTION_BYTES {
+        return Err(TxnError::TooLarge { what: "byte size" });
+    }
+    Ok(w.buf)
+}
+
+fn count_local(t: &Link, local: &Arc<Owner>) -> usize {
+    match t {
+        Some(n) if n.same_owner(local) => {
+            1 + count_local(&n.left, local) + count_local(&n.right, local)
+        }
+        _ => 0,
+    }
+}
+
+fn child_kind(c: &Link, local: &Arc<Owner>) -> u8 {
+    match c {
+        None => CHILD_NONE,
+        Some(n) if n.same_owner(local) => CHILD_LOCAL,
+        Some(_) => CHILD_CROSS,
+    }
+}
+
+fn encode_node(w: &mut Writer, n: &Arc<Node>, input: &EncodeInput<'_>) {
+    // Post-order: both children before the node, so a decoder can rebuild
+    // the tree with a stack and VNs follow from the position (App. E).
+    let local = input.local;
+    for c in [&n.left, &n.right].into_iter().flatten() {
+        if c.same_owner(local) {
+            encode_node(w, c, input);
+        }
+    }
+    let ranges = n.ranges.as_deref().unwrap_or(&[]);
+    let mut flags = 0u8;
+    if n.altered() {
+        flags |= F_ALTERED;
+    }
+    if n.depends_on() {
+        flags |= F_DEPENDS_ON;
+    }
+    if !ranges.is_empty() {
+        flags |= F_DEPENDS_ON_TREE;
+    }
+    // A transaction-local node's subtree is only read-dependent when nothing
+    // was written at it or below it.
+    if !n.flag(crate::node::DIRTY) && !n.altered() {
+        flags |= F_ONLY_READ;
+    }
+    if n.scv != 0 {
+        flags |= F_HAS_SCV;
+    }
+    if n.ssv != 0 {
+        flags |= F_HAS_SSV;
+    }
+    w.buf.push(flags);
+    w.buf
+        .push(child_kind(&n.left, local) | (child_kind(&n.right, local) << 2));
+    w.bytes(&n.key);
+    if n.altered() {
+        w.bytes(&n.value);
+    }
+    if n.scv != 0 {
+        w.varint(input.snapshot_csn - n.scv);
+    }
+    if n.ssv != 0 {
+        w.varint(input.snapshot_csn - n.ssv);
+    }
+    for c in [&n.left, &n.right].into_iter().flatten() {
+        if !c.same_owner(local) {
+            w.varint(input.snapshot_csn - c.vn());
+            w.bytes(&c.key);
+        }
+    }
+    if !ranges.is_empty() {
+        w.ranges(ranges);
+    }
+}
+
+// ---------------------------------------------------------------- parsing
+
+/// A node as read from the bytes, before resolution.
+#[derive(Debug, Clone)]
+pub(crate) struct ParsedNode<'a> {
+    flags: u8,
+    kinds: [u8; 2],
+    key: &'a [u8],
+    value: Option<&'a [u8]>,
+    scv: Vn,
+    ssv: Vn,
+    cross: [Option<(Vn, &'a [u8])>; 2],
+    ranges: Vec<KeyRange>,
+}
+
+/// An intention record whose framing and fields have been validated.
+#[derive(Debug, Clone)]
+pub struct ParsedIntention<'a> {
+    /// The writer's isolation level.
+    pub isolation: Isolation,
+    /// Log position of the last intention melded into the writer's snapshot.
+    pub snapshot_pos: LogPos,
+    /// CSN of the writer's snapshot.
+    pub snapshot_csn: Vn,
+    pub(crate) nodes: Vec<ParsedNode<'a>>,
+    pub(crate) deletes: Vec<(&'a [u8], Vn)>,
+    pub(crate) header_ranges: Vec<KeyRange>,
+    /// Bytes of node keys and altered values (payload, not metadata).
+    pub payload_bytes: usize,
+    /// Total encoded size.
+    pub total_bytes: usize,
+}
+
+impl ParsedIntention<'_> {
+    /// Number of tree nodes in the intention.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+    /// Number of keys in the delete list.
+    pub fn delete_count(&self) -> usize {
+        self.deletes.len()
+    }
+    /// Average bytes per node that are not the node's own key or value:
+    /// flags, versions, pointers, dependency ranges and the share of the
+    /// header and delete list (the paper's "metadata per node", §4.3).
+    pub fn metadata_bytes_per_node(&self) -> f64 {
+        if self.nodes.is_empty() {
+            return 0.0;
+        }
+        (self.total_bytes - self.payload_bytes) as f64 / self.nodes.len() as f64
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn u8(&mut self, field: &'static str) -> Result<u8, DecodeError> {
+        let b = *self
+            .buf
+            .get(self.at)
+            .ok_or(DecodeError::Truncated { field })?;
+        self.at += 1;
+        Ok(b)
+    }
+    fn varint(&mut self, field: &'static str) -> Result<u64, DecodeError> {
+        let rest = &self.buf[self.at..];
+        if rest.is_empty() {
+            return Err(DecodeError::Truncated { field });
+        }
+        match u64::decode_var(rest) {
+            Some((v, n)) => {
+                self.at += n;
+                Ok(v)
+            }
+            None if rest.len() < 10 && rest.iter().all(|b| b & 0x80 != 0) => {
+                Err(DecodeError::Truncated { field })
+            }
+            None => Err(DecodeError::BadVarint { field }),
+        }
+    }
+    fn count(&mut self, field: &'static str, limit: usize) -> Result<usize, DecodeError> {
+        let v = self.varint(field)?;
+        if v > limit as u64 {
+            return Err(DecodeError::Limit {
+                field,
+                value: v,
+                limit: limit as u64,
+            });
+        }
+        Ok(v as usize)
+    }
+    fn bytes(&mut self, field: &'static str, limit: usize) -> Result<&'a [u8], DecodeError> {
+        let len = self.count(field, limit)?;
+        if self.buf.len() - self.at < len {
+            return Err(DecodeError::Truncated { field });
+        }
+        let b = &self.buf[self.at..self.at + len];
+        self.at += len;
+        Ok(b)
+    }
+    /// Reads `csn - v` and returns `v`, which must lie in `1..=csn`.
+    fn version(&mut self, field: &'static str, csn: Vn) -> Result<Vn, DecodeError> {
+        let d = self.varint(field)?;
+        if d >= csn {
+            return Err(DecodeError::Invalid {
+                field,
+                why: "version is not older than the snapshot",
+            });
+        }
+        Ok(csn - d)
+    }
+    fn bound(&mut self) -> Result<Bound<Bytes>, DecodeError> {
+        Ok(match self.u8("range bound")? {
+            0 => Bound::Unbounded,
+            1 => Bound::Included(self.bytes("range key", MAX_KEY_LEN)?.into()),
+            2 => Bound::Excluded(self.bytes("range key", MAX_KEY_LEN)?.into()),
+            _ => {
+                return Err(DecodeError::Invalid {
+                    field: "range bound",
+                    why: "unknown tag",
+                })
+            }
+        })
+    }
+    fn ranges(&mut self) -> Result<Vec<KeyRange>, DecodeError> {
+        let n = self.count("range count", MAX_RANGES_PER_NODE)?;
+        // Every range takes at least two bytes: never allocate more than the
+        // remaining input could describe.
+        let mut out = Vec::with_capacity(n.min((self.buf.len() - self.at) / 2));
+        for _ in 0..n {
+            let start = self.bound()?;
+            let end = self.bound()?;
+            out.push(KeyRange { start, end });
+        }
+        Ok(out)
+    }
+}
+
+/// Validates the framing, checksum, limits and fields of an intention record.
+/// Never panics and never allocates more than the input size justifies.
+pub fn parse(bytes: &[u8]) -> Result<ParsedIntention<'_>, DecodeError> {
+    if bytes.len() > MAX_INTENTION_BYTES {
+        return Err(DecodeError::Limit {
+            field: "intention size",
+            value: bytes.len() as u64,
+            limit: MAX_INTENTION_BYTES as u64,
+        });
+    }
+    if bytes.len() < 4 || &bytes[..4] != INTENTION_MAGIC {
+        return Err(DecodeError::BadMagic { what: "intention" });
+    }
+    if bytes.len() < 10 {
+        return Err(DecodeError::Truncated { field: "header" });
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    let mut crc_bytes = [0u8; 4];
+    crc_bytes.copy_from_slice(crc);
+    if crc32fast::hash(body) != u32::from_le_bytes(crc_bytes) {
+        return Err(DecodeError::Checksum);
+    }
+    let mut r = Reader { buf: body, at: 4 };
+    let version = r.u8("version")?;
+    if version != INTENTION_VERSION {
+        return Err(DecodeError::UnsupportedVersion {
+            found: version,
+            supported: INTENTION_VERSION,
+        });
+    }
+    let isolation = Isolation::from_code(r.u8("isolation")?).ok_or(DecodeError::Invalid {
+        field: "isolation",
+        why: "unknown level",
+    })?;
+    let snapshot_pos = r.varint("snapshot position")?;
+    let snapshot_csn = r.varint("snapshot csn")?;
+    let count = r.count("node count", MAX_INTENTION_NODES)?;
+    // A node takes at least four bytes.
+    let mut nodes = Vec::with_capacity(count.min(body.len() / 4));
+    let mut payload = 0usize;
+    for _ in 0..count {
+        let flags = r.u8("node flags")?;
+        if flags & !F_KNOWN != 0 {
+            return Err(DecodeError::Invalid {
+                field: "node flags",
+                why: "unknown flag bits",
+            });
+        }
+        let kinds_byte = r.u8("child kinds")?;
+        let kinds = [kinds_byte & 3, (kinds_byte >> 2) & 3];
+        if kinds_byte >> 4 != 0 || kinds.contains(&3) {
+            return Err(DecodeError::Invalid {
+                field: "child kinds",
+                why: "unknown child kind",
+            });
+        }
+        let altered = flags & F_ALTERED != 0;
+        if flags & F_HAS_SCV == 0 && !altered {
+            return Err(DecodeError::Invalid {
+                field: "node flags",
+                why: "a node without a source version must be an insert",
+            });
+        }
+        if flags & F_ONLY_READ != 0 && (altered || flags & F_HAS_SSV == 0) {
+            return Err(DecodeError::Invalid {
+                field: "node flags",
+                why: "a read-only subtree cannot be altered and needs a structure version",
+            });
+        }
+        let key = r.bytes("node key", MAX_KEY_LEN)?;
+        let value = if altered {
+            Some(r.bytes("node value", MAX_VALUE_LEN)?)
+        } else {
+            None
+        };
+        payload += key.len() + value.map_or(0, |v| v.len());
+        let scv = if flags & F_HAS_SCV != 0 {
+            r.version("scv", snapshot_csn)?
+        } else {
+            0
+        };
+        let ssv = if flags & F_HAS_SSV != 0 {
+            r.version("ssv", snapshot_csn)?
+        } else {
+            0
+        };
+        let mut cross = [None, None];
+        for (i, kind) in kinds.iter().enumerate() {
+            if *kind == CHILD_CROSS {
+                let vn = r.version("pointer", snapshot_csn)?;
+                cross[i] = Some((vn, r.bytes("pointer key", MAX_KEY_LEN)?));
+            }
+        }
+        let ranges = if flags & F_DEPENDS_ON_TREE != 0 {
+            let rs = r.ranges()?;
+            if rs.is_empty() {
+                return Err(DecodeError::Invalid {
+                    field: "dependency ranges",
+                    why: "DependsOnTree without a range",
+                });
+            }
+            rs
+        } else {
+            Vec::new()
+        };
+        nodes.push(ParsedNode {
+            flags,
+            kinds,
+            key,
+            value,
+            scv,
+            ssv,
+            cross,
+            ranges,
+        });
+    }
+    let ndel = r.count("delete count", MAX_INTENTION_NODES)?;
+    let mut deletes: Vec<(&[u8], Vn)> = Vec::with_capacity(ndel.min(body.len() / 2));
+    for _ in 0..ndel {
+        let k = r.bytes("deleted key", MAX_KEY_LEN)?;
+        let scv = r.version("deleted scv", snapshot_csn)?;
+        if let Some((prev, _)) = deletes.last() {
+            if *prev >= k {
+                return Err(DecodeError::Invalid {
+                    field: "delete list",
+                    why: "keys not strictly ascending",
+                });
+            }
+        }
+        deletes.push((k, scv));
+    }
+    let header_ranges = r.ranges()?;
+    if r.at != body.len() {
+        return Err(DecodeError::Trailing(body.len() - r.at));
+    }
+    Ok(ParsedIntention {
+        isolation,
+        snapshot_pos,
+        snapshot_csn,
+        nodes,
+        deletes,
+        header_ranges,
+        payload_bytes: payload,
+        total_bytes: bytes.len(),
+    })
+}
+
+// ---------------------------------------------------------------- resolving
+
+/// An intention decoded into tree nodes, ready to be melded.
+#[derive(Debug)]
+pub struct Intention {
+    pub(crate) root: Link,
+    pub(crate) owner: Arc<Owner>,
+    pub(crate) node_count: u32,
+    pub(crate) deletes: Vec<(Bytes, Vn)>,
+    pub(crate) header_ranges: Vec<KeyRange>,
+    /// Log position of this intention.
+    pub pos: LogPos,
+    /// Log position of the writer's snapshot.
+    pub snapshot_pos: LogPos,
+    /// CSN of the writer's snapshot.
+    pub snapshot_csn: Vn,
+    /// The writer's isolation level.
+    pub isolation: Isolation,
+}
+
+impl Intention {
+    /// Number of tree nodes.
+    pub fn node_count(&self) -> u32 {
+        self.node_count
+    }
+    pub(crate) fn owns(&self, n: &Node) -> bool {
+        n.same_owner(&self.owner)
+    }
+}
+
+/// Builds tree nodes from a parsed intention, resolving pointers and the
+/// payloads of unaltered nodes in `snapshot` (the committed tree at
+/// `parsed.snapshot_pos`, whose CSN the caller has checked).
+pub(crate) fn resolve(
+    parsed: &ParsedIntention<'_>,
+    pos: LogPos,
+    snapshot: &Link,
+) -> Result<Intention, DecodeError> {
+    let owner = Owner::new(OwnerKind::Intention(pos), 0);
+    let mut stack: Vec<Arc<Node>> = Vec::with_capacity(64);
+    for (idx, p) in parsed.nodes.iter().enumerate() {
+        let mut kids: [Link; 2] = [None, None];
+        for side in [1usize, 0] {
+            kids[side] = match p.kinds[side] {
+                CHILD_LOCAL => Some(stack.pop().ok_or(DecodeError::BadTree {
+                    why: "post-order child missing",
+                })?),
+                CHILD_CROSS => {
+                    let (vn, key) = p.cross[side].ok_or(DecodeError::BadTree {
+                        why: "pointer missing",
+                    })?;
+                    let n = find(snapshot, key).ok_or(DecodeError::Unresolved {
+                        why: "pointer key not in snapshot",
+                    })?;
+                    if n.vn() != vn {
+                        return Err(DecodeError::Unresolved {
+                            why: "pointer version does not match the snapshot",
+                        });
+                    }
+                    Some(n.clone())
+                }
+                _ => None,
+            };
+        }
+        let [left, right] = kids;
+        let value: Bytes = match p.value {
+            Some(v) => v.into(),
+            None => {
+                let n = find(snapshot, p.key).ok_or(DecodeError::Unresolved {
+                    why: "unaltered node's key not in snapshot",
+                })?;
+                if n.ncv() != p.scv {
+                    return Err(DecodeError::Unresolved {
+                        why: "unaltered node's content version does not match the snapshot",
+                    });
+                }
+                n.value.clone()
+            }
+        };
+        let (hl, hr) = (height(&left), height(&right));
+        if hl.abs_diff(hr) > 1 {
+            return Err(DecodeError::BadTree {
+                why: "subtree heights differ by more than one",
+            });
+        }
+        let mut flags = 0u8;
+        for (f, g) in [
+            (F_ALTERED, ALTERED),
+            (F_DEPENDS_ON, DEPENDS_ON),
+            (F_DEPENDS_ON_TREE, DEPENDS_ON_TREE),
+            (F_ONLY_READ, SUBTREE_ONLY_READ),
+        ] {
+            if p.flags & f != 0 {
+                flags |= g;
+            }
+        }
+        let oldest = oldest_from(&owner, &left, &right, OLDEST_UNKNOWN_OWN);
+        stack.push(Arc::new(Node {
+            key: p.key.into(),
+            value,
+            left,
+            right,
+            owner: owner.clone(),
+            seq: idx as u32 + 1,
+            scv: p.scv,
+            ssv: p.ssv,
+            flags,
+            height: hl.max(hr).saturating_add(1),
+            ranges: if p.ranges.is_empty() {
+                None
+            } else {
+                Some(p.ranges.clone().into_boxed_slice())
+            },
+            oldest,
+        }));
+    }
+    let root = match (stack.pop(), stack.is_empty()) {
+        (None, _) => None,
+        (Some(r), true) => Some(r),
+        (Some(_), false) => {
+            return Err(DecodeError::BadTree {
+                why: "more than one root",
+            })
+        }
+    };
+    check_order(&root, &owner, Gap::ALL)?;
+    Ok(Intention {
+        root,
+        owner,
+        node_count: parsed.nodes.len() as u32,
+        deletes: parsed
+            .deletes
+            .iter()
+            .map(|(k, v)| (Bytes::from(*k), *v))
+            .collect(),
+        header_ranges: parsed.header_ranges.clone(),
+        pos,
+        snapshot_pos: parsed.snapshot_pos,
+        snapshot_csn: parsed.snapshot_csn,
+        isolation: parsed.isolation,
+    })
+}
+
+/// Checks that every key lies strictly inside the interval its position
+/// allows; for pointers into the snapshot, that the whole pointed subtree does.
+/// Recursion depth is bounded by the (already checked) AVL height.
+fn check_order(t: &Link, owner: &Arc<Owner>, gap: Gap<'_>) -> Result<(), DecodeError> {
+    let Some(n) = t else { return Ok(()) };
+    let bad = DecodeError::BadTree {
+        why: "keys out of order",
+    };
+    if !n.same_owner(owner) {
+        if !gap.contains(min_key(n)) || !gap.contains(max_key(n)) {
+            return Err(bad);
+        }
+        return Ok(());
+    }
+    if !gap.contains(&n.key) {
+        return Err(bad);
+    }
+    check_order(&n.left, owner, gap.left_of(&n.key))?;
+    check_order(&n.right, owner, gap.right_of(&n.key))
+}

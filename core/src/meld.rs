@@ -1,0 +1,700 @@
+//! Meld (meld paper §3–7, App. C; Hyder II §3.3): a pure function from an
+//! intention and the last committed state (LCS) to a decision and, on commit,
+//! a new LCS.
+//!
+//! The recursion walks the intention and the LCS together. Each call gets an
+//! LCS subtree `l`, an intention subtree `i` and the open key interval `gap`
+//! that `l` covers; it returns the subtree that replaces `l`. Keys of `i`
+//! outside `gap` are left to the calls that own them.
+//!
+//! * symmetric case (same root key): if the LCS subtree is unchanged since the
+//!   writer's snapshot (`SSV(i) == NSV(l)`) the intention subtree is grafted
+//!   as is; otherwise the pair is checked and both sides recurse;
+//! * asymmetric case: the LCS root key splits `gap`; the intention node with
+//!   that key, if any, is checked, and `i` is melded into both halves;
+//! * read-only intention subtrees (SubtreeIsOnlyReadDependent) are only
+//!   checked (`MeldNoEphem`); with `keep_readset` an unchanged one is
+//!   returned instead of the LCS twin so its readset survives (Hyder II §3.3);
+//! * deletes use the delete list (§6, third approach), and keys deleted in the
+//!   conflict zone are remembered for a bounded window (tombstones) so that an
+//!   insert-then-delete by other transactions is still seen as a conflict;
+//! * results are reassembled with AVL `join`, which rebalances; every node it
+//!   creates is an ephemeral node whose VN is `CSN(I) + k` for the k-th node
+//!   created, so identities are the same on every node.
+
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Arc;
+
+use crate::codec::Intention;
+use crate::node::{
+    find, height, max_key, min_key, nsv_of, oldest_from, same, Bytes, Link, LogPos, Node, Owner,
+    OwnerKind, Vn, SUBTREE_ONLY_READ,
+};
+use crate::range::{Gap, KeyRange, RangeRef};
+
+/// Why meld aborted a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AbortReason {
+    /// A transaction in the conflict zone wrote (updated, inserted or
+    /// deleted) a key this transaction also wrote or deleted.
+    WriteWrite {
+        /// The contested key.
+        key: Bytes,
+    },
+    /// A transaction in the conflict zone changed a key this transaction read.
+    ReadWrite {
+        /// The key that was read.
+        key: Bytes,
+    },
+    /// A transaction in the conflict zone inserted, updated or deleted a key
+    /// inside a range this transaction scanned (or a key it found absent).
+    Phantom {
+        /// The range that was read.
+        range: KeyRange,
+    },
+    /// The conflict zone is longer than the database's `max_conflict_zone`
+    /// (App. B): the snapshot is too old. Retry on a newer snapshot.
+    SnapshotTooOld {
+        /// The transaction's snapshot position.
+        snapshot_pos: LogPos,
+        /// The oldest snapshot position still accepted.
+        oldest_accepted: LogPos,
+    },
+    /// The log entry is not a valid intention; every node rejects it alike.
+    Malformed(crate::error::DecodeError),
+}
+
+impl std::fmt::Display for AbortReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AbortReason::WriteWrite { key } => {
+                write!(f, "write-write conflict on key {:?}", String::from_utf8_lossy(key))
+            }
+            AbortReason::ReadWrite { key } => {
+                write!(f, "read-write conflict on key {:?}", String::from_utf8_lossy(key))
+            }
+            AbortReason::Phantom { range } => write!(f, "phantom in scanned range {range:?}"),
+            AbortReason::SnapshotTooOld {
+                snapshot_pos,
+                oldest_accepted,
+            } => write!(
+                f,
+                "snapshot at {snapshot_pos} is older than the oldest accepted ({oldest_accepted}); retry"
+            ),
+            AbortReason::Malformed(e) => write!(f, "malformed intention: {e}"),
+        }
+    }
+}
+
+/// Work done by one meld, the figures of the paper's §8.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MeldStats {
+    /// Intention nodes visited.
+    pub intention_nodes: u64,
+    /// LCS nodes visited.
+    pub lcs_nodes: u64,
+    /// Ephemeral nodes created.
+    pub ephemeral_nodes: u64,
+    /// Nodes visited while checking dependency ranges.
+    pub range_nodes: u64,
+}
+
+/// Keys deleted recently, with the log position of the deleting intention.
+/// Entries older than the conflict-zone bound can never matter and are pruned.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tombstones {
+    map: BTreeMap<Bytes, LogPos>,
+}
+
+impl Tombstones {
+    pub(crate) fn record(&mut self, key: &Bytes, pos: LogPos) {
+        self.map.insert(key.clone(), pos);
+    }
+    /// Drops entries at or before `pos`.
+    pub(crate) fn prune(&mut self, pos: LogPos) {
+        self.map.retain(|_, p| *p > pos);
+    }
+    fn deleted_after(&self, key: &[u8], pos: LogPos) -> bool {
+        self.map.get(key).is_some_and(|p| *p > pos)
+    }
+    fn any_in(&self, r: RangeRef<'_>, pos: LogPos) -> bool {
+        if r.is_empty() || self.map.is_empty() {
+            return false;
+        }
+        self.map
+            .range::<[u8], (Bound<&[u8]>, Bound<&[u8]>)>((r.start, r.end))
+            .any(|(_, p)| *p > pos)
+    }
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// Inputs of one meld.
+pub(crate) struct MeldInput<'a> {
+    pub(crate) intention: &'a Intention,
+    /// Root of the LCS and its CSN.
+    pub(crate) lcs_root: &'a Link,
+    pub(crate) lcs_csn: Vn,
+    /// Root of the writer's snapshot.
+    pub(crate) snapshot_root: &'a Link,
+    pub(crate) tombstones: &'a Tombstones,
+    pub(crate) keep_readset: bool,
+}
+
+/// A successful meld: the new LCS root and the number of ephemeral nodes.
+pub(crate) struct Melded {
+    pub(crate) root: Link,
+    pub(crate) ephemeral: u32,
+}
+
+type R<T> = Result<T, AbortReason>;
+
+/// Melds one intention into the LCS. Pure: the result depends only on the
+/// inputs, so every node computes the same decision and the same nodes.
+pub(crate) fn meld(input: &MeldInput<'_>, stats: &mut MeldStats) -> R<Melded> {
+    let i = input.intention;
+    // CSN(I) = CSN(LCS) + |I|; I's node VNs follow from their positions.
+    i.owner.set_base(input.lcs_csn);
+    let csn_i = input.lcs_csn + i.node_count as Vn;
+    if same(input.snapshot_root, input.lcs_root) {
+        // Serial intention: nothing committed since its snapshot.
+        stats.intention_nodes += 1;
+        return Ok(Melded {
+            root: i.root.clone(),
+            ephemeral: 0,
+        });
+    }
+    let mut cx = Cx {
+        i,
+        snapshot: input.snapshot_root,
+        lcs_root: input.lcs_root,
+        tombs: input.tombstones,
+        snap_pos: i.snapshot_pos,
+        keep_readset: input.keep_readset,
+        eph: Owner::new(OwnerKind::Ephemeral, csn_i),
+        eph_count: 0,
+        stats,
+    };
+    for r in &i.header_ranges {
+        if cx.range_changed(r) {
+            return Err(AbortReason::Phantom { range: r.clone() });
+        }
+    }
+    let root = cx.meld(input.lcs_root, &i.root, Gap::ALL)?;
+    cx.stats.ephemeral_nodes += cx.eph_count as u64;
+    Ok(Melded {
+        root,
+        ephemeral: cx.eph_count,
+    })
+}
+
+struct Cx<'a, 's> {
+    i: &'a Intention,
+    snapshot: &'a Link,
+    lcs_root: &'a Link,
+    tombs: &'a Tombstones,
+    snap_pos: LogPos,
+    keep_readset: bool,
+    eph: Arc<Owner>,
+    eph_count: u32,
+    stats: &'s mut MeldStats,
+}
+
+impl<'a> Cx<'a, '_> {
+    fn owned<'t>(&self, t: &'t Link) -> Option<&'t Arc<Node>> {
+        t.as_ref().filter(|n| self.i.owns(n))
+    }
+
+    /// Descends `t` through intention nodes outside `gap`; those belong to
+    /// other calls of the recursion.
+    fn narrow<'t>(&mut self, mut t: &'t Link, gap: Gap<'_>) -> &'t Link {
+        while let Some(n) = t {
+            if !self.i.owns(n) {
+                break;
+            }
+            match gap.cmp_key(&n.key) {
+                Ordering::Less => t = &n.right,
+                Ordering::Greater => t = &n.left,
+                Ordering::Equal => break,
+            }
+            self.stats.intention_nodes += 1;
+        }
+        t
+    }
+
+    /// The intention node with `key` below `t`, if the intention holds one.
+    fn find_owned<'t>(&mut self, mut t: &'t Link, key: &[u8]) -> Option<&'t Arc<Node>> {
+        while let Some(n) = self.owned(t) {
+            self.stats.intention_nodes += 1;
+            match key.cmp(&n.key) {
+                Ordering::Less => t = &n.left,
+                Ordering::Greater => t = &n.right,
+                Ordering::Equal => return Some(n),
+            }
+        }
+        None
+    }
+
+    fn deletes_in(&self, gap: Gap<'_>) -> &'a [(Bytes, Vn)] {
+        let d: &'a [(Bytes, Vn)] = &self.i.deletes;
+        if d.is_empty() {
+            return d;
+        }
+        let from = match gap.lo {
+            None => 0,
+            Some(lo) => d.partition_point(|(k, _)| &k[..] <= lo),
+        };
+        let to = match gap.hi {
+            None => d.len(),
+            Some(hi) => d.partition_point(|(k, _)| &k[..] < hi),
+        };
+        &d[from..to.max(from)]
+    }
+
+    fn deleted_scv(&self, key: &[u8]) -> Option<Vn> {
+        let d = &self.i.deletes;
+        d.binary_search_by(|(k, _)| k[..].cmp(key))
+            .ok()
+            .map(|ix| d[ix].1)
+    }
+
+    /// Whether intention subtree `n` can replace an LCS subtree of `gap` as is.
+    fn graftable(&self, n: &Arc<Node>, gap: Gap<'_>) -> bool {
+        self.deletes_in(gap).is_empty()
+            && gap.lo.is_none_or(|lo| min_key(n) > lo)
+            && gap.hi.is_none_or(|hi| max_key(n) < hi)
+    }
+
+    fn meld<'t>(&mut self, l: &'t Link, i: &'t Link, gap: Gap<'t>) -> R<Link>
+    where
+        'a: 't,
+    {
+        let i = self.narrow(i, gap);
+        let Some(inode) = self.owned(i) else {
+            // No intention changes in this interval but its deletes.
+            return self.apply_deletes(l.clone(), gap);
+        };
+        self.stats.intention_nodes += 1;
+        if inode.only_read() {
+            return self.meld_read_only(l, i, inode, gap);
+        }
+        let Some(lnode) = l else {
+            return self.from_intention(i, gap);
+        };
+        self.stats.lcs_nodes += 1;
+        let lk: &'t [u8] = &lnode.key;
+        let symmetric = inode.key == lnode.key;
+        let twin = if symmetric {
+            if inode.ssv != 0 && inode.ssv == lnode.nsv() && self.graftable(inode, gap) {
+                // Serial case for this subtree: nothing under `l` changed
+                // since the writer's snapshot.
+                return Ok(i.clone());
+            }
+            Some(inode)
+        } else {
+            self.find_owned(i, lk)
+        };
+        if let Some(t) = twin {
+            self.check(t, Some(lnode))?;
+        }
+        let (li, ri) = if symmetric {
+            (&inode.left, &inode.right)
+        } else {
+            (i, i)
+        };
+        let left = self.meld(&lnode.left, li, gap.left_of(lk))?;
+        let right = self.meld(&lnode.right, ri, gap.right_of(lk))?;
+        let mid = self.mid(twin, lnode)?;
+        Ok(self.assemble(lnode, left, mid, right))
+    }
+
+    /// The content that ends up under the LCS node's key: the intention's
+    /// version if it altered it, nothing if it deleted it, else the LCS's.
+    fn mid<'t>(&self, twin: Option<&'t Arc<Node>>, lnode: &'t Arc<Node>) -> R<Option<&'t Arc<Node>>> {
+        if let Some(scv) = self.deleted_scv(&lnode.key) {
+            if scv != lnode.ncv() {
+                return Err(AbortReason::WriteWrite {
+                    key: lnode.key.clone(),
+                });
+            }
+            return Ok(None);
+        }
+        Ok(match twin {
+            Some(t) if t.altered() => Some(t),
+            _ => Some(lnode),
+        })
+    }
+
+    fn assemble(&mut self, lnode: &Arc<Node>, left: Link, mid: Option<&Arc<Node>>, right: Link) -> Link {
+        match mid {
+            Some(c) if Arc::ptr_eq(c, lnode) && same(&left, &lnode.left) && same(&right, &lnode.right) => {
+                Some(lnode.clone())
+            }
+            Some(c) => Some(self.join(left, c, Some(lnode), right)),
+            None => self.join2(left, right),
+        }
+    }
+
+    /// `MeldNoEphem`: a subtree the intention only read.
+    fn meld_read_only<'t>(&mut self, l: &'t Link, i: &'t Link, inode: &'t Arc<Node>, gap: Gap<'t>) -> R<Link>
+    where
+        'a: 't,
+    {
+        let Some(lnode) = l else {
+            return self.from_intention(i, gap);
+        };
+        if inode.key == lnode.key && inode.ssv == lnode.nsv() && self.graftable(inode, gap) {
+            return Ok(if self.keep_readset { i.clone() } else { l.clone() });
+        }
+        self.check_only(l, i, gap)?;
+        self.apply_deletes(l.clone(), gap)
+    }
+
+    /// Conflict detection without building anything.
+    fn check_only<'t>(&mut self, l: &'t Link, i: &'t Link, gap: Gap<'t>) -> R<()>
+    where
+        'a: 't,
+    {
+        let i = self.narrow(i, gap);
+        let Some(inode) = self.owned(i) else {
+            return Ok(());
+        };
+        self.stats.intention_nodes += 1;
+        let Some(lnode) = l else {
+            let mut kept = Vec::new();
+            let mut clean = true;
+            return self.collect(i, gap, &mut kept, &mut clean);
+        };
+        self.stats.lcs_nodes += 1;
+        let lk: &'t [u8] = &lnode.key;
+        if inode.key == lnode.key {
+            if inode.ssv != 0 && inode.ssv == lnode.nsv() {
+                return Ok(());
+            }
+            self.check(inode, Some(lnode))?;
+            self.check_only(&lnode.left, &inode.left, gap.left_of(lk))?;
+            self.check_only(&lnode.right, &inode.right, gap.right_of(lk))
+        } else {
+            if let Some(t) = self.find_owned(i, lk) {
+                self.check(t, Some(lnode))?;
+            }
+            self.check_only(&lnode.left, i, gap.left_of(lk))?;
+            self.check_only(&lnode.right, i, gap.right_of(lk))
+        }
+    }
+
+    /// The LCS holds no key in `gap`: keep the intention's inserts there,
+    /// after checking every intention node in `gap`.
+    fn from_intention<'t>(&mut self, i: &'t Link, gap: Gap<'t>) -> R<Link>
+    where
+        'a: 't,
+    {
+        if let Some((k, _)) = self.deletes_in(gap).first() {
+            // A key the intention deleted is already gone.
+            return Err(AbortReason::WriteWrite { key: k.clone() });
+        }
+        let mut kept = Vec::new();
+        let mut clean = true;
+        self.collect(i, gap, &mut kept, &mut clean)?;
+        if clean {
+            // The subtree holds only this intention's inserts, all in `gap`.
+            return Ok(i.clone());
+        }
+        Ok(self.build(&kept))
+    }
+
+    /// Checks every intention node of `t` inside `gap` against an empty LCS
+    /// interval and collects the inserts in key order. `clean` stays true if
+    /// the subtree is exactly those inserts.
+    fn collect<'t>(&mut self, t: &'t Link, gap: Gap<'t>, out: &mut Vec<&'t Arc<Node>>, clean: &mut bool) -> R<()>
+    where
+        'a: 't,
+    {
+        let Some(n) = t else { return Ok(()) };
+        if !self.i.owns(n) {
+            // Snapshot keys that the LCS no longer holds: deleted concurrently.
+            *clean = false;
+            return Ok(());
+        }
+        self.stats.intention_nodes += 1;
+        match gap.cmp_key(&n.key) {
+            Ordering::Less => {
+                *clean = false;
+                self.collect(&n.right, gap, out, clean)
+            }
+            Ordering::Greater => {
+                *clean = false;
+                self.collect(&n.left, gap, out, clean)
+            }
+            Ordering::Equal => {
+                self.collect(&n.left, gap, out, clean)?;
+                self.check(n, None)?;
+                if n.scv == 0 {
+                    out.push(n);
+                } else {
+                    *clean = false;
+                }
+                self.collect(&n.right, gap, out, clean)
+            }
+        }
+    }
+
+    fn build(&mut self, nodes: &[&Arc<Node>]) -> Link {
+        if nodes.is_empty() {
+            return None;
+        }
+        let mid = nodes.len() / 2;
+        let l = self.build(&nodes[..mid]);
+        let r = self.build(&nodes[mid + 1..]);
+        Some(self.make(nodes[mid], l, r, None))
+    }
+
+    /// The conflict checks for one intention node against its LCS twin.
+    fn check(&mut self, n: &Node, twin: Option<&Arc<Node>>) -> R<()> {
+        if n.scv != 0 {
+            let changed = twin.is_none_or(|t| t.ncv() != n.scv);
+            if changed {
+                if n.altered() {
+                    return Err(AbortReason::WriteWrite { key: n.key.clone() });
+                }
+                if n.depends_on() {
+                    return Err(AbortReason::ReadWrite { key: n.key.clone() });
+                }
+            }
+        } else if twin.is_some() || self.tombs.deleted_after(&n.key, self.snap_pos) {
+            // Inserted here and by someone else (or inserted and deleted
+            // again) in the conflict zone.
+            return Err(AbortReason::WriteWrite { key: n.key.clone() });
+        }
+        if let Some(rs) = &n.ranges {
+            for r in rs.iter() {
+                if self.range_changed(r) {
+                    return Err(AbortReason::Phantom { range: r.clone() });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether any key in `r` was inserted, updated or deleted between the
+    /// writer's snapshot and the LCS.
+    fn range_changed(&mut self, r: &KeyRange) -> bool {
+        let rr = r.as_ref();
+        self.tombs.any_in(rr, self.snap_pos) || self.diff(self.snapshot, self.lcs_root, rr)
+    }
+
+    /// Compares two committed trees inside `r`, pruning equal structure
+    /// versions (equal NSV means identical subtrees).
+    fn diff(&mut self, a: &Link, b: &Link, r: RangeRef<'_>) -> bool {
+        if r.is_empty() {
+            return false;
+        }
+        let a = narrow_committed(a, r, self.stats);
+        let b = narrow_committed(b, r, self.stats);
+        match (a, b) {
+            (None, None) => false,
+            (Some(_), None) | (None, Some(_)) => true,
+            (Some(x), Some(y)) => {
+                if Arc::ptr_eq(x, y) || x.nsv() == y.nsv() {
+                    return false;
+                }
+                self.stats.range_nodes += 1;
+                if x.key == y.key {
+                    x.ncv() != y.ncv()
+                        || self.diff(&x.left, &y.left, r.below(&y.key))
+                        || self.diff(&x.right, &y.right, r.above(&y.key))
+                } else {
+                    match find(a, &y.key) {
+                        Some(z) if z.ncv() == y.ncv() => {}
+                        _ => return true,
+                    }
+                    self.diff(a, &y.left, r.below(&y.key)) || self.diff(a, &y.right, r.above(&y.key))
+                }
+            }
+        }
+    }
+
+    fn apply_deletes(&mut self, mut t: Link, gap: Gap<'_>) -> R<Link> {
+        for (k, scv) in self.deletes_in(gap) {
+            t = self.delete(&t, k, *scv)?;
+        }
+        Ok(t)
+    }
+
+    fn delete(&mut self, t: &Link, key: &Bytes, scv: Vn) -> R<Link> {
+        let Some(n) = t else {
+            return Err(AbortReason::WriteWrite { key: key.clone() });
+        };
+        self.stats.lcs_nodes += 1;
+        match key[..].cmp(&n.key) {
+            Ordering::Less => {
+                let nl = self.delete(&n.left, key, scv)?;
+                Ok(Some(self.join(nl, n, None, n.right.clone())))
+            }
+            Ordering::Greater => {
+                let nr = self.delete(&n.right, key, scv)?;
+                Ok(Some(self.join(n.left.clone(), n, None, nr)))
+            }
+            Ordering::Equal => {
+                if n.ncv() != scv {
+                    return Err(AbortReason::WriteWrite { key: key.clone() });
+                }
+                Ok(self.join2(n.left.clone(), n.right.clone()))
+            }
+        }
+    }
+
+    // ------------------------------------------------------------ building
+
+    /// A new ephemeral node with `c`'s key and payload. If it reproduces its
+    /// LCS `twin` exactly (same content, children with the same structure
+    /// versions), it keeps the twin's structure version (§7.1 step 5).
+    fn make(&mut self, c: &Arc<Node>, left: Link, right: Link, twin: Option<&Arc<Node>>) -> Arc<Node> {
+        self.eph_count += 1;
+        let seq = self.eph_count;
+        let vn = self.eph.base() + seq as Vn;
+        let read_only = twin.is_some_and(|t| {
+            Arc::ptr_eq(c, t) && nsv_of(&left) == nsv_of(&t.left) && nsv_of(&right) == nsv_of(&t.right)
+        });
+        let (ssv, flags) = match (read_only, twin) {
+            (true, Some(t)) => (t.nsv(), SUBTREE_ONLY_READ),
+            _ => (0, 0),
+        };
+        let oldest = oldest_from(&self.eph, &left, &right, vn);
+        let h = height(&left).max(height(&right)) + 1;
+        Arc::new(Node {
+            key: c.key.clone(),
+            value: c.value.clone(),
+            left,
+            right,
+            owner: self.eph.clone(),
+            seq,
+            scv: c.ncv(),
+            ssv,
+            flags,
+            height: h,
+            ranges: None,
+            oldest,
+        })
+    }
+
+    /// AVL join: a balanced tree of `l`, `c` and `r` (all keys of `l` below
+    /// `c`'s, all of `r` above).
+    fn join(&mut self, l: Link, c: &Arc<Node>, twin: Option<&Arc<Node>>, r: Link) -> Arc<Node> {
+        let (hl, hr) = (height(&l), height(&r));
+        if hl > hr + 1 {
+            if let Some(ln) = l {
+                return self.join_right(&ln, c, r);
+            }
+        }
+        if hr > hl + 1 {
+            if let Some(rn) = r {
+                return self.join_left(l, c, &rn);
+            }
+        }
+        self.make(c, l, r, twin)
+    }
+
+    fn join_right(&mut self, l: &Arc<Node>, c: &Arc<Node>, r: Link) -> Arc<Node> {
+        let ll = l.left.clone();
+        match &l.right {
+            Some(lr) if lr.height > height(&r) + 1 => {
+                let t = self.join_right(lr, c, r);
+                let th = t.height;
+                let top = self.make(l, ll.clone(), Some(t), None);
+                if th <= height(&ll) + 1 {
+                    top
+                } else {
+                    self.rotate_left(&top)
+                }
+            }
+            lr => {
+                let t = self.make(c, lr.clone(), r, None);
+                if t.height <= height(&ll) + 1 {
+                    self.make(l, ll, Some(t), None)
+                } else {
+                    let t = self.rotate_right(&t);
+                    let top = self.make(l, ll, Some(t), None);
+                    self.rotate_left(&top)
+                }
+            }
+        }
+    }
+
+    fn join_left(&mut self, l: Link, c: &Arc<Node>, r: &Arc<Node>) -> Arc<Node> {
+        let rr = r.right.clone();
+        match &r.left {
+            Some(rl) if rl.height > height(&l) + 1 => {
+                let t = self.join_left(l, c, rl);
+                let th = t.height;
+                let top = self.make(r, Some(t), rr.clone(), None);
+                if th <= height(&rr) + 1 {
+                    top
+                } else {
+                    self.rotate_right(&top)
+                }
+            }
+            rl => {
+                let t = self.make(c, l, rl.clone(), None);
+                if t.height <= height(&rr) + 1 {
+                    self.make(r, Some(t), rr, None)
+                } else {
+                    let t = self.rotate_left(&t);
+                    let top = self.make(r, Some(t), rr, None);
+                    self.rotate_right(&top)
+                }
+            }
+        }
+    }
+
+    fn rotate_left(&mut self, x: &Arc<Node>) -> Arc<Node> {
+        let Some(y) = &x.right else { return x.clone() };
+        let nx = self.make(x, x.left.clone(), y.left.clone(), None);
+        self.make(y, Some(nx), y.right.clone(), None)
+    }
+
+    fn rotate_right(&mut self, x: &Arc<Node>) -> Arc<Node> {
+        let Some(y) = &x.left else { return x.clone() };
+        let nx = self.make(x, y.right.clone(), x.right.clone(), None);
+        self.make(y, y.left.clone(), Some(nx), None)
+    }
+
+    /// Concatenates two trees (all keys of `l` below those of `r`).
+    fn join2(&mut self, l: Link, r: Link) -> Link {
+        match (l, r) {
+            (None, r) => r,
+            (l, None) => l,
+            (Some(ln), r) => {
+                let (rest, last) = self.split_last(&ln);
+                Some(self.join(rest, &last, None, r))
+            }
+        }
+    }
+
+    fn split_last(&mut self, n: &Arc<Node>) -> (Link, Arc<Node>) {
+        match &n.right {
+            None => (n.left.clone(), n.clone()),
+            Some(rn) => {
+                let (rest, last) = self.split_last(rn);
+                (Some(self.join(n.left.clone(), n, None, rest)), last)
+            }
+        }
+    }
+}
+
+fn narrow_committed<'t>(mut t: &'t Link, r: RangeRef<'_>, stats: &mut MeldStats) -> &'t Link {
+    while let Some(n) = t {
+        if r.all_above(&n.key) {
+            t = &n.right;
+        } else if r.all_below(&n.key) {
+            t = &n.left;
+        } else {
+            break;
+        }
+        stats.range_nodes += 1;
+    }
+    t
+}

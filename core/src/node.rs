@@ -1,0 +1,232 @@
+//! Tree nodes, their meld metadata (meld paper §4, App. C) and node identity.
+//!
+//! Node identity is defined here and nowhere else: every node that is part of a
+//! committed state has a *version number* (VN) that is unique in the database.
+//! VNs are never stored per node in the log. A node belongs to an [`Owner`] (the
+//! intention it was logged in, or the ephemeral intention meld created it in) and
+//! has a 1-based post-order sequence number inside it; its VN is
+//! `owner.base + seq`, where `base` is the CSN of the state the owner was melded
+//! into (meld paper §4.1 and App. E). An intention's CSN is therefore
+//! `base + node_count`, and an ephemeral intention created while melding
+//! intention `I` starts at `CSN(I)`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::range::KeyRange;
+
+/// A version number: the identity of a committed node. `0` means "none".
+pub type Vn = u64;
+/// A position in the shared log. Positions only grow and are never reused.
+pub type LogPos = u64;
+/// An immutable byte string (key or value) shared between versions of the tree.
+pub type Bytes = Arc<[u8]>;
+/// A child pointer: `None` is an empty subtree.
+pub(crate) type Link = Option<Arc<Node>>;
+
+/// What kind of container a node lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OwnerKind {
+    /// Decoded from the intention at this log position.
+    Intention(LogPos),
+    /// Created by meld in an ephemeral intention (memory only, deterministic).
+    Ephemeral,
+    /// Created by a running transaction; not yet logged, has no VN.
+    Local,
+    /// Built directly as a committed state (bulk load of a fresh database is
+    /// done through ordinary intentions, so this is only used by tests).
+    #[allow(dead_code)]
+    Fixed,
+}
+
+/// The container of a set of nodes; it fixes their VN base once melded.
+#[derive(Debug)]
+pub(crate) struct Owner {
+    base: AtomicU64,
+    pub(crate) kind: OwnerKind,
+}
+
+impl Owner {
+    pub(crate) fn new(kind: OwnerKind, base: Vn) -> Arc<Owner> {
+        Arc::new(Owner {
+            base: AtomicU64::new(base),
+            kind,
+        })
+    }
+    /// Sets the VN base. Meld calls this once, before it compares any VN of the
+    /// owner's nodes; it is a pure function of the log, so every node agrees.
+    pub(crate) fn set_base(&self, base: Vn) {
+        self.base.store(base, Ordering::Relaxed);
+    }
+    pub(crate) fn base(&self) -> Vn {
+        self.base.load(Ordering::Relaxed)
+    }
+}
+
+pub(crate) const ALTERED: u8 = 1;
+pub(crate) const DEPENDS_ON: u8 = 2;
+pub(crate) const DEPENDS_ON_TREE: u8 = 4;
+pub(crate) const SUBTREE_ONLY_READ: u8 = 8;
+/// Transaction-local only: a write (update, insert, delete, rotation) happened
+/// at this node or below it. Encoded as the negation of SUBTREE_ONLY_READ.
+pub(crate) const DIRTY: u8 = 16;
+
+/// `oldest` value meaning "the oldest node of this subtree is in the node's own
+/// intention", resolved lazily because the intention's VN base is only known
+/// once it is melded.
+const OLDEST_OWN: Vn = u64::MAX;
+
+/// One node of the copy-on-write binary search tree.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub(crate) key: Bytes,
+    pub(crate) value: Bytes,
+    pub(crate) left: Link,
+    pub(crate) right: Link,
+    pub(crate) owner: Arc<Owner>,
+    /// 1-based post-order position inside the owner.
+    pub(crate) seq: u32,
+    /// Source content version: VN of the node that first produced this payload
+    /// as seen by the writer's snapshot (0 if the key did not exist there).
+    pub(crate) scv: Vn,
+    /// Source structure version: oldest version with exactly this subtree as
+    /// seen in the writer's snapshot (0 if invalidated by a restructuring).
+    pub(crate) ssv: Vn,
+    pub(crate) flags: u8,
+    /// AVL height of the subtree (a leaf has height 1).
+    pub(crate) height: u8,
+    /// DependencyRange of a DependsOnTree node (phantom protection).
+    pub(crate) ranges: Option<Box<[KeyRange]>>,
+    /// Minimum VN base of any intention with a node in this subtree
+    /// (App. B OldestDescendant), or OLDEST_OWN.
+    pub(crate) oldest: Vn,
+}
+
+impl Node {
+    /// The node's key.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+    /// The node's value.
+    pub fn value(&self) -> &[u8] {
+        &self.value
+    }
+    /// The node's version number (identity). Only meaningful for committed nodes.
+    #[inline]
+    pub fn vn(&self) -> Vn {
+        self.owner.base() + self.seq as Vn
+    }
+    #[inline]
+    pub(crate) fn flag(&self, f: u8) -> bool {
+        self.flags & f != 0
+    }
+    #[inline]
+    pub(crate) fn altered(&self) -> bool {
+        self.flag(ALTERED)
+    }
+    #[inline]
+    pub(crate) fn depends_on(&self) -> bool {
+        self.flag(DEPENDS_ON)
+    }
+    #[inline]
+    pub(crate) fn only_read(&self) -> bool {
+        self.flag(SUBTREE_ONLY_READ)
+    }
+    /// New content version: the VN that produced this node's payload.
+    #[inline]
+    pub fn ncv(&self) -> Vn {
+        if self.altered() {
+            self.vn()
+        } else {
+            self.scv
+        }
+    }
+    /// New structure version: the oldest version with exactly this subtree.
+    #[inline]
+    pub fn nsv(&self) -> Vn {
+        if self.only_read() {
+            self.ssv
+        } else {
+            self.vn()
+        }
+    }
+    /// OldestDescendant (App. B): the smallest VN base of any logged or ephemeral
+    /// intention that holds a node of this subtree. Garbage collection sweeps
+    /// subtrees whose value is below its threshold.
+    pub fn oldest_descendant(&self) -> Vn {
+        if self.oldest == OLDEST_OWN {
+            self.owner.base() + 1
+        } else {
+            self.oldest
+        }
+    }
+    /// Whether both nodes belong to the same owner (same intention).
+    #[inline]
+    pub(crate) fn same_owner(&self, other: &Arc<Owner>) -> bool {
+        Arc::ptr_eq(&self.owner, other)
+    }
+}
+
+#[inline]
+pub(crate) fn height(l: &Link) -> u8 {
+    l.as_ref().map_or(0, |n| n.height)
+}
+
+#[inline]
+pub(crate) fn nsv_of(l: &Link) -> Vn {
+    l.as_ref().map_or(0, |n| n.nsv())
+}
+
+#[inline]
+pub(crate) fn same(a: &Link, b: &Link) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(x), Some(y)) => Arc::ptr_eq(x, y),
+        _ => false,
+    }
+}
+
+/// `oldest` for a new node of `owner` made from children `l` and `r`: children
+/// of another owner contribute their resolved OldestDescendant, children of
+/// the same owner their raw value (which may still be OLDEST_OWN).
+pub(crate) fn oldest_from(owner: &Arc<Owner>, l: &Link, r: &Link, own: Vn) -> Vn {
+    let f = |x: &Link| match x {
+        None => OLDEST_OWN,
+        Some(n) if n.same_owner(owner) => n.oldest,
+        Some(n) => n.oldest_descendant(),
+    };
+    own.min(f(l)).min(f(r))
+}
+
+/// `oldest` for a node whose own intention's base is not yet known.
+pub(crate) const OLDEST_UNKNOWN_OWN: Vn = OLDEST_OWN;
+
+/// Looks up `key` in a committed tree.
+pub(crate) fn find<'a>(mut t: &'a Link, key: &[u8]) -> Option<&'a Arc<Node>> {
+    while let Some(n) = t {
+        match key.cmp(&n.key) {
+            std::cmp::Ordering::Less => t = &n.left,
+            std::cmp::Ordering::Greater => t = &n.right,
+            std::cmp::Ordering::Equal => return Some(n),
+        }
+    }
+    None
+}
+
+/// The smallest key of a non-empty subtree.
+pub(crate) fn min_key(n: &Arc<Node>) -> &[u8] {
+    let mut n = n;
+    while let Some(l) = &n.left {
+        n = l;
+    }
+    &n.key
+}
+
+/// The largest key of a non-empty subtree.
+pub(crate) fn max_key(n: &Arc<Node>) -> &[u8] {
+    let mut n = n;
+    while let Some(r) = &n.right {
+        n = r;
+    }
+    &n.key
+}

@@ -1,0 +1,120 @@
+//! Committed states (snapshots) and ordered scans over trees.
+
+use std::ops::Bound;
+
+use crate::node::{find, Bytes, Link, LogPos, Vn};
+use crate::range::RangeRef;
+
+/// Scan direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// Ascending keys.
+    Forward,
+    /// Descending keys.
+    Reverse,
+}
+
+/// An immutable committed state of the database: the tree after melding the
+/// log up to and including [`Snapshot::pos`]. Cheap to clone; holding one
+/// keeps its nodes alive.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub(crate) root: Link,
+    pub(crate) pos: LogPos,
+    pub(crate) csn: Vn,
+    pub(crate) db: u64,
+}
+
+impl Snapshot {
+    /// Log position of the last entry melded into this state.
+    pub fn pos(&self) -> LogPos {
+        self.pos
+    }
+    /// Commit sequence number of this state (VN of its newest node).
+    pub fn csn(&self) -> Vn {
+        self.csn
+    }
+    /// Identifier of the database (from its genesis record).
+    pub fn db_id(&self) -> u64 {
+        self.db
+    }
+    /// Reads one key.
+    pub fn get(&self, key: &[u8]) -> Option<Bytes> {
+        find(&self.root, key).map(|n| n.value.clone())
+    }
+    /// Ordered range scan; `limit` caps the number of pairs returned.
+    pub fn scan(
+        &self,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+        order: Order,
+        limit: Option<usize>,
+    ) -> Vec<(Bytes, Bytes)> {
+        let mut out = Vec::new();
+        scan(
+            &self.root,
+            RangeRef { start, end },
+            order,
+            limit.unwrap_or(usize::MAX),
+            &mut out,
+        );
+        out
+    }
+    /// Number of keys (walks the whole tree).
+    pub fn len(&self) -> usize {
+        fn count(t: &Link) -> usize {
+            t.as_ref()
+                .map_or(0, |n| 1 + count(&n.left) + count(&n.right))
+        }
+        count(&self.root)
+    }
+    /// Whether the state holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.root.is_none()
+    }
+    /// Height of the tree (0 when empty).
+    pub fn height(&self) -> u8 {
+        crate::node::height(&self.root)
+    }
+    /// Every pair in key order.
+    pub fn to_vec(&self) -> Vec<(Bytes, Bytes)> {
+        self.scan(Bound::Unbounded, Bound::Unbounded, Order::Forward, None)
+    }
+}
+
+/// Appends the pairs of `t` inside `r` to `out` in `order`, at most `limit`.
+pub(crate) fn scan(
+    t: &Link,
+    r: RangeRef<'_>,
+    order: Order,
+    limit: usize,
+    out: &mut Vec<(Bytes, Bytes)>,
+) {
+    let Some(n) = t else { return };
+    if out.len() >= limit {
+        return;
+    }
+    let key = &n.key[..];
+    // Every key on the smaller side is < key: none is in range if key <= start.
+    let skip_smaller = match r.start {
+        Bound::Unbounded => false,
+        Bound::Included(s) | Bound::Excluded(s) => key <= s,
+    };
+    let skip_larger = match r.end {
+        Bound::Unbounded => false,
+        Bound::Included(e) | Bound::Excluded(e) => key >= e,
+    };
+    let ((first, skip_first), (second, skip_second)) = match order {
+        Order::Forward => ((&n.left, skip_smaller), (&n.right, skip_larger)),
+        Order::Reverse => ((&n.right, skip_larger), (&n.left, skip_smaller)),
+    };
+    if !skip_first {
+        scan(first, r, order, limit, out);
+    }
+    if r.contains(key) && out.len() < limit {
+        out.push((n.key.clone(), n.value.clone()));
+    }
+    if !skip_second {
+        scan(second, r, order, limit, out);
+    }
+}

@@ -1,0 +1,476 @@
+//! Transactions: optimistic execution on a snapshot, producing an intention.
+//!
+//! A transaction never changes shared state. It builds a private
+//! copy-on-write version of its snapshot's tree (App. E): every node it
+//! writes, and under the stronger levels every node it reads, is copied
+//! together with the path from the root, carrying the metadata meld needs
+//! (SCV, SSV, Altered, DependsOn). Untouched subtrees stay shared with the
+//! snapshot and become cross-intention pointers in the encoded intention.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Arc;
+
+use crate::codec::{encode, EncodeInput};
+use crate::error::{check_key, check_value, TxnError};
+use crate::node::{
+    height, Bytes, Link, Node, Owner, OwnerKind, Vn, ALTERED, DEPENDS_ON, DEPENDS_ON_TREE, DIRTY,
+};
+use crate::range::{KeyRange, RangeRef};
+use crate::snapshot::{scan, Order, Snapshot};
+
+/// Isolation level of a transaction. What each level validates at meld time
+/// (against every transaction committed in its conflict zone, i.e. between its
+/// snapshot and its own log position):
+///
+/// | level | write-write | point reads | scanned ranges |
+/// |---|---|---|---|
+/// | `SnapshotIsolation` | yes | no | no |
+/// | `RepeatableRead` | yes | yes (`get`, present or absent, and each pair a scan returned) | no (phantoms possible) |
+/// | `Serializable` | yes | yes | yes (any insert, update or delete inside a scanned range) |
+///
+/// All levels read one consistent snapshot and see their own writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Isolation {
+    /// First-committer-wins on written keys only (snapshot isolation).
+    SnapshotIsolation,
+    /// Snapshot isolation plus validation of every key read.
+    RepeatableRead,
+    /// Repeatable read plus phantom protection of every scanned range.
+    Serializable,
+}
+
+impl Isolation {
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Isolation::SnapshotIsolation => 0,
+            Isolation::RepeatableRead => 1,
+            Isolation::Serializable => 2,
+        }
+    }
+    pub(crate) fn from_code(c: u8) -> Option<Isolation> {
+        Some(match c {
+            0 => Isolation::SnapshotIsolation,
+            1 => Isolation::RepeatableRead,
+            2 => Isolation::Serializable,
+            _ => return None,
+        })
+    }
+    fn tracks_reads(self) -> bool {
+        self != Isolation::SnapshotIsolation
+    }
+}
+
+/// What a finished transaction hands to its host.
+#[derive(Debug)]
+pub enum Finished {
+    /// The transaction wrote nothing: it is done, nothing is logged.
+    ReadOnly,
+    /// The intention bytes to append to the log; the outcome is known once
+    /// meld processes that log entry.
+    Intention(Vec<u8>),
+}
+
+/// A transaction running on a snapshot. Sans-IO: it only computes.
+#[derive(Debug)]
+pub struct Transaction {
+    snapshot: Snapshot,
+    isolation: Isolation,
+    local: Arc<Owner>,
+    root: Link,
+    /// Keys of the snapshot this transaction deleted, with their content version.
+    deleted: BTreeMap<Bytes, Vn>,
+    ranges: Vec<KeyRange>,
+    wrote: bool,
+}
+
+enum Dir {
+    Here,
+    Left,
+    Right,
+}
+
+impl Transaction {
+    /// Begins a transaction on `snapshot`.
+    pub fn begin(snapshot: &Snapshot, isolation: Isolation) -> Transaction {
+        Transaction {
+            snapshot: snapshot.clone(),
+            isolation,
+            local: Owner::new(OwnerKind::Local, 0),
+            root: snapshot.root.clone(),
+            deleted: BTreeMap::new(),
+            ranges: Vec::new(),
+            wrote: false,
+        }
+    }
+
+    /// The snapshot this transaction reads.
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+
+    /// The isolation level.
+    pub fn isolation(&self) -> Isolation {
+        self.isolation
+    }
+
+    /// Whether the transaction has written anything so far.
+    pub fn has_writes(&self) -> bool {
+        self.wrote
+    }
+
+    /// Reads `key`, seeing this transaction's own writes.
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Bytes>, TxnError> {
+        check_key(key)?;
+        let found = crate::node::find(&self.root, key).cloned();
+        match found {
+            Some(n) => {
+                if self.isolation.tracks_reads() && self.needs_read_mark(&n) {
+                    self.mark_read(key);
+                }
+                Ok(Some(n.value.clone()))
+            }
+            None => {
+                if self.isolation.tracks_reads() && !self.deleted.contains_key(key) {
+                    self.ranges.push(KeyRange::point(key));
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Writes `value` under `key` (insert or update).
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), TxnError> {
+        check_key(key)?;
+        check_value(value)?;
+        let root = self.root.clone();
+        let v: Bytes = value.into();
+        self.root = Some(self.insert(&root, key, &v));
+        self.wrote = true;
+        Ok(())
+    }
+
+    /// Deletes `key`; returns whether it existed. Deleting an absent key
+    /// writes nothing and counts as a read of its absence.
+    pub fn delete(&mut self, key: &[u8]) -> Result<bool, TxnError> {
+        check_key(key)?;
+        let root = self.root.clone();
+        match self.remove(&root, key) {
+            Some((new_root, removed)) => {
+                self.root = new_root;
+                self.wrote = true;
+                let local = removed.same_owner(&self.local);
+                let source = if local { removed.scv } else { removed.ncv() };
+                if source != 0 {
+                    self.deleted.insert(removed.key.clone(), source);
+                }
+                if local {
+                    if let Some(rs) = &removed.ranges {
+                        self.ranges.extend(rs.iter().cloned());
+                    }
+                }
+                Ok(true)
+            }
+            None => {
+                if self.isolation.tracks_reads() && !self.deleted.contains_key(key) {
+                    self.ranges.push(KeyRange::point(key));
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    /// Ordered range scan seeing this transaction's own writes. Under
+    /// `Serializable` the range actually observed (up to the last returned key
+    /// when `limit` stops the scan) is protected against phantoms; under
+    /// `RepeatableRead` each returned pair is validated like a `get`.
+    pub fn scan(
+        &mut self,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+        order: Order,
+        limit: Option<usize>,
+    ) -> Result<Vec<(Bytes, Bytes)>, TxnError> {
+        for b in [start, end] {
+            if let Bound::Included(k) | Bound::Excluded(k) = b {
+                check_key(k)?;
+            }
+        }
+        let limit = limit.unwrap_or(usize::MAX);
+        let mut out = Vec::new();
+        scan(&self.root, RangeRef { start, end }, order, limit, &mut out);
+        match self.isolation {
+            Isolation::SnapshotIsolation => {}
+            Isolation::RepeatableRead => {
+                for (k, _) in &out {
+                    if let Some(n) = crate::node::find(&self.root, k).cloned() {
+                        if self.needs_read_mark(&n) {
+                            self.mark_read(k);
+                        }
+                    }
+                }
+            }
+            Isolation::Serializable => {
+                let own = |b: Bound<&[u8]>| b.map(Bytes::from);
+                let mut r = KeyRange {
+                    start: own(start),
+                    end: own(end),
+                };
+                if out.len() == limit {
+                    if let Some((last, _)) = out.last() {
+                        match order {
+                            Order::Forward => r.end = Bound::Included(last.clone()),
+                            Order::Reverse => r.start = Bound::Included(last.clone()),
+                        }
+                    }
+                }
+                if !r.is_empty() {
+                    self.ranges.push(r);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Finishes the transaction: read-only transactions are done; others
+    /// yield the intention to append to the log.
+    pub fn finish(mut self) -> Result<Finished, TxnError> {
+        if !self.wrote {
+            return Ok(Finished::ReadOnly);
+        }
+        let mut header_ranges = Vec::new();
+        let ranges = std::mem::take(&mut self.ranges);
+        // Dependency ranges go on the root: its interval is every key, so no
+        // restructuring by this transaction (a deleted boundary key widens a
+        // lower node's interval beyond its snapshot's) can hide a phantom
+        // behind a serial graft below it.
+        match &self.root {
+            Some(root) if !ranges.is_empty() => {
+                let mut c = self.local_copy(root);
+                c.flags |= DEPENDS_ON_TREE;
+                let mut all: Vec<KeyRange> = c.ranges.take().map(Vec::from).unwrap_or_default();
+                all.extend(ranges);
+                c.ranges = Some(all.into_boxed_slice());
+                self.root = Some(Arc::new(c));
+            }
+            Some(_) => {}
+            None => header_ranges = ranges,
+        }
+        let deletes: Vec<(Bytes, Vn)> = self.deleted.into_iter().collect();
+        let bytes = encode(&EncodeInput {
+            root: &self.root,
+            local: &self.local,
+            isolation: self.isolation,
+            snapshot_pos: self.snapshot.pos,
+            snapshot_csn: self.snapshot.csn,
+            deletes: &deletes,
+            header_ranges: &header_ranges,
+        })?;
+        Ok(Finished::Intention(bytes))
+    }
+
+    // ------------------------------------------------------------ tree edits
+
+    fn needs_read_mark(&self, n: &Node) -> bool {
+        if n.same_owner(&self.local) {
+            // Own inserts and own updates need no validation; an unaltered
+            // copy of a snapshot node does, once.
+            !n.altered() && n.scv != 0 && !n.depends_on()
+        } else {
+            true
+        }
+    }
+
+    fn local_copy(&self, n: &Arc<Node>) -> Node {
+        if n.same_owner(&self.local) {
+            return (**n).clone();
+        }
+        Node {
+            key: n.key.clone(),
+            value: n.value.clone(),
+            left: n.left.clone(),
+            right: n.right.clone(),
+            owner: self.local.clone(),
+            seq: 0,
+            scv: n.ncv(),
+            ssv: n.nsv(),
+            flags: 0,
+            height: n.height,
+            ranges: None,
+            oldest: 0,
+        }
+    }
+
+    fn mark_read(&mut self, key: &[u8]) {
+        if let Some(root) = self.root.clone() {
+            self.root = Some(self.touch(&root, &|n: &Node| match key.cmp(&n.key) {
+                std::cmp::Ordering::Less => Dir::Left,
+                std::cmp::Ordering::Greater => Dir::Right,
+                std::cmp::Ordering::Equal => Dir::Here,
+            }));
+        }
+    }
+
+    /// Copies the path to the node `dir` selects and sets DependsOn on it.
+    fn touch(&self, n: &Arc<Node>, dir: &dyn Fn(&Node) -> Dir) -> Arc<Node> {
+        let mut c = self.local_copy(n);
+        match dir(n) {
+            Dir::Left if n.left.is_some() => {
+                c.left = n.left.as_ref().map(|l| self.touch(l, dir));
+            }
+            Dir::Right if n.right.is_some() => {
+                c.right = n.right.as_ref().map(|r| self.touch(r, dir));
+            }
+            _ => c.flags |= DEPENDS_ON,
+        }
+        Arc::new(c)
+    }
+
+    fn insert(&mut self, t: &Link, key: &[u8], value: &Bytes) -> Arc<Node> {
+        let Some(n) = t else {
+            return Arc::new(Node {
+                key: key.into(),
+                value: value.clone(),
+                left: None,
+                right: None,
+                owner: self.local.clone(),
+                seq: 0,
+                scv: self.deleted.remove(key).unwrap_or(0),
+                ssv: 0,
+                flags: ALTERED | DIRTY,
+                height: 1,
+                ranges: None,
+                oldest: 0,
+            });
+        };
+        let mut c = self.local_copy(n);
+        c.flags |= DIRTY;
+        match key.cmp(&n.key) {
+            std::cmp::Ordering::Equal => {
+                c.value = value.clone();
+                c.flags |= ALTERED;
+                Arc::new(c)
+            }
+            std::cmp::Ordering::Less => {
+                c.left = Some(self.insert(&n.left, key, value));
+                self.rebalance(c)
+            }
+            std::cmp::Ordering::Greater => {
+                c.right = Some(self.insert(&n.right, key, value));
+                self.rebalance(c)
+            }
+        }
+    }
+
+    /// Removes `key`; returns the new subtree and the removed node.
+    fn remove(&mut self, t: &Link, key: &[u8]) -> Option<(Link, Arc<Node>)> {
+        let n = t.as_ref()?;
+        match key.cmp(&n.key) {
+            std::cmp::Ordering::Less => {
+                let (nl, rem) = self.remove(&n.left, key)?;
+                let mut c = self.local_copy(n);
+                c.left = nl;
+                c.flags |= DIRTY;
+                Some((Some(self.rebalance(c)), rem))
+            }
+            std::cmp::Ordering::Greater => {
+                let (nr, rem) = self.remove(&n.right, key)?;
+                let mut c = self.local_copy(n);
+                c.right = nr;
+                c.flags |= DIRTY;
+                Some((Some(self.rebalance(c)), rem))
+            }
+            std::cmp::Ordering::Equal => {
+                let replacement = match (&n.left, &n.right) {
+                    (None, r) => r.clone(),
+                    (l, None) => l.clone(),
+                    (Some(_), Some(r)) => {
+                        // The successor moves into the deleted node's place:
+                        // its subtree is new, so its structure version is void.
+                        let (nr, succ) = self.remove_min(r);
+                        let mut c = self.local_copy(&succ);
+                        c.left = n.left.clone();
+                        c.right = nr;
+                        c.ssv = 0;
+                        c.flags |= DIRTY;
+                        Some(self.rebalance(c))
+                    }
+                };
+                Some((replacement, n.clone()))
+            }
+        }
+    }
+
+    fn remove_min(&mut self, n: &Arc<Node>) -> (Link, Arc<Node>) {
+        match &n.left {
+            None => (n.right.clone(), n.clone()),
+            Some(l) => {
+                let (nl, min) = self.remove_min(l);
+                let mut c = self.local_copy(n);
+                c.left = nl;
+                c.flags |= DIRTY;
+                (Some(self.rebalance(c)), min)
+            }
+        }
+    }
+
+    fn rebalance(&self, mut c: Node) -> Arc<Node> {
+        let (hl, hr) = (height(&c.left), height(&c.right));
+        if hl > hr + 1 {
+            if let Some(l) = c.left.clone() {
+                if height(&l.left) < height(&l.right) {
+                    c.left = Some(self.rotate_left(self.local_copy(&l)));
+                }
+            }
+            return self.rotate_right(c);
+        }
+        if hr > hl + 1 {
+            if let Some(r) = c.right.clone() {
+                if height(&r.right) < height(&r.left) {
+                    c.right = Some(self.rotate_right(self.local_copy(&r)));
+                }
+            }
+            return self.rotate_left(c);
+        }
+        fix_height(&mut c);
+        Arc::new(c)
+    }
+
+    fn rotate_right(&self, mut c: Node) -> Arc<Node> {
+        let Some(l) = c.left.take() else {
+            fix_height(&mut c);
+            return Arc::new(c);
+        };
+        let mut top = self.local_copy(&l);
+        c.left = top.right.take();
+        restructured(&mut c);
+        top.right = Some(Arc::new(c));
+        restructured(&mut top);
+        Arc::new(top)
+    }
+
+    fn rotate_left(&self, mut c: Node) -> Arc<Node> {
+        let Some(r) = c.right.take() else {
+            fix_height(&mut c);
+            return Arc::new(c);
+        };
+        let mut top = self.local_copy(&r);
+        c.right = top.left.take();
+        restructured(&mut c);
+        top.left = Some(Arc::new(c));
+        restructured(&mut top);
+        Arc::new(top)
+    }
+}
+
+fn fix_height(n: &mut Node) {
+    n.height = height(&n.left).max(height(&n.right)) + 1;
+}
+
+/// A node whose set of descendants changed by rotation: its subtree no
+/// longer matches any snapshot version, so its structure version is void.
+fn restructured(n: &mut Node) {
+    n.ssv = 0;
+    n.flags |= DIRTY;
+    fix_height(n);
+}

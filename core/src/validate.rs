@@ -1,0 +1,196 @@
+//! Oracles for testing and benchmarking meld.
+//!
+//! [`BruteForce`] evaluates the same conflict predicates as meld without
+//! any of its shortcuts: it extracts every intention's read, range and write
+//! sets by visiting all of its nodes and compares them with the write set of
+//! every committed intention in the conflict zone. [`check_tree`] verifies
+//! the invariants of a committed tree.
+
+use std::collections::VecDeque;
+
+use crate::codec::Intention;
+use crate::genesis::Settings;
+use crate::node::{height, Bytes, Link, LogPos};
+use crate::range::{Gap, KeyRange};
+use crate::snapshot::Snapshot;
+
+/// The keys an intention read, the ranges it depends on, and the keys it wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IntentionSets {
+    /// Keys read that must be unchanged (DependsOn).
+    pub reads: Vec<Bytes>,
+    /// Ranges that must hold no change (DependsOnTree ranges, absent reads).
+    pub ranges: Vec<KeyRange>,
+    /// Keys written: updated, inserted or deleted. Sorted, no duplicates.
+    pub writes: Vec<Bytes>,
+}
+
+impl IntentionSets {
+    /// Extracts the sets by visiting every node the intention holds.
+    pub fn of(int: &Intention) -> IntentionSets {
+        let mut s = IntentionSets::default();
+        fn walk(t: &Link, int: &Intention, s: &mut IntentionSets) {
+            let Some(n) = t else { return };
+            if !int.owns(n) {
+                return;
+            }
+            walk(&n.left, int, s);
+            if n.altered() {
+                s.writes.push(n.key.clone());
+            } else if n.depends_on() {
+                s.reads.push(n.key.clone());
+            }
+            if let Some(rs) = &n.ranges {
+                s.ranges.extend(rs.iter().cloned());
+            }
+            walk(&n.right, int, s);
+        }
+        walk(&int.root, int, &mut s);
+        s.ranges.extend(int.header_ranges.iter().cloned());
+        s.writes.extend(int.deletes.iter().map(|(k, _)| k.clone()));
+        s.writes.sort();
+        s.writes.dedup();
+        s
+    }
+}
+
+/// Which predicate the brute-force validator found violated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BruteAbort {
+    /// A written key was written in the conflict zone.
+    WriteWrite(Bytes),
+    /// A read key was written in the conflict zone.
+    ReadWrite(Bytes),
+    /// A key inside a dependency range was written in the conflict zone.
+    Phantom(KeyRange),
+    /// The conflict zone is longer than the database allows.
+    SnapshotTooOld,
+}
+
+/// The brute-force validator.
+#[derive(Debug)]
+pub struct BruteForce {
+    max_zone: u64,
+    /// Write sets of committed intentions, oldest first.
+    committed: VecDeque<(LogPos, Vec<Bytes>)>,
+}
+
+impl BruteForce {
+    /// A validator for a database with these settings.
+    pub fn new(settings: &Settings) -> BruteForce {
+        BruteForce {
+            max_zone: settings.max_conflict_zone as u64,
+            committed: VecDeque::new(),
+        }
+    }
+
+    /// Decides the intention at `pos` whose snapshot is `snapshot_pos`, and
+    /// remembers its writes if it commits.
+    pub fn decide(
+        &mut self,
+        pos: LogPos,
+        snapshot_pos: LogPos,
+        sets: IntentionSets,
+    ) -> Result<(), BruteAbort> {
+        let verdict = self.check(pos, snapshot_pos, &sets);
+        if verdict.is_ok() {
+            self.committed.push_back((pos, sets.writes));
+        }
+        let horizon = pos.saturating_sub(self.max_zone + 1);
+        while self.committed.front().is_some_and(|(p, _)| *p < horizon) {
+            self.committed.pop_front();
+        }
+        verdict
+    }
+
+    /// Records an entry that aborted for reasons outside the predicates
+    /// (a malformed intention); it writes nothing.
+    pub fn skip(&mut self, _pos: LogPos) {}
+
+    fn check(&self, pos: LogPos, snapshot_pos: LogPos, sets: &IntentionSets) -> Result<(), BruteAbort> {
+        if pos - snapshot_pos - 1 > self.max_zone {
+            return Err(BruteAbort::SnapshotTooOld);
+        }
+        for (p, writes) in &self.committed {
+            if *p <= snapshot_pos || *p >= pos {
+                continue;
+            }
+            for k in &sets.writes {
+                if writes.binary_search(k).is_ok() {
+                    return Err(BruteAbort::WriteWrite(k.clone()));
+                }
+            }
+            for k in &sets.reads {
+                if writes.binary_search(k).is_ok() {
+                    return Err(BruteAbort::ReadWrite(k.clone()));
+                }
+            }
+            for r in &sets.ranges {
+                let rr = r.as_ref();
+                let from = writes.partition_point(|w| !rr.above_start(w));
+                if writes.get(from).is_some_and(|w| rr.below_end(w)) {
+                    return Err(BruteAbort::Phantom(r.clone()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A violated tree invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeViolation(pub String);
+
+/// Checks a committed tree: keys strictly ordered (so no duplicates), AVL
+/// balance and stored heights, and metadata consistency (no
+/// transaction-local nodes, read-only subtrees really unchanged: a node
+/// flagged SubtreeIsOnlyReadDependent must not be altered).
+pub fn check_tree(s: &Snapshot) -> Result<(), TreeViolation> {
+    fn walk(t: &Link, gap: Gap<'_>) -> Result<u8, TreeViolation> {
+        let Some(n) = t else { return Ok(0) };
+        if !gap.contains(&n.key) {
+            return Err(TreeViolation(format!("key {:?} out of order", n.key)));
+        }
+        if n.owner.kind == crate::node::OwnerKind::Local {
+            return Err(TreeViolation("transaction-local node in a committed tree".into()));
+        }
+        if n.only_read() && n.altered() {
+            return Err(TreeViolation("altered node flagged read-only".into()));
+        }
+        if n.ncv() == 0 || n.ncv() > n.vn() {
+            return Err(TreeViolation(format!(
+                "content version {} not in 1..={} (VN)",
+                n.ncv(),
+                n.vn()
+            )));
+        }
+        let hl = walk(&n.left, gap.left_of(&n.key))?;
+        let hr = walk(&n.right, gap.right_of(&n.key))?;
+        if hl.abs_diff(hr) > 1 {
+            return Err(TreeViolation(format!("unbalanced at {:?}", n.key)));
+        }
+        let h = hl.max(hr) + 1;
+        if h != n.height || h != height(t) {
+            return Err(TreeViolation(format!("stale height at {:?}", n.key)));
+        }
+        if n.oldest_descendant() > n.vn() {
+            return Err(TreeViolation("OldestDescendant newer than the node".into()));
+        }
+        Ok(h)
+    }
+    walk(&s.root, Gap::ALL).map(|_| ())
+}
+
+/// Every VN reachable in the tree, in key order (for uniqueness checks).
+pub fn vns(s: &Snapshot) -> Vec<u64> {
+    fn walk(t: &Link, out: &mut Vec<u64>) {
+        if let Some(n) = t {
+            walk(&n.left, out);
+            out.push(n.vn());
+            walk(&n.right, out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&s.root, &mut out);
+    out
+}
