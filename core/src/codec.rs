@@ -108,13 +108,24 @@ pub(crate) fn encode(input: &EncodeInput<'_>) -> Result<Vec<u8>, TxnError> {
         });
     }
     w.varint(count as u64);
-    if let Some(root) = input.root {
-        encode_node(&mut w, root, input);
+    match input.root {
+        Some(root) if root.same_owner(input.local) => {
+            encode_node(&mut w, root, input);
+            w.buf.push(CHILD_LOCAL);
+        }
+        Some(root) => {
+            // Deletes alone can leave an untouched snapshot subtree as root.
+            w.buf.push(CHILD_CROSS);
+            w.varint(input.snapshot_csn - root.vn());
+            w.bytes(&root.key);
+        }
+        None => w.buf.push(CHILD_NONE),
     }
     w.varint(input.deletes.len() as u64);
     for (k, scv) in input.deletes {
         w.bytes(k);
-        w.varint(input.snapshot_csn - scv);
+        // 0: absent from the snapshot; otherwise 1 + (csn - scv).
+        w.varint(if *scv == 0 { 0 } else { input.snapshot_csn - scv + 1 });
     }
     w.ranges(input.header_ranges);
     let crc = crc32fast::hash(&w.buf);
@@ -222,6 +233,8 @@ pub struct ParsedIntention<'a> {
     /// CSN of the writer's snapshot.
     pub snapshot_csn: Vn,
     pub(crate) nodes: Vec<ParsedNode<'a>>,
+    pub(crate) root: u8,
+    pub(crate) root_cross: Option<(Vn, &'a [u8])>,
     pub(crate) deletes: Vec<(&'a [u8], Vn)>,
     pub(crate) header_ranges: Vec<KeyRange>,
     /// Bytes of node keys and altered values (payload, not metadata).
@@ -454,11 +467,40 @@ pub fn parse(bytes: &[u8]) -> Result<ParsedIntention<'_>, DecodeError> {
             ranges,
         });
     }
+    let root = r.u8("root kind")?;
+    let root_cross = match root {
+        CHILD_NONE | CHILD_LOCAL => None,
+        CHILD_CROSS => {
+            let vn = r.version("root pointer", snapshot_csn)?;
+            Some((vn, r.bytes("root pointer key", MAX_KEY_LEN)?))
+        }
+        _ => {
+            return Err(DecodeError::Invalid {
+                field: "root kind",
+                why: "unknown kind",
+            })
+        }
+    };
+    if (root == CHILD_LOCAL) != (count > 0) {
+        return Err(DecodeError::Invalid {
+            field: "root kind",
+            why: "a local root needs nodes, and nodes need a local root",
+        });
+    }
     let ndel = r.count("delete count", MAX_INTENTION_NODES)?;
     let mut deletes: Vec<(&[u8], Vn)> = Vec::with_capacity(ndel.min(body.len() / 2));
     for _ in 0..ndel {
         let k = r.bytes("deleted key", MAX_KEY_LEN)?;
-        let scv = r.version("deleted scv", snapshot_csn)?;
+        let scv = match r.varint("deleted scv")? {
+            0 => 0,
+            d if d - 1 < snapshot_csn => snapshot_csn - (d - 1),
+            _ => {
+                return Err(DecodeError::Invalid {
+                    field: "deleted scv",
+                    why: "version is not older than the snapshot",
+                })
+            }
+        };
         if let Some((prev, _)) = deletes.last() {
             if *prev >= k {
                 return Err(DecodeError::Invalid {
@@ -478,6 +520,8 @@ pub fn parse(bytes: &[u8]) -> Result<ParsedIntention<'_>, DecodeError> {
         snapshot_pos,
         snapshot_csn,
         nodes,
+        root,
+        root_cross,
         deletes,
         header_ranges,
         payload_bytes: payload,
@@ -532,20 +576,7 @@ pub(crate) fn resolve(
                 CHILD_LOCAL => Some(stack.pop().ok_or(DecodeError::BadTree {
                     why: "post-order child missing",
                 })?),
-                CHILD_CROSS => {
-                    let (vn, key) = p.cross[side].ok_or(DecodeError::BadTree {
-                        why: "pointer missing",
-                    })?;
-                    let n = find(snapshot, key).ok_or(DecodeError::Unresolved {
-                        why: "pointer key not in snapshot",
-                    })?;
-                    if n.vn() != vn {
-                        return Err(DecodeError::Unresolved {
-                            why: "pointer version does not match the snapshot",
-                        });
-                    }
-                    Some(n.clone())
-                }
+                CHILD_CROSS => Some(resolve_pointer(p.cross[side], snapshot)?),
                 _ => None,
             };
         }
@@ -601,12 +632,13 @@ pub(crate) fn resolve(
             oldest,
         }));
     }
-    let root = match (stack.pop(), stack.is_empty()) {
-        (None, _) => None,
-        (Some(r), true) => Some(r),
-        (Some(_), false) => {
+    let root = match (parsed.root, stack.pop(), stack.is_empty()) {
+        (CHILD_LOCAL, Some(r), true) => Some(r),
+        (CHILD_CROSS, None, _) => Some(resolve_pointer(parsed.root_cross, snapshot)?),
+        (CHILD_NONE, None, _) => None,
+        _ => {
             return Err(DecodeError::BadTree {
-                why: "more than one root",
+                why: "nodes do not form exactly one tree",
             })
         }
     };
@@ -626,6 +658,21 @@ pub(crate) fn resolve(
         snapshot_csn: parsed.snapshot_csn,
         isolation: parsed.isolation,
     })
+}
+
+fn resolve_pointer(p: Option<(Vn, &[u8])>, snapshot: &Link) -> Result<Arc<Node>, DecodeError> {
+    let (vn, key) = p.ok_or(DecodeError::BadTree {
+        why: "pointer missing",
+    })?;
+    let n = find(snapshot, key).ok_or(DecodeError::Unresolved {
+        why: "pointer key not in snapshot",
+    })?;
+    if n.vn() != vn {
+        return Err(DecodeError::Unresolved {
+            why: "pointer version does not match the snapshot",
+        });
+    }
+    Ok(n.clone())
 }
 
 /// Checks that every key lies strictly inside the interval its position

@@ -184,8 +184,8 @@ impl Melder {
                 },
                 &mut stats,
             )?;
-            for (k, _) in &int.deletes {
-                self.tombstones.record(k, pos);
+            for (k, scv) in &int.deletes {
+                self.tombstones.record(k, pos, *scv == 0);
             }
             Ok((melded, int.node_count as Vn))
         });

@@ -103,18 +103,38 @@ pub struct MeldStats {
 
 /// Keys deleted recently, with the log position of the deleting intention.
 /// Entries older than the conflict-zone bound can never matter and are pruned.
+///
+/// Deletions of keys that were absent anyway (a transaction inserted and
+/// deleted a key its snapshot did not hold) change no node, so the
+/// structure versions that let meld graft unchanged subtrees cannot reveal
+/// them; they are also kept in `noop`, which meld consults before grafting.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Tombstones {
     map: BTreeMap<Bytes, LogPos>,
+    noop: BTreeMap<Bytes, LogPos>,
+    noop_last: LogPos,
 }
 
 impl Tombstones {
-    pub(crate) fn record(&mut self, key: &Bytes, pos: LogPos) {
+    pub(crate) fn record(&mut self, key: &Bytes, pos: LogPos, noop: bool) {
         self.map.insert(key.clone(), pos);
+        if noop {
+            self.noop.insert(key.clone(), pos);
+            self.noop_last = pos;
+        }
     }
     /// Drops entries at or before `pos`.
     pub(crate) fn prune(&mut self, pos: LogPos) {
         self.map.retain(|_, p| *p > pos);
+        self.noop.retain(|_, p| *p > pos);
+    }
+    fn noop_in(&self, r: RangeRef<'_>, pos: LogPos) -> bool {
+        self.noop_last > pos
+            && !r.is_empty()
+            && self
+                .noop
+                .range::<[u8], (Bound<&[u8]>, Bound<&[u8]>)>((r.start, r.end))
+                .any(|(_, p)| *p > pos)
     }
     fn deleted_after(&self, key: &[u8], pos: LogPos) -> bool {
         self.map.get(key).is_some_and(|p| *p > pos)
@@ -159,7 +179,7 @@ pub(crate) fn meld(input: &MeldInput<'_>, stats: &mut MeldStats) -> R<Melded> {
     // CSN(I) = CSN(LCS) + |I|; I's node VNs follow from their positions.
     i.owner.set_base(input.lcs_csn);
     let csn_i = input.lcs_csn + i.node_count as Vn;
-    if same(input.snapshot_root, input.lcs_root) {
+    if same(input.snapshot_root, input.lcs_root) && input.tombstones.noop_last <= i.snapshot_pos {
         // Serial intention: nothing committed since its snapshot.
         stats.intention_nodes += 1;
         return Ok(Melded {
@@ -264,6 +284,7 @@ impl<'a> Cx<'a, '_> {
     /// Whether intention subtree `n` can replace an LCS subtree of `gap` as is.
     fn graftable(&self, n: &Arc<Node>, gap: Gap<'_>) -> bool {
         self.deletes_in(gap).is_empty()
+            && !self.tombs.noop_in(gap.as_range(), self.snap_pos)
             && gap.lo.is_none_or(|lo| min_key(n) > lo)
             && gap.hi.is_none_or(|hi| max_key(n) < hi)
     }
@@ -392,9 +413,12 @@ impl<'a> Cx<'a, '_> {
     where
         'a: 't,
     {
-        if let Some((k, _)) = self.deletes_in(gap).first() {
-            // A key the intention deleted is already gone.
-            return Err(AbortReason::WriteWrite { key: k.clone() });
+        for (k, scv) in self.deletes_in(gap) {
+            // A key the intention deleted is already gone (or, if it was
+            // absent from the snapshot too, was inserted and deleted since).
+            if *scv != 0 || self.tombs.deleted_after(k, self.snap_pos) {
+                return Err(AbortReason::WriteWrite { key: k.clone() });
+            }
         }
         let mut kept = Vec::new();
         let mut clean = true;
@@ -526,6 +550,10 @@ impl<'a> Cx<'a, '_> {
 
     fn delete(&mut self, t: &Link, key: &Bytes, scv: Vn) -> R<Link> {
         let Some(n) = t else {
+            if scv == 0 && !self.tombs.deleted_after(key, self.snap_pos) {
+                // Absent from the snapshot and still absent: nothing to do.
+                return Ok(None);
+            }
             return Err(AbortReason::WriteWrite { key: key.clone() });
         };
         self.stats.lcs_nodes += 1;

@@ -164,4 +164,10 @@ impl<'a> Gap<'a> {
             hi: self.hi,
         }
     }
+    pub(crate) fn as_range(self) -> RangeRef<'a> {
+        RangeRef {
+            start: self.lo.map_or(Bound::Unbounded, Bound::Excluded),
+            end: self.hi.map_or(Bound::Unbounded, Bound::Excluded),
+        }
+    }
 }

@@ -82,6 +82,11 @@ pub struct Transaction {
     deleted: BTreeMap<Bytes, Vn>,
     ranges: Vec<KeyRange>,
     wrote: bool,
+    /// Whether a node was removed: from then on a subtree's key interval
+    /// may be wider than in the snapshot (a boundary key is gone), so a new
+    /// key inserted below a node may lie outside the interval its SSV vouches
+    /// for. Inserts then void the SSV along their path.
+    widened: bool,
 }
 
 enum Dir {
@@ -101,6 +106,7 @@ impl Transaction {
             deleted: BTreeMap::new(),
             ranges: Vec::new(),
             wrote: false,
+            widened: false,
         }
     }
 
@@ -145,7 +151,7 @@ impl Transaction {
         check_value(value)?;
         let root = self.root.clone();
         let v: Bytes = value.into();
-        self.root = Some(self.insert(&root, key, &v));
+        self.root = Some(self.insert(&root, key, &v).0);
         self.wrote = true;
         Ok(())
     }
@@ -159,11 +165,14 @@ impl Transaction {
             Some((new_root, removed)) => {
                 self.root = new_root;
                 self.wrote = true;
+                self.widened = true;
                 let local = removed.same_owner(&self.local);
+                // Source version 0: the key was absent from the snapshot and
+                // inserted by this transaction. The delete is still a write
+                // (log-order replay deletes whatever is there), so it is
+                // listed and validated like any other.
                 let source = if local { removed.scv } else { removed.ncv() };
-                if source != 0 {
-                    self.deleted.insert(removed.key.clone(), source);
-                }
+                self.deleted.insert(removed.key.clone(), source);
                 if local {
                     if let Some(rs) = &removed.ranges {
                         self.ranges.extend(rs.iter().cloned());
@@ -326,9 +335,10 @@ impl Transaction {
         Arc::new(c)
     }
 
-    fn insert(&mut self, t: &Link, key: &[u8], value: &Bytes) -> Arc<Node> {
+    /// Inserts or updates; also returns whether a new node was created.
+    fn insert(&mut self, t: &Link, key: &[u8], value: &Bytes) -> (Arc<Node>, bool) {
         let Some(n) = t else {
-            return Arc::new(Node {
+            let node = Arc::new(Node {
                 key: key.into(),
                 value: value.clone(),
                 left: None,
@@ -342,24 +352,31 @@ impl Transaction {
                 ranges: None,
                 oldest: 0,
             });
+            return (node, true);
         };
         let mut c = self.local_copy(n);
         c.flags |= DIRTY;
-        match key.cmp(&n.key) {
+        let created = match key.cmp(&n.key) {
             std::cmp::Ordering::Equal => {
                 c.value = value.clone();
                 c.flags |= ALTERED;
-                Arc::new(c)
+                return (Arc::new(c), false);
             }
             std::cmp::Ordering::Less => {
-                c.left = Some(self.insert(&n.left, key, value));
-                self.rebalance(c)
+                let (child, created) = self.insert(&n.left, key, value);
+                c.left = Some(child);
+                created
             }
             std::cmp::Ordering::Greater => {
-                c.right = Some(self.insert(&n.right, key, value));
-                self.rebalance(c)
+                let (child, created) = self.insert(&n.right, key, value);
+                c.right = Some(child);
+                created
             }
+        };
+        if created && self.widened {
+            c.ssv = 0;
         }
+        (self.rebalance(c), created)
     }
 
     /// Removes `key`; returns the new subtree and the removed node.
