@@ -10,6 +10,7 @@
 //! the same bytes with the same error.
 
 use std::ops::Bound;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use integer_encoding::VarInt;
@@ -20,9 +21,10 @@ use crate::error::{
 };
 use crate::node::{
     find, height, max_key, min_key, oldest_from, Bytes, Link, LogPos, Node, Owner, OwnerKind,
-    Vn, ALTERED, DEPENDS_ON, DEPENDS_ON_TREE, OLDEST_UNKNOWN_OWN, SUBTREE_ONLY_READ,
+    Vn, ALTERED, DEPENDS_ON, DEPENDS_ON_TREE, LEFT_OWNED, OLDEST_UNKNOWN_OWN, RIGHT_OWNED,
+    SUBTREE_ONLY_READ,
 };
-use crate::range::{Gap, KeyRange};
+use crate::range::KeyRange;
 use crate::txn::Isolation;
 
 /// Magic bytes at the start of every intention record.
@@ -536,6 +538,8 @@ pub fn parse(bytes: &[u8]) -> Result<ParsedIntention<'_>, DecodeError> {
 pub struct Intention {
     pub(crate) root: Link,
     pub(crate) owner: Arc<Owner>,
+    /// Smallest and largest key of each node's subtree, by `seq - 1`.
+    pub(crate) bounds: Vec<(Bytes, Bytes)>,
     pub(crate) node_count: u32,
     pub(crate) deletes: Vec<(Bytes, Vn)>,
     pub(crate) header_ranges: Vec<KeyRange>,
@@ -550,6 +554,10 @@ pub struct Intention {
 }
 
 impl Intention {
+    /// The root, if it is a node of this intention (not a snapshot pointer).
+    pub(crate) fn owned_root(&self) -> Option<&Arc<Node>> {
+        self.root.as_ref().filter(|n| self.owns(n))
+    }
     /// Number of tree nodes.
     pub fn node_count(&self) -> u32 {
         self.node_count
@@ -569,6 +577,7 @@ pub(crate) fn resolve(
 ) -> Result<Intention, DecodeError> {
     let owner = Owner::new(OwnerKind::Intention(pos), 0);
     let mut stack: Vec<Arc<Node>> = Vec::with_capacity(64);
+    let mut bounds: Vec<(Bytes, Bytes)> = Vec::with_capacity(parsed.nodes.len());
     for (idx, p) in parsed.nodes.iter().enumerate() {
         let mut kids: [Link; 2] = [None, None];
         for side in [1usize, 0] {
@@ -595,6 +604,21 @@ pub(crate) fn resolve(
                 n.value.clone()
             }
         };
+        // Subtree bounds, checked bottom-up: everything left of the key is
+        // smaller, everything right of it larger (for pointers into the
+        // snapshot, their whole subtree).
+        let key: Bytes = p.key.into();
+        let lb = subtree_bounds(&left, &owner, &bounds);
+        let rb = subtree_bounds(&right, &owner, &bounds);
+        if lb.as_ref().is_some_and(|(_, lmax)| *lmax >= key) || rb.as_ref().is_some_and(|(rmin, _)| *rmin <= key) {
+            return Err(DecodeError::BadTree {
+                why: "keys out of order",
+            });
+        }
+        bounds.push((
+            lb.map_or_else(|| key.clone(), |b| b.0),
+            rb.map_or_else(|| key.clone(), |b| b.1),
+        ));
         let (hl, hr) = (height(&left), height(&right));
         if hl.abs_diff(hr) > 1 {
             return Err(DecodeError::BadTree {
@@ -602,6 +626,12 @@ pub(crate) fn resolve(
             });
         }
         let mut flags = 0u8;
+        if p.kinds[0] == CHILD_LOCAL {
+            flags |= LEFT_OWNED;
+        }
+        if p.kinds[1] == CHILD_LOCAL {
+            flags |= RIGHT_OWNED;
+        }
         for (f, g) in [
             (F_ALTERED, ALTERED),
             (F_DEPENDS_ON, DEPENDS_ON),
@@ -614,12 +644,13 @@ pub(crate) fn resolve(
         }
         let oldest = oldest_from(&owner, &left, &right, OLDEST_UNKNOWN_OWN);
         stack.push(Arc::new(Node {
-            key: p.key.into(),
+            key,
             value,
             left,
             right,
             owner: owner.clone(),
             seq: idx as u32 + 1,
+            vn_cache: AtomicU64::new(0),
             scv: p.scv,
             ssv: p.ssv,
             flags,
@@ -642,10 +673,10 @@ pub(crate) fn resolve(
             })
         }
     };
-    check_order(&root, &owner, Gap::ALL)?;
     Ok(Intention {
         root,
         owner,
+        bounds,
         node_count: parsed.nodes.len() as u32,
         deletes: parsed
             .deletes
@@ -675,23 +706,13 @@ fn resolve_pointer(p: Option<(Vn, &[u8])>, snapshot: &Link) -> Result<Arc<Node>,
     Ok(n.clone())
 }
 
-/// Checks that every key lies strictly inside the interval its position
-/// allows; for pointers into the snapshot, that the whole pointed subtree does.
-/// Recursion depth is bounded by the (already checked) AVL height.
-fn check_order(t: &Link, owner: &Arc<Owner>, gap: Gap<'_>) -> Result<(), DecodeError> {
-    let Some(n) = t else { return Ok(()) };
-    let bad = DecodeError::BadTree {
-        why: "keys out of order",
-    };
-    if !n.same_owner(owner) {
-        if !gap.contains(min_key(n)) || !gap.contains(max_key(n)) {
-            return Err(bad);
-        }
-        return Ok(());
+/// The smallest and largest key below a child link: from the bounds table
+/// for this intention's nodes, by walking the pointed subtree otherwise.
+fn subtree_bounds(c: &Link, owner: &Arc<Owner>, bounds: &[(Bytes, Bytes)]) -> Option<(Bytes, Bytes)> {
+    let n = c.as_ref()?;
+    if n.same_owner(owner) {
+        bounds.get(n.seq as usize - 1).cloned()
+    } else {
+        Some((min_key(n).into(), max_key(n).into()))
     }
-    if !gap.contains(&n.key) {
-        return Err(bad);
-    }
-    check_order(&n.left, owner, gap.left_of(&n.key))?;
-    check_order(&n.right, owner, gap.right_of(&n.key))
 }

@@ -10,7 +10,7 @@ use crate::codec::{parse, resolve, Intention};
 use crate::error::DecodeError;
 use crate::genesis::Settings;
 use crate::meld::{meld, AbortReason, MeldInput, MeldStats, Tombstones};
-use crate::node::{LogPos, Vn};
+use crate::node::{Link, LogPos, Vn};
 use crate::snapshot::Snapshot;
 
 /// The fate of one log entry (or of a read-only transaction).
@@ -41,8 +41,9 @@ impl Outcome {
     }
 }
 
-/// The meld state machine of one node.
-#[derive(Debug)]
+/// The meld state machine of one node. Cloning is cheap (states share
+/// their nodes) and gives an independent node at the same log position.
+#[derive(Debug, Clone)]
 pub struct Melder {
     settings: Settings,
     /// Committed states at positions `lcs.pos - window.len() + 1 ..= lcs.pos`.
@@ -50,7 +51,32 @@ pub struct Melder {
     tombstones: Tombstones,
     keep_readset: bool,
     last_stats: MeldStats,
+    /// Roots of old states and consumed intentions not freed yet (see
+    /// [`Melder::set_deferred_reclaim`]).
+    retired: Vec<Link>,
+    deferred: bool,
 }
+
+/// Tree memory that meld no longer needs: old states that left the
+/// retention window and the intention nodes meld replaced. Dropping it frees
+/// the nodes no other state shares; it is `Send`, so a host can free it on
+/// another thread, off meld's critical path.
+#[derive(Debug, Default)]
+pub struct Garbage(Vec<Link>);
+
+impl Garbage {
+    /// Number of retired roots.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// Whether there is nothing to free.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Retired roots kept at most before the melder frees them itself.
+const MAX_RETIRED: usize = 8192;
 
 impl Melder {
     /// A melder for a new database; its state after the genesis record
@@ -68,6 +94,8 @@ impl Melder {
             tombstones: Tombstones::default(),
             keep_readset: false,
             last_stats: MeldStats::default(),
+            retired: Vec::new(),
+            deferred: false,
         }
     }
 
@@ -82,6 +110,32 @@ impl Melder {
     /// a database-wide choice.
     pub fn set_keep_readset(&mut self, keep: bool) {
         self.keep_readset = keep;
+    }
+
+    /// With `true`, memory released by meld is kept until the host takes
+    /// it with [`Melder::take_garbage`] (to free it elsewhere) instead of
+    /// being freed inside [`Melder::apply`]. At most 8192 roots are kept; past
+    /// that the melder frees them itself, so memory stays bounded.
+    pub fn set_deferred_reclaim(&mut self, deferred: bool) {
+        self.deferred = deferred;
+        if !deferred {
+            self.retired.clear();
+        }
+    }
+
+    /// Takes the memory released since the last call (see
+    /// [`Melder::set_deferred_reclaim`]).
+    pub fn take_garbage(&mut self) -> Garbage {
+        Garbage(std::mem::take(&mut self.retired))
+    }
+
+    fn retire(&mut self, root: Link) {
+        if self.deferred && root.is_some() {
+            if self.retired.len() >= MAX_RETIRED {
+                self.retired.clear();
+            }
+            self.retired.push(root);
+        }
     }
 
     /// The database settings.
@@ -159,59 +213,33 @@ impl Melder {
         let pos = self.next_pos();
         let lcs = self.lcs().clone();
         let mut stats = MeldStats::default();
-        let result = decoded.and_then(|int| {
-            if int.pos != pos {
-                return Err(AbortReason::Malformed(DecodeError::Invalid {
-                    field: "position",
-                    why: "intention was decoded for another log position",
-                }));
+        let (result, consumed) = match decoded {
+            Err(reason) => (Err(reason), None),
+            Ok(int) => {
+                let r = self.meld_one(&int, pos, &lcs, &mut stats);
+                (r, int.root)
             }
-            let snapshot_root = self
-                .state_at(int.snapshot_pos)
-                .map(|s| s.root.clone())
-                .ok_or(AbortReason::SnapshotTooOld {
-                    snapshot_pos: int.snapshot_pos,
-                    oldest_accepted: self.window.front().map_or(0, |s| s.pos),
-                })?;
-            let melded = meld(
-                &MeldInput {
-                    intention: &int,
-                    lcs_root: &lcs.root,
-                    lcs_csn: lcs.csn,
-                    snapshot_root: &snapshot_root,
-                    tombstones: &self.tombstones,
-                    keep_readset: self.keep_readset,
-                },
-                &mut stats,
-            )?;
-            for (k, scv) in &int.deletes {
-                self.tombstones.record(k, pos, *scv == 0);
-            }
-            Ok((melded, int.node_count as Vn))
-        });
+        };
+        self.retire(consumed);
         self.last_stats = stats;
         let (next, outcome) = match result {
-            Ok((m, nodes)) => {
-                let csn = lcs.csn + nodes + m.ephemeral as Vn;
-                (
-                    Snapshot {
-                        root: m.root,
-                        pos,
-                        csn,
-                        db: lcs.db,
-                    },
-                    Outcome::Committed { pos, csn },
-                )
-            }
-            Err(reason) => (
-                Snapshot { pos, ..lcs },
-                Outcome::Aborted { pos, reason },
+            Ok((root, csn)) => (
+                Snapshot {
+                    root,
+                    pos,
+                    csn,
+                    db: lcs.db,
+                },
+                Outcome::Committed { pos, csn },
             ),
+            Err(reason) => (Snapshot { pos, ..lcs }, Outcome::Aborted { pos, reason }),
         };
         self.window.push_back(next);
         let keep = self.settings.max_conflict_zone as usize + 1;
         while self.window.len() > keep {
-            self.window.pop_front();
+            if let Some(old) = self.window.pop_front() {
+                self.retire(old.root);
+            }
         }
         let zone = self.settings.max_conflict_zone as u64;
         if pos % zone == 0 {
@@ -221,4 +249,45 @@ impl Melder {
         }
         outcome
     }
+
+    /// Melds one decoded intention into `lcs`; returns the new root and CSN.
+    fn meld_one(
+        &mut self,
+        int: &Intention,
+        pos: LogPos,
+        lcs: &Snapshot,
+        stats: &mut MeldStats,
+    ) -> Result<(Link, Vn), AbortReason> {
+        if int.pos != pos {
+            return Err(AbortReason::Malformed(DecodeError::Invalid {
+                field: "position",
+                why: "intention was decoded for another log position",
+            }));
+        }
+        let snapshot_root = self
+            .state_at(int.snapshot_pos)
+            .map(|s| s.root.clone())
+            .ok_or(AbortReason::SnapshotTooOld {
+                snapshot_pos: int.snapshot_pos,
+                oldest_accepted: self.window.front().map_or(0, |s| s.pos),
+            })?;
+        let melded = meld(
+            &MeldInput {
+                intention: int,
+                lcs_root: &lcs.root,
+                lcs_csn: lcs.csn,
+                snapshot_root: &snapshot_root,
+                tombstones: &self.tombstones,
+                keep_readset: self.keep_readset,
+            },
+            stats,
+        )?;
+        for (k, scv) in &int.deletes {
+            self.tombstones.record(k, pos, *scv == 0);
+        }
+        let csn = lcs.csn + int.node_count as Vn + melded.ephemeral as Vn;
+        Ok((melded.root, csn))
+    }
 }
+
+

@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod bytes;
 pub mod codec;
 mod db;
 mod engine;

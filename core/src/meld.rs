@@ -25,12 +25,13 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::codec::Intention;
 use crate::node::{
-    find, height, max_key, min_key, nsv_of, oldest_from, same, Bytes, Link, LogPos, Node, Owner,
-    OwnerKind, Vn, SUBTREE_ONLY_READ,
+    find, height, nsv_of, oldest_from, same, Bytes, Link, LogPos, Node, Owner,
+    OwnerKind, Vn, LEFT_OWNED, RIGHT_OWNED, SUBTREE_ONLY_READ,
 };
 use crate::range::{Gap, KeyRange, RangeRef};
 
@@ -172,6 +173,30 @@ pub(crate) struct Melded {
 
 type R<T> = Result<T, AbortReason>;
 
+/// A subtree of the intention being melded: `None` when empty or when it is
+/// a pointer into the snapshot (which holds no change of the intention).
+type ILink<'t> = Option<&'t Arc<Node>>;
+
+/// The left child of an intention node, if it is in the same intention.
+#[inline]
+fn ileft(n: &Arc<Node>) -> ILink<'_> {
+    if n.flag(LEFT_OWNED) {
+        n.left.as_ref()
+    } else {
+        None
+    }
+}
+
+/// The right child of an intention node, if it is in the same intention.
+#[inline]
+fn iright(n: &Arc<Node>) -> ILink<'_> {
+    if n.flag(RIGHT_OWNED) {
+        n.right.as_ref()
+    } else {
+        None
+    }
+}
+
 /// Melds one intention into the LCS. Pure: the result depends only on the
 /// inputs, so every node computes the same decision and the same nodes.
 pub(crate) fn meld(input: &MeldInput<'_>, stats: &mut MeldStats) -> R<Melded> {
@@ -203,7 +228,7 @@ pub(crate) fn meld(input: &MeldInput<'_>, stats: &mut MeldStats) -> R<Melded> {
             return Err(AbortReason::Phantom { range: r.clone() });
         }
     }
-    let root = cx.meld(input.lcs_root, &i.root, Gap::ALL)?;
+    let root = cx.meld(input.lcs_root, i.owned_root(), Gap::ALL)?;
     cx.stats.ephemeral_nodes += cx.eph_count as u64;
     Ok(Melded {
         root,
@@ -224,20 +249,13 @@ struct Cx<'a, 's> {
 }
 
 impl<'a> Cx<'a, '_> {
-    fn owned<'t>(&self, t: &'t Link) -> Option<&'t Arc<Node>> {
-        t.as_ref().filter(|n| self.i.owns(n))
-    }
-
     /// Descends `t` through intention nodes outside `gap`; those belong to
     /// other calls of the recursion.
-    fn narrow<'t>(&mut self, mut t: &'t Link, gap: Gap<'_>) -> &'t Link {
+    fn narrow<'t>(&mut self, mut t: ILink<'t>, gap: Gap<'_>) -> ILink<'t> {
         while let Some(n) = t {
-            if !self.i.owns(n) {
-                break;
-            }
             match gap.cmp_key(&n.key) {
-                Ordering::Less => t = &n.right,
-                Ordering::Greater => t = &n.left,
+                Ordering::Less => t = iright(n),
+                Ordering::Greater => t = ileft(n),
                 Ordering::Equal => break,
             }
             self.stats.intention_nodes += 1;
@@ -246,12 +264,12 @@ impl<'a> Cx<'a, '_> {
     }
 
     /// The intention node with `key` below `t`, if the intention holds one.
-    fn find_owned<'t>(&mut self, mut t: &'t Link, key: &[u8]) -> Option<&'t Arc<Node>> {
-        while let Some(n) = self.owned(t) {
+    fn find_owned<'t>(&mut self, mut t: ILink<'t>, key: &[u8]) -> ILink<'t> {
+        while let Some(n) = t {
             self.stats.intention_nodes += 1;
             match key.cmp(&n.key) {
-                Ordering::Less => t = &n.left,
-                Ordering::Greater => t = &n.right,
+                Ordering::Less => t = ileft(n),
+                Ordering::Greater => t = iright(n),
                 Ordering::Equal => return Some(n),
             }
         }
@@ -285,16 +303,17 @@ impl<'a> Cx<'a, '_> {
     fn graftable(&self, n: &Arc<Node>, gap: Gap<'_>) -> bool {
         self.deletes_in(gap).is_empty()
             && !self.tombs.noop_in(gap.as_range(), self.snap_pos)
-            && gap.lo.is_none_or(|lo| min_key(n) > lo)
-            && gap.hi.is_none_or(|hi| max_key(n) < hi)
+            && self.i.bounds.get(n.seq as usize - 1).is_some_and(|(min, max)| {
+                gap.lo.is_none_or(|lo| &min[..] > lo) && gap.hi.is_none_or(|hi| &max[..] < hi)
+            })
     }
 
-    fn meld<'t>(&mut self, l: &'t Link, i: &'t Link, gap: Gap<'t>) -> R<Link>
+    fn meld<'t>(&mut self, l: &'t Link, i: ILink<'t>, gap: Gap<'t>) -> R<Link>
     where
         'a: 't,
     {
         let i = self.narrow(i, gap);
-        let Some(inode) = self.owned(i) else {
+        let Some(inode) = i else {
             // No intention changes in this interval but its deletes.
             return self.apply_deletes(l.clone(), gap);
         };
@@ -312,7 +331,7 @@ impl<'a> Cx<'a, '_> {
             if inode.ssv != 0 && inode.ssv == lnode.nsv() && self.graftable(inode, gap) {
                 // Serial case for this subtree: nothing under `l` changed
                 // since the writer's snapshot.
-                return Ok(i.clone());
+                return Ok(Some(inode.clone()));
             }
             Some(inode)
         } else {
@@ -322,7 +341,7 @@ impl<'a> Cx<'a, '_> {
             self.check(t, Some(lnode))?;
         }
         let (li, ri) = if symmetric {
-            (&inode.left, &inode.right)
+            (ileft(inode), iright(inode))
         } else {
             (i, i)
         };
@@ -360,7 +379,7 @@ impl<'a> Cx<'a, '_> {
     }
 
     /// `MeldNoEphem`: a subtree the intention only read.
-    fn meld_read_only<'t>(&mut self, l: &'t Link, i: &'t Link, inode: &'t Arc<Node>, gap: Gap<'t>) -> R<Link>
+    fn meld_read_only<'t>(&mut self, l: &'t Link, i: ILink<'t>, inode: &'t Arc<Node>, gap: Gap<'t>) -> R<Link>
     where
         'a: 't,
     {
@@ -368,19 +387,19 @@ impl<'a> Cx<'a, '_> {
             return self.from_intention(i, gap);
         };
         if inode.key == lnode.key && inode.ssv == lnode.nsv() && self.graftable(inode, gap) {
-            return Ok(if self.keep_readset { i.clone() } else { l.clone() });
+            return Ok(if self.keep_readset { Some(inode.clone()) } else { l.clone() });
         }
         self.check_only(l, i, gap)?;
         self.apply_deletes(l.clone(), gap)
     }
 
     /// Conflict detection without building anything.
-    fn check_only<'t>(&mut self, l: &'t Link, i: &'t Link, gap: Gap<'t>) -> R<()>
+    fn check_only<'t>(&mut self, l: &'t Link, i: ILink<'t>, gap: Gap<'t>) -> R<()>
     where
         'a: 't,
     {
         let i = self.narrow(i, gap);
-        let Some(inode) = self.owned(i) else {
+        let Some(inode) = i else {
             return Ok(());
         };
         self.stats.intention_nodes += 1;
@@ -396,8 +415,8 @@ impl<'a> Cx<'a, '_> {
                 return Ok(());
             }
             self.check(inode, Some(lnode))?;
-            self.check_only(&lnode.left, &inode.left, gap.left_of(lk))?;
-            self.check_only(&lnode.right, &inode.right, gap.right_of(lk))
+            self.check_only(&lnode.left, ileft(inode), gap.left_of(lk))?;
+            self.check_only(&lnode.right, iright(inode), gap.right_of(lk))
         } else {
             if let Some(t) = self.find_owned(i, lk) {
                 self.check(t, Some(lnode))?;
@@ -409,7 +428,7 @@ impl<'a> Cx<'a, '_> {
 
     /// The LCS holds no key in `gap`: keep the intention's inserts there,
     /// after checking every intention node in `gap`.
-    fn from_intention<'t>(&mut self, i: &'t Link, gap: Gap<'t>) -> R<Link>
+    fn from_intention<'t>(&mut self, i: ILink<'t>, gap: Gap<'t>) -> R<Link>
     where
         'a: 't,
     {
@@ -425,7 +444,7 @@ impl<'a> Cx<'a, '_> {
         self.collect(i, gap, &mut kept, &mut clean)?;
         if clean {
             // The subtree holds only this intention's inserts, all in `gap`.
-            return Ok(i.clone());
+            return Ok(i.cloned());
         }
         Ok(self.build(&kept))
     }
@@ -433,35 +452,35 @@ impl<'a> Cx<'a, '_> {
     /// Checks every intention node of `t` inside `gap` against an empty LCS
     /// interval and collects the inserts in key order. `clean` stays true if
     /// the subtree is exactly those inserts.
-    fn collect<'t>(&mut self, t: &'t Link, gap: Gap<'t>, out: &mut Vec<&'t Arc<Node>>, clean: &mut bool) -> R<()>
+    fn collect<'t>(&mut self, t: ILink<'t>, gap: Gap<'t>, out: &mut Vec<&'t Arc<Node>>, clean: &mut bool) -> R<()>
     where
         'a: 't,
     {
         let Some(n) = t else { return Ok(()) };
-        if !self.i.owns(n) {
-            // Snapshot keys that the LCS no longer holds: deleted concurrently.
+        if (n.left.is_some() && !n.flag(LEFT_OWNED)) || (n.right.is_some() && !n.flag(RIGHT_OWNED)) {
+            // Snapshot keys below that the LCS no longer holds (deleted
+            // concurrently): the subtree cannot be kept as is.
             *clean = false;
-            return Ok(());
         }
         self.stats.intention_nodes += 1;
         match gap.cmp_key(&n.key) {
             Ordering::Less => {
                 *clean = false;
-                self.collect(&n.right, gap, out, clean)
+                self.collect(iright(n), gap, out, clean)
             }
             Ordering::Greater => {
                 *clean = false;
-                self.collect(&n.left, gap, out, clean)
+                self.collect(ileft(n), gap, out, clean)
             }
             Ordering::Equal => {
-                self.collect(&n.left, gap, out, clean)?;
+                self.collect(ileft(n), gap, out, clean)?;
                 self.check(n, None)?;
                 if n.scv == 0 {
                     out.push(n);
                 } else {
                     *clean = false;
                 }
-                self.collect(&n.right, gap, out, clean)
+                self.collect(iright(n), gap, out, clean)
             }
         }
     }
@@ -600,6 +619,7 @@ impl<'a> Cx<'a, '_> {
             right,
             owner: self.eph.clone(),
             seq,
+            vn_cache: AtomicU64::new(vn),
             scv: c.ncv(),
             ssv,
             flags,

@@ -19,8 +19,7 @@ use crate::range::KeyRange;
 pub type Vn = u64;
 /// A position in the shared log. Positions only grow and are never reused.
 pub type LogPos = u64;
-/// An immutable byte string (key or value) shared between versions of the tree.
-pub type Bytes = Arc<[u8]>;
+pub use crate::bytes::Bytes;
 /// A child pointer: `None` is an empty subtree.
 pub(crate) type Link = Option<Arc<Node>>;
 
@@ -70,6 +69,11 @@ pub(crate) const SUBTREE_ONLY_READ: u8 = 8;
 /// Transaction-local only: a write (update, insert, delete, rotation) happened
 /// at this node or below it. Encoded as the negation of SUBTREE_ONLY_READ.
 pub(crate) const DIRTY: u8 = 16;
+/// Decoded intention nodes only: the left (right) child is a node of the same
+/// intention, not a pointer into the snapshot. Lets meld tell without
+/// touching the (usually cold) child.
+pub(crate) const LEFT_OWNED: u8 = 32;
+pub(crate) const RIGHT_OWNED: u8 = 64;
 
 /// `oldest` value meaning "the oldest node of this subtree is in the node's own
 /// intention", resolved lazily because the intention's VN base is only known
@@ -77,24 +81,32 @@ pub(crate) const DIRTY: u8 = 16;
 const OLDEST_OWN: Vn = u64::MAX;
 
 /// One node of the copy-on-write binary search tree.
-#[derive(Debug, Clone)]
+///
+/// `repr(C)` keeps the fields meld reads on every visit (key, children, VN,
+/// SCV, flags, height) in the first 64-byte cache line.
+#[derive(Debug)]
+#[repr(C)]
 pub struct Node {
     pub(crate) key: Bytes,
-    pub(crate) value: Bytes,
     pub(crate) left: Link,
     pub(crate) right: Link,
-    pub(crate) owner: Arc<Owner>,
-    /// 1-based post-order position inside the owner.
-    pub(crate) seq: u32,
+    /// The VN once computed (0 before): a cache of `owner.base + seq`,
+    /// filled at creation for ephemeral nodes and on first use otherwise,
+    /// so meld rarely has to load the (often cold) owner.
+    pub(crate) vn_cache: AtomicU64,
     /// Source content version: VN of the node that first produced this payload
     /// as seen by the writer's snapshot (0 if the key did not exist there).
     pub(crate) scv: Vn,
-    /// Source structure version: oldest version with exactly this subtree as
-    /// seen in the writer's snapshot (0 if invalidated by a restructuring).
-    pub(crate) ssv: Vn,
     pub(crate) flags: u8,
     /// AVL height of the subtree (a leaf has height 1).
     pub(crate) height: u8,
+    /// 1-based post-order position inside the owner.
+    pub(crate) seq: u32,
+    /// Source structure version: oldest version with exactly this subtree as
+    /// seen in the writer's snapshot (0 if invalidated by a restructuring).
+    pub(crate) ssv: Vn,
+    pub(crate) owner: Arc<Owner>,
+    pub(crate) value: Bytes,
     /// DependencyRange of a DependsOnTree node (phantom protection).
     pub(crate) ranges: Option<Box<[KeyRange]>>,
     /// Minimum VN base of any intention with a node in this subtree
@@ -114,8 +126,21 @@ impl Node {
     /// The node's version number (identity). Only meaningful for committed nodes.
     #[inline]
     pub fn vn(&self) -> Vn {
-        self.owner.base() + self.seq as Vn
+        match self.vn_cache.load(Ordering::Relaxed) {
+            0 => {
+                let base = self.owner.base();
+                let vn = base + self.seq as Vn;
+                // Only a committed owner's VNs are final (its base is set
+                // and never changes again); a local node's are not VNs.
+                if base != 0 && self.owner.kind != OwnerKind::Local {
+                    self.vn_cache.store(vn, Ordering::Relaxed);
+                }
+                vn
+            }
+            v => v,
+        }
     }
+
     #[inline]
     pub(crate) fn flag(&self, f: u8) -> bool {
         self.flags & f != 0
@@ -164,6 +189,26 @@ impl Node {
     #[inline]
     pub(crate) fn same_owner(&self, other: &Arc<Owner>) -> bool {
         Arc::ptr_eq(&self.owner, other)
+    }
+}
+
+impl Clone for Node {
+    fn clone(&self) -> Node {
+        Node {
+            key: self.key.clone(),
+            value: self.value.clone(),
+            left: self.left.clone(),
+            right: self.right.clone(),
+            owner: self.owner.clone(),
+            seq: self.seq,
+            vn_cache: AtomicU64::new(self.vn_cache.load(Ordering::Relaxed)),
+            scv: self.scv,
+            ssv: self.ssv,
+            flags: self.flags,
+            height: self.height,
+            ranges: self.ranges.clone(),
+            oldest: self.oldest,
+        }
     }
 }
 

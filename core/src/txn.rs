@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::codec::{encode, EncodeInput};
@@ -301,6 +302,7 @@ impl Transaction {
             right: n.right.clone(),
             owner: self.local.clone(),
             seq: 0,
+            vn_cache: AtomicU64::new(0),
             scv: n.ncv(),
             ssv: n.nsv(),
             flags: 0,
@@ -345,6 +347,7 @@ impl Transaction {
                 right: None,
                 owner: self.local.clone(),
                 seq: 0,
+                vn_cache: AtomicU64::new(0),
                 scv: self.deleted.remove(key).unwrap_or(0),
                 ssv: 0,
                 flags: ALTERED | DIRTY,

@@ -75,6 +75,8 @@ pub struct Config {
     pub settings: Settings,
     /// Check tree invariants after every meld (slow for large runs).
     pub check_every_meld: bool,
+    /// Meld keeps unchanged read-only intention subtrees (Hyder II §3.3).
+    pub keep_readset: bool,
 }
 
 impl Default for Config {
@@ -91,6 +93,7 @@ impl Default for Config {
             seed: 1,
             settings: Settings::default(),
             check_every_meld: true,
+            keep_readset: false,
         }
     }
 }
@@ -274,6 +277,7 @@ fn brute_matches(outcome: &Outcome, brute: &Result<(), BruteAbort>) -> Option<bo
 pub fn run(cfg: &Config) -> Result<Run, String> {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let mut melder = Melder::new(cfg.settings);
+    melder.set_keep_readset(cfg.keep_readset);
     let mut brute = BruteForce::new(&cfg.settings);
     let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
     let mut counts = Counts::default();

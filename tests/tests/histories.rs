@@ -47,3 +47,19 @@ proptest! {
         prop_assert_eq!(r.counts.extra_aborts, 0);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+
+    /// Meld with the Hyder II §3.3 change (return the intention's unchanged
+    /// read-only subtree, keeping its readset) decides and stores the same.
+    #[test]
+    fn keeping_the_readset_changes_no_decision(seed in any::<u64>(), degree in 1u64..32) {
+        let base = Config { seed, degree, keys: 128, initial: 64, ops: (1, 12), txns: 150, ..Config::default() };
+        let plain = run(&base).map_err(TestCaseError::fail)?;
+        let kept = run(&Config { keep_readset: true, ..base }).map_err(TestCaseError::fail)?;
+        let d = |r: &melddb_tests::Run| r.records.iter().map(|x| x.outcome.is_committed()).collect::<Vec<_>>();
+        prop_assert_eq!(d(&plain), d(&kept));
+        prop_assert_eq!(plain.final_state, kept.final_state);
+    }
+}

@@ -1,0 +1,102 @@
+//! PNG plots of the meld suite (the shapes of the paper's figures 8–11, 14, 15).
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use crate::workload::Measured;
+
+const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+fn register_font() -> Result<(), String> {
+    let bytes = std::fs::read(FONT).map_err(|e| format!("font {FONT}: {e}"))?;
+    let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, leaked)
+        .map_err(|_| "font could not be registered".to_string())
+}
+
+type Series = (String, Vec<(f64, f64)>);
+
+fn line_chart(path: &Path, title: &str, xlabel: &str, ylabel: &str, log_x: bool, series: &[Series]) -> Result<(), String> {
+    let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let xs = series.iter().flat_map(|s| s.1.iter().map(|p| p.0));
+    let ys = series.iter().flat_map(|s| s.1.iter().map(|p| p.1));
+    let (xmin, xmax) = xs.fold((f64::MAX, f64::MIN), |a, x| (a.0.min(x), a.1.max(x)));
+    let ymax = ys.fold(0.0f64, f64::max) * 1.1;
+    let tx = |x: f64| if log_x { x.log2() } else { x };
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(80)
+        .build_cartesian_2d(tx(xmin)..tx(xmax), 0.0..ymax.max(1.0))
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc(xlabel)
+        .y_desc(ylabel)
+        .x_label_formatter(&|v| if log_x { format!("{:.0}", 2f64.powf(*v)) } else { format!("{v:.0}") })
+        .y_label_formatter(&|v| if *v >= 1000.0 { format!("{:.0}K", v / 1000.0) } else { format!("{v:.1}") })
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let pts: Vec<(f64, f64)> = pts.iter().map(|(x, y)| (tx(*x), *y)).collect();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+        chart
+            .draw_series(pts.iter().map(|p| Circle::new(*p, 3, color.filled())))
+            .map_err(|e| e.to_string())?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
+}
+
+fn by_degree(rows: &[Measured], exp: &str, y: impl Fn(&Measured) -> f64) -> Vec<Series> {
+    let mut degrees: Vec<u64> = rows.iter().filter(|r| r.spec.experiment == exp).map(|r| r.spec.degree).collect();
+    degrees.sort_unstable();
+    degrees.dedup();
+    degrees
+        .into_iter()
+        .map(|d| {
+            let pts = rows
+                .iter()
+                .filter(|r| r.spec.experiment == exp && r.spec.degree == d)
+                .map(|r| (r.spec.ops as f64, y(r)))
+                .collect();
+            (format!("degree {d}"), pts)
+        })
+        .collect()
+}
+
+/// Writes the plots into `dir`.
+pub fn meld_plots(dir: &Path, rows: &[Measured]) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    register_font()?;
+    line_chart(&dir.join("meld_tps_vs_size.png"), "Meld throughput vs transaction size (read:update 1:1, 128K keys)", "operations per transaction", "melds per second", true, &by_degree(rows, "symmetric", |r| r.meld_tps))?;
+    line_chart(&dir.join("meld_nodes_vs_size.png"), "Nodes visited per meld", "operations per transaction", "nodes visited", true, &by_degree(rows, "symmetric", |r| r.nodes_per_meld))?;
+    line_chart(&dir.join("meld_over_brute.png"), "Meld throughput / brute-force validator throughput", "operations per transaction", "ratio", true, &by_degree(rows, "symmetric", |r| r.meld_tps / r.brute_tps.max(1.0)))?;
+    line_chart(&dir.join("meld_asymmetric.png"), "Asymmetric case: read:insert 1:1", "operations per transaction", "melds per second", true, &by_degree(rows, "asymmetric", |r| r.meld_tps))?;
+    let mut series = Vec::new();
+    for (d, ops) in [(16u64, 2usize), (16, 8), (64, 2), (64, 8)] {
+        let pts: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| r.spec.experiment == "read-pct" && r.spec.degree == d && r.spec.ops == ops)
+            .map(|r| (r.spec.read_pct as f64, r.meld_tps))
+            .collect();
+        if !pts.is_empty() {
+            series.push((format!("degree {d}, {ops} ops"), pts));
+        }
+    }
+    line_chart(&dir.join("meld_read_pct.png"), "Meld throughput vs read percentage", "reads (%)", "melds per second", false, &series)?;
+    Ok(())
+}
