@@ -7,7 +7,6 @@
 //! `{"suite", "metrics", "config", "rows"}`.
 
 mod plot;
-mod workload;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -15,7 +14,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
-use workload::{loaded, run, Measured, Spec, Write};
+use melddb_bench::workload::{loaded, run, Measured, Spec, Write};
 
 /// mimalloc: meld allocates and frees many small nodes; the same allocator
 /// serves the brute-force baseline in the same run.
@@ -64,8 +63,16 @@ fn main() {
 
 fn specs(quick: bool) -> Vec<Spec> {
     let txns = if quick { 6_000 } else { 60_000 };
-    let sizes: &[usize] = if quick { &[2, 8, 32] } else { &[2, 4, 8, 16, 32] };
-    let degrees: &[u64] = if quick { &[1, 16, 256] } else { &[1, 4, 16, 64, 256] };
+    let sizes: &[usize] = if quick {
+        &[2, 8, 32]
+    } else {
+        &[2, 4, 8, 16, 32]
+    };
+    let degrees: &[u64] = if quick {
+        &[1, 16, 256]
+    } else {
+        &[1, 4, 16, 64, 256]
+    };
     let mut v = Vec::new();
     let base = Spec {
         experiment: "symmetric",
@@ -87,8 +94,16 @@ fn specs(quick: bool) -> Vec<Spec> {
             });
         }
     }
-    let pcts: &[u32] = if quick { &[0, 50, 90] } else { &[0, 20, 40, 60, 80, 90] };
-    for &d in if quick { &[16u64][..] } else { &[16u64, 64][..] } {
+    let pcts: &[u32] = if quick {
+        &[0, 50, 90]
+    } else {
+        &[0, 20, 40, 60, 80, 90]
+    };
+    for &d in if quick {
+        &[16u64][..]
+    } else {
+        &[16u64, 64][..]
+    } {
         for ops in [2usize, 8] {
             for &p in pcts {
                 v.push(Spec {
@@ -101,7 +116,11 @@ fn specs(quick: bool) -> Vec<Spec> {
             }
         }
     }
-    for &d in if quick { &[16u64][..] } else { &[1u64, 16, 64][..] } {
+    for &d in if quick {
+        &[16u64][..]
+    } else {
+        &[1u64, 16, 64][..]
+    } {
         for &ops in sizes {
             v.push(Spec {
                 experiment: "asymmetric",
@@ -130,9 +149,9 @@ fn meld_suite(args: &Args) -> Result<(), String> {
     let specs: Vec<Spec> = specs(args.quick)
         .into_iter()
         .filter(|s| {
-            args.only
-                .as_ref()
-                .is_none_or(|f| format!("{}:{}:{}", s.experiment, s.ops, s.degree).contains(f.as_str()))
+            args.only.as_ref().is_none_or(|f| {
+                format!("{}:{}:{}", s.experiment, s.ops, s.degree).contains(f.as_str())
+            })
         })
         .collect();
     let mut bases: BTreeMap<u64, melddb::Melder> = BTreeMap::new();
@@ -160,8 +179,12 @@ fn meld_suite(args: &Args) -> Result<(), String> {
     print_table(&rows);
 
     let find = |exp: &str, ops: usize, deg: u64| {
-        rows.iter()
-            .find(|r| r.spec.experiment == exp && r.spec.ops == ops && r.spec.degree == deg && r.spec.keys == 128 * 1024)
+        rows.iter().find(|r| {
+            r.spec.experiment == exp
+                && r.spec.ops == ops
+                && r.spec.degree == deg
+                && r.spec.keys == 128 * 1024
+        })
     };
     let mut metrics: BTreeMap<String, f64> = BTreeMap::new();
     for r in rows.iter().filter(|r| r.spec.experiment == "symmetric") {
@@ -169,19 +192,31 @@ fn meld_suite(args: &Args) -> Result<(), String> {
         metrics.insert(format!("meld_tps_{tag}"), r.meld_tps.round());
         metrics.insert(format!("bruteforce_tps_{tag}"), r.brute_tps.round());
         metrics.insert(format!("nodes_per_meld_{tag}"), round2(r.nodes_per_meld));
-        metrics.insert(format!("ephemeral_per_meld_{tag}"), round2(r.ephemeral_per_meld));
+        metrics.insert(
+            format!("ephemeral_per_meld_{tag}"),
+            round2(r.ephemeral_per_meld),
+        );
         metrics.insert(format!("abort_rate_{tag}"), round2(r.abort_rate));
         metrics.insert(format!("meld_p99_us_{tag}"), round2(r.p99_us));
     }
     for r in rows.iter().filter(|r| r.spec.experiment == "asymmetric") {
-        metrics.insert(format!("asym_meld_tps_{}op_deg{}", r.spec.ops, r.spec.degree), r.meld_tps.round());
+        metrics.insert(
+            format!("asym_meld_tps_{}op_deg{}", r.spec.ops, r.spec.degree),
+            r.meld_tps.round(),
+        );
     }
     for r in rows.iter().filter(|r| r.spec.experiment == "db-size") {
-        metrics.insert(format!("meld_tps_{}op_deg16_{}k", r.spec.ops, r.spec.keys / 1024), r.meld_tps.round());
+        metrics.insert(
+            format!("meld_tps_{}op_deg16_{}k", r.spec.ops, r.spec.keys / 1024),
+            r.meld_tps.round(),
+        );
     }
     for r in rows.iter().filter(|r| r.spec.experiment == "read-pct") {
         metrics.insert(
-            format!("meld_tps_{}op_deg{}_read{}", r.spec.ops, r.spec.degree, r.spec.read_pct),
+            format!(
+                "meld_tps_{}op_deg{}_read{}",
+                r.spec.ops, r.spec.degree, r.spec.read_pct
+            ),
             r.meld_tps.round(),
         );
     }
@@ -189,11 +224,24 @@ fn meld_suite(args: &Args) -> Result<(), String> {
     metrics.insert("meta_bytes_per_node".into(), round2(meta));
     let disagreements: u64 = rows.iter().map(|r| r.brute_disagreements).sum();
     metrics.insert("bruteforce_disagreements".into(), disagreements as f64);
-    if let (Some(m), Some(b)) = (find("symmetric", 8, 16), find("symmetric", 8, 16).map(|r| r.brute_tps)) {
-        metrics.insert("meld_over_bruteforce_8op_deg16".into(), round2(m.meld_tps / b.max(1.0)));
+    if let (Some(m), Some(b)) = (
+        find("symmetric", 8, 16),
+        find("symmetric", 8, 16).map(|r| r.brute_tps),
+    ) {
+        metrics.insert(
+            "meld_over_bruteforce_8op_deg16".into(),
+            round2(m.meld_tps / b.max(1.0)),
+        );
     }
     println!();
-    for k in ["meld_tps_2op_deg16", "meld_tps_8op_deg16", "bruteforce_tps_8op_deg16", "meld_over_bruteforce_8op_deg16", "meta_bytes_per_node", "bruteforce_disagreements"] {
+    for k in [
+        "meld_tps_2op_deg16",
+        "meld_tps_8op_deg16",
+        "bruteforce_tps_8op_deg16",
+        "meld_over_bruteforce_8op_deg16",
+        "meta_bytes_per_node",
+        "bruteforce_disagreements",
+    ] {
         if let Some(v) = metrics.get(k) {
             println!("{k:<34} {v}");
         }
@@ -222,7 +270,9 @@ fn meld_suite(args: &Args) -> Result<(), String> {
         eprintln!("JSON written to {}", path.display());
     }
     if disagreements > 0 {
-        return Err(format!("meld and the brute-force validator disagreed {disagreements} times"));
+        return Err(format!(
+            "meld and the brute-force validator disagreed {disagreements} times"
+        ));
     }
     Ok(())
 }
@@ -234,7 +284,20 @@ fn round2(x: f64) -> f64 {
 fn print_table(rows: &[Measured]) {
     println!(
         "{:<11} {:>5} {:>4} {:>5} {:>6} {:>11} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>11} {:>7}",
-        "experiment", "ops", "deg", "read%", "keys", "melds/s", "mean_us", "p99_us", "free_us", "nodes", "eph", "abort%", "brute/s", "x_brute"
+        "experiment",
+        "ops",
+        "deg",
+        "read%",
+        "keys",
+        "melds/s",
+        "mean_us",
+        "p99_us",
+        "free_us",
+        "nodes",
+        "eph",
+        "abort%",
+        "brute/s",
+        "x_brute"
     );
     for r in rows {
         let s = &r.spec;

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::workload::Measured;
+use melddb_bench::workload::Measured;
 
 const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 
@@ -17,7 +17,14 @@ fn register_font() -> Result<(), String> {
 
 type Series = (String, Vec<(f64, f64)>);
 
-fn line_chart(path: &Path, title: &str, xlabel: &str, ylabel: &str, log_x: bool, series: &[Series]) -> Result<(), String> {
+fn line_chart(
+    path: &Path,
+    title: &str,
+    xlabel: &str,
+    ylabel: &str,
+    log_x: bool,
+    series: &[Series],
+) -> Result<(), String> {
     let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let xs = series.iter().flat_map(|s| s.1.iter().map(|p| p.0));
@@ -36,8 +43,20 @@ fn line_chart(path: &Path, title: &str, xlabel: &str, ylabel: &str, log_x: bool,
         .configure_mesh()
         .x_desc(xlabel)
         .y_desc(ylabel)
-        .x_label_formatter(&|v| if log_x { format!("{:.0}", 2f64.powf(*v)) } else { format!("{v:.0}") })
-        .y_label_formatter(&|v| if *v >= 1000.0 { format!("{:.0}K", v / 1000.0) } else { format!("{v:.1}") })
+        .x_label_formatter(&|v| {
+            if log_x {
+                format!("{:.0}", 2f64.powf(*v))
+            } else {
+                format!("{v:.0}")
+            }
+        })
+        .y_label_formatter(&|v| {
+            if *v >= 1000.0 {
+                format!("{:.0}K", v / 1000.0)
+            } else {
+                format!("{v:.1}")
+            }
+        })
         .draw()
         .map_err(|e| e.to_string())?;
     for (i, (name, pts)) in series.iter().enumerate() {
@@ -47,7 +66,9 @@ fn line_chart(path: &Path, title: &str, xlabel: &str, ylabel: &str, log_x: bool,
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
             .map_err(|e| e.to_string())?
             .label(name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
         chart
             .draw_series(pts.iter().map(|p| Circle::new(*p, 3, color.filled())))
             .map_err(|e| e.to_string())?;
@@ -62,7 +83,11 @@ fn line_chart(path: &Path, title: &str, xlabel: &str, ylabel: &str, log_x: bool,
 }
 
 fn by_degree(rows: &[Measured], exp: &str, y: impl Fn(&Measured) -> f64) -> Vec<Series> {
-    let mut degrees: Vec<u64> = rows.iter().filter(|r| r.spec.experiment == exp).map(|r| r.spec.degree).collect();
+    let mut degrees: Vec<u64> = rows
+        .iter()
+        .filter(|r| r.spec.experiment == exp)
+        .map(|r| r.spec.degree)
+        .collect();
     degrees.sort_unstable();
     degrees.dedup();
     degrees
@@ -82,10 +107,38 @@ fn by_degree(rows: &[Measured], exp: &str, y: impl Fn(&Measured) -> f64) -> Vec<
 pub fn meld_plots(dir: &Path, rows: &[Measured]) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     register_font()?;
-    line_chart(&dir.join("meld_tps_vs_size.png"), "Meld throughput vs transaction size (read:update 1:1, 128K keys)", "operations per transaction", "melds per second", true, &by_degree(rows, "symmetric", |r| r.meld_tps))?;
-    line_chart(&dir.join("meld_nodes_vs_size.png"), "Nodes visited per meld", "operations per transaction", "nodes visited", true, &by_degree(rows, "symmetric", |r| r.nodes_per_meld))?;
-    line_chart(&dir.join("meld_over_brute.png"), "Meld throughput / brute-force validator throughput", "operations per transaction", "ratio", true, &by_degree(rows, "symmetric", |r| r.meld_tps / r.brute_tps.max(1.0)))?;
-    line_chart(&dir.join("meld_asymmetric.png"), "Asymmetric case: read:insert 1:1", "operations per transaction", "melds per second", true, &by_degree(rows, "asymmetric", |r| r.meld_tps))?;
+    line_chart(
+        &dir.join("meld_tps_vs_size.png"),
+        "Meld throughput vs transaction size (read:update 1:1, 128K keys)",
+        "operations per transaction",
+        "melds per second",
+        true,
+        &by_degree(rows, "symmetric", |r| r.meld_tps),
+    )?;
+    line_chart(
+        &dir.join("meld_nodes_vs_size.png"),
+        "Nodes visited per meld",
+        "operations per transaction",
+        "nodes visited",
+        true,
+        &by_degree(rows, "symmetric", |r| r.nodes_per_meld),
+    )?;
+    line_chart(
+        &dir.join("meld_over_brute.png"),
+        "Meld throughput / brute-force validator throughput",
+        "operations per transaction",
+        "ratio",
+        true,
+        &by_degree(rows, "symmetric", |r| r.meld_tps / r.brute_tps.max(1.0)),
+    )?;
+    line_chart(
+        &dir.join("meld_asymmetric.png"),
+        "Asymmetric case: read:insert 1:1",
+        "operations per transaction",
+        "melds per second",
+        true,
+        &by_degree(rows, "asymmetric", |r| r.meld_tps),
+    )?;
     let mut series = Vec::new();
     for (d, ops) in [(16u64, 2usize), (16, 8), (64, 2), (64, 8)] {
         let pts: Vec<(f64, f64)> = rows
@@ -97,6 +150,13 @@ pub fn meld_plots(dir: &Path, rows: &[Measured]) -> Result<(), String> {
             series.push((format!("degree {d}, {ops} ops"), pts));
         }
     }
-    line_chart(&dir.join("meld_read_pct.png"), "Meld throughput vs read percentage", "reads (%)", "melds per second", false, &series)?;
+    line_chart(
+        &dir.join("meld_read_pct.png"),
+        "Meld throughput vs read percentage",
+        "reads (%)",
+        "melds per second",
+        false,
+        &series,
+    )?;
     Ok(())
 }

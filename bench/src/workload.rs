@@ -102,7 +102,7 @@ pub fn loaded(keys: u64) -> Melder {
 
 /// Generates the experiment's intentions (untimed): transactions run on a
 /// copy of `base`, each on the state `degree` entries before its position.
-fn generate(spec: &Spec, base: &Melder, seed: u64) -> Vec<Vec<u8>> {
+pub fn generate(spec: &Spec, base: &Melder, seed: u64) -> Vec<Vec<u8>> {
     let mut m = base.clone();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let load_end = m.lcs().pos();
@@ -118,7 +118,9 @@ fn generate(spec: &Spec, base: &Melder, seed: u64) -> Vec<Vec<u8>> {
         let reads = if spec.read_pct == 50 {
             spec.ops / 2
         } else {
-            (0..spec.ops).filter(|_| rng.random_range(0..100) < spec.read_pct).count()
+            (0..spec.ops)
+                .filter(|_| rng.random_range(0..100) < spec.read_pct)
+                .count()
         }
         .min(spec.ops - 1);
         for op in 0..spec.ops {
@@ -146,7 +148,8 @@ fn generate(spec: &Spec, base: &Melder, seed: u64) -> Vec<Vec<u8>> {
     out
 }
 
-fn warmup(spec: &Spec) -> usize {
+/// Transactions run before measuring.
+pub fn warmup(spec: &Spec) -> usize {
     (spec.txns / 10).max(2 * spec.degree as usize + 10)
 }
 
@@ -166,9 +169,13 @@ pub fn run(spec: &Spec, base: &Melder, seed: u64) -> Measured {
     m.set_deferred_reclaim(true);
     let mut brute = BruteForce::new(m.settings());
     let warm = warmup(spec);
-    let batch = std::env::var("MELD_BATCH").ok().and_then(|v| v.parse().ok()).unwrap_or((spec.degree as usize + 1).min(64));
+    let batch = std::env::var("MELD_BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or((spec.degree as usize + 1).min(64));
     let mut lat = Vec::with_capacity(spec.txns);
-    let (mut nodes, mut eph, mut aborts, mut meta, mut bytes_total) = (0u64, 0u64, 0u64, 0f64, 0u64);
+    let (mut nodes, mut eph, mut aborts, mut meta, mut bytes_total) =
+        (0u64, 0u64, 0u64, 0f64, 0u64);
     let (mut brute_ns, mut disagree, mut reclaim_ns) = (0u128, 0u64, 0u128);
     let mut idx = 0;
     while idx < log.len() {
@@ -176,7 +183,9 @@ pub fn run(spec: &Spec, base: &Melder, seed: u64) -> Measured {
         let chunk = &log[idx..(idx + batch).min(log.len())];
         let mut decoded = Vec::with_capacity(chunk.len());
         for (j, b) in chunk.iter().enumerate() {
-            let int = m.decode(first + j as u64, b).expect("own intention decodes");
+            let int = m
+                .decode(first + j as u64, b)
+                .expect("own intention decodes");
             let verdict = if spec.brute {
                 let t = Instant::now();
                 let sets = IntentionSets::of(&int);
@@ -224,7 +233,12 @@ pub fn run(spec: &Spec, base: &Melder, seed: u64) -> Measured {
     let logged = log.len() as f64;
     let mean_ns = lat.iter().sum::<u64>() as f64 / count;
     lat.sort_unstable();
-    let pct = |q: f64| lat.get(((lat.len() as f64 - 1.0) * q) as usize).copied().unwrap_or(0) as f64 / 1000.0;
+    let pct = |q: f64| {
+        lat.get(((lat.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or(0) as f64
+            / 1000.0
+    };
     Measured {
         spec: spec.clone(),
         meld_tps: 1e9 / mean_ns,

@@ -144,7 +144,9 @@ mod tests {
             assert_eq!(a, b);
             assert_eq!(a.clone().to_vec(), v);
         }
-        assert!(Bytes::from(&b"a"[..]) < Bytes::from(&b"ab"[..]));
-        assert!(Bytes::from(&[9u8; 30][..]) > Bytes::from(&[9u8; 22][..]));
+        let (a, ab) = (Bytes::from(&b"a"[..]), Bytes::from(&b"ab"[..]));
+        assert!(a < ab);
+        let (long, short) = (Bytes::from(&[9u8; 30][..]), Bytes::from(&[9u8; 22][..]));
+        assert!(long > short);
     }
 }

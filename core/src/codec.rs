@@ -20,8 +20,8 @@ use crate::error::{
     MAX_RANGES_PER_NODE, MAX_VALUE_LEN,
 };
 use crate::node::{
-    find, height, max_key, min_key, oldest_from, Bytes, Link, LogPos, Node, Owner, OwnerKind,
-    Vn, ALTERED, DEPENDS_ON, DEPENDS_ON_TREE, LEFT_OWNED, OLDEST_UNKNOWN_OWN, RIGHT_OWNED,
+    find, height, max_key, min_key, oldest_from, Bytes, Link, LogPos, Node, Owner, OwnerKind, Vn,
+    ALTERED, DEPENDS_ON, DEPENDS_ON_TREE, LEFT_OWNED, OLDEST_UNKNOWN_OWN, RIGHT_OWNED,
     SUBTREE_ONLY_READ,
 };
 use crate::range::KeyRange;
@@ -105,9 +105,7 @@ pub(crate) fn encode(input: &EncodeInput<'_>) -> Result<Vec<u8>, TxnError> {
     w.varint(input.snapshot_csn);
     let count = count_local(input.root, input.local);
     if count > MAX_INTENTION_NODES {
-        return Err(TxnError::TooLarge {
-            what: "node count",
-        });
+        return Err(TxnError::TooLarge { what: "node count" });
     }
     w.varint(count as u64);
     match input.root {
@@ -127,7 +125,11 @@ pub(crate) fn encode(input: &EncodeInput<'_>) -> Result<Vec<u8>, TxnError> {
     for (k, scv) in input.deletes {
         w.bytes(k);
         // 0: absent from the snapshot; otherwise 1 + (csn - scv).
-        w.varint(if *scv == 0 { 0 } else { input.snapshot_csn - scv + 1 });
+        w.varint(if *scv == 0 {
+            0
+        } else {
+            input.snapshot_csn - scv + 1
+        });
     }
     w.ranges(input.header_ranges);
     let crc = crc32fast::hash(&w.buf);
@@ -610,7 +612,9 @@ pub(crate) fn resolve(
         let key: Bytes = p.key.into();
         let lb = subtree_bounds(&left, &owner, &bounds);
         let rb = subtree_bounds(&right, &owner, &bounds);
-        if lb.as_ref().is_some_and(|(_, lmax)| *lmax >= key) || rb.as_ref().is_some_and(|(rmin, _)| *rmin <= key) {
+        if lb.as_ref().is_some_and(|(_, lmax)| *lmax >= key)
+            || rb.as_ref().is_some_and(|(rmin, _)| *rmin <= key)
+        {
             return Err(DecodeError::BadTree {
                 why: "keys out of order",
             });
@@ -708,7 +712,11 @@ fn resolve_pointer(p: Option<(Vn, &[u8])>, snapshot: &Link) -> Result<Arc<Node>,
 
 /// The smallest and largest key below a child link: from the bounds table
 /// for this intention's nodes, by walking the pointed subtree otherwise.
-fn subtree_bounds(c: &Link, owner: &Arc<Owner>, bounds: &[(Bytes, Bytes)]) -> Option<(Bytes, Bytes)> {
+fn subtree_bounds(
+    c: &Link,
+    owner: &Arc<Owner>,
+    bounds: &[(Bytes, Bytes)],
+) -> Option<(Bytes, Bytes)> {
     let n = c.as_ref()?;
     if n.same_owner(owner) {
         bounds.get(n.seq as usize - 1).cloned()

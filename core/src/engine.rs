@@ -289,5 +289,3 @@ impl Melder {
         Ok((melded.root, csn))
     }
 }
-
-

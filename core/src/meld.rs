@@ -30,8 +30,8 @@ use std::sync::Arc;
 
 use crate::codec::Intention;
 use crate::node::{
-    find, height, nsv_of, oldest_from, same, Bytes, Link, LogPos, Node, Owner,
-    OwnerKind, Vn, LEFT_OWNED, RIGHT_OWNED, SUBTREE_ONLY_READ,
+    find, height, nsv_of, oldest_from, same, Bytes, Link, LogPos, Node, Owner, OwnerKind, Vn,
+    LEFT_OWNED, RIGHT_OWNED, SUBTREE_ONLY_READ,
 };
 use crate::range::{Gap, KeyRange, RangeRef};
 
@@ -303,9 +303,13 @@ impl<'a> Cx<'a, '_> {
     fn graftable(&self, n: &Arc<Node>, gap: Gap<'_>) -> bool {
         self.deletes_in(gap).is_empty()
             && !self.tombs.noop_in(gap.as_range(), self.snap_pos)
-            && self.i.bounds.get(n.seq as usize - 1).is_some_and(|(min, max)| {
-                gap.lo.is_none_or(|lo| &min[..] > lo) && gap.hi.is_none_or(|hi| &max[..] < hi)
-            })
+            && self
+                .i
+                .bounds
+                .get(n.seq as usize - 1)
+                .is_some_and(|(min, max)| {
+                    gap.lo.is_none_or(|lo| &min[..] > lo) && gap.hi.is_none_or(|hi| &max[..] < hi)
+                })
     }
 
     fn meld<'t>(&mut self, l: &'t Link, i: ILink<'t>, gap: Gap<'t>) -> R<Link>
@@ -322,7 +326,7 @@ impl<'a> Cx<'a, '_> {
             return self.meld_read_only(l, i, inode, gap);
         }
         let Some(lnode) = l else {
-            return self.from_intention(i, gap);
+            return self.keep_inserts(i, gap);
         };
         self.stats.lcs_nodes += 1;
         let lk: &'t [u8] = &lnode.key;
@@ -353,7 +357,11 @@ impl<'a> Cx<'a, '_> {
 
     /// The content that ends up under the LCS node's key: the intention's
     /// version if it altered it, nothing if it deleted it, else the LCS's.
-    fn mid<'t>(&self, twin: Option<&'t Arc<Node>>, lnode: &'t Arc<Node>) -> R<Option<&'t Arc<Node>>> {
+    fn mid<'t>(
+        &self,
+        twin: Option<&'t Arc<Node>>,
+        lnode: &'t Arc<Node>,
+    ) -> R<Option<&'t Arc<Node>>> {
         if let Some(scv) = self.deleted_scv(&lnode.key) {
             if scv != lnode.ncv() {
                 return Err(AbortReason::WriteWrite {
@@ -368,9 +376,19 @@ impl<'a> Cx<'a, '_> {
         })
     }
 
-    fn assemble(&mut self, lnode: &Arc<Node>, left: Link, mid: Option<&Arc<Node>>, right: Link) -> Link {
+    fn assemble(
+        &mut self,
+        lnode: &Arc<Node>,
+        left: Link,
+        mid: Option<&Arc<Node>>,
+        right: Link,
+    ) -> Link {
         match mid {
-            Some(c) if Arc::ptr_eq(c, lnode) && same(&left, &lnode.left) && same(&right, &lnode.right) => {
+            Some(c)
+                if Arc::ptr_eq(c, lnode)
+                    && same(&left, &lnode.left)
+                    && same(&right, &lnode.right) =>
+            {
                 Some(lnode.clone())
             }
             Some(c) => Some(self.join(left, c, Some(lnode), right)),
@@ -379,15 +397,25 @@ impl<'a> Cx<'a, '_> {
     }
 
     /// `MeldNoEphem`: a subtree the intention only read.
-    fn meld_read_only<'t>(&mut self, l: &'t Link, i: ILink<'t>, inode: &'t Arc<Node>, gap: Gap<'t>) -> R<Link>
+    fn meld_read_only<'t>(
+        &mut self,
+        l: &'t Link,
+        i: ILink<'t>,
+        inode: &'t Arc<Node>,
+        gap: Gap<'t>,
+    ) -> R<Link>
     where
         'a: 't,
     {
         let Some(lnode) = l else {
-            return self.from_intention(i, gap);
+            return self.keep_inserts(i, gap);
         };
         if inode.key == lnode.key && inode.ssv == lnode.nsv() && self.graftable(inode, gap) {
-            return Ok(if self.keep_readset { Some(inode.clone()) } else { l.clone() });
+            return Ok(if self.keep_readset {
+                Some(inode.clone())
+            } else {
+                l.clone()
+            });
         }
         self.check_only(l, i, gap)?;
         self.apply_deletes(l.clone(), gap)
@@ -428,7 +456,7 @@ impl<'a> Cx<'a, '_> {
 
     /// The LCS holds no key in `gap`: keep the intention's inserts there,
     /// after checking every intention node in `gap`.
-    fn from_intention<'t>(&mut self, i: ILink<'t>, gap: Gap<'t>) -> R<Link>
+    fn keep_inserts<'t>(&mut self, i: ILink<'t>, gap: Gap<'t>) -> R<Link>
     where
         'a: 't,
     {
@@ -452,12 +480,19 @@ impl<'a> Cx<'a, '_> {
     /// Checks every intention node of `t` inside `gap` against an empty LCS
     /// interval and collects the inserts in key order. `clean` stays true if
     /// the subtree is exactly those inserts.
-    fn collect<'t>(&mut self, t: ILink<'t>, gap: Gap<'t>, out: &mut Vec<&'t Arc<Node>>, clean: &mut bool) -> R<()>
+    fn collect<'t>(
+        &mut self,
+        t: ILink<'t>,
+        gap: Gap<'t>,
+        out: &mut Vec<&'t Arc<Node>>,
+        clean: &mut bool,
+    ) -> R<()>
     where
         'a: 't,
     {
         let Some(n) = t else { return Ok(()) };
-        if (n.left.is_some() && !n.flag(LEFT_OWNED)) || (n.right.is_some() && !n.flag(RIGHT_OWNED)) {
+        if (n.left.is_some() && !n.flag(LEFT_OWNED)) || (n.right.is_some() && !n.flag(RIGHT_OWNED))
+        {
             // Snapshot keys below that the LCS no longer holds (deleted
             // concurrently): the subtree cannot be kept as is.
             *clean = false;
@@ -554,7 +589,8 @@ impl<'a> Cx<'a, '_> {
                         Some(z) if z.ncv() == y.ncv() => {}
                         _ => return true,
                     }
-                    self.diff(a, &y.left, r.below(&y.key)) || self.diff(a, &y.right, r.above(&y.key))
+                    self.diff(a, &y.left, r.below(&y.key))
+                        || self.diff(a, &y.right, r.above(&y.key))
                 }
             }
         }
@@ -599,12 +635,20 @@ impl<'a> Cx<'a, '_> {
     /// A new ephemeral node with `c`'s key and payload. If it reproduces its
     /// LCS `twin` exactly (same content, children with the same structure
     /// versions), it keeps the twin's structure version (§7.1 step 5).
-    fn make(&mut self, c: &Arc<Node>, left: Link, right: Link, twin: Option<&Arc<Node>>) -> Arc<Node> {
+    fn make(
+        &mut self,
+        c: &Arc<Node>,
+        left: Link,
+        right: Link,
+        twin: Option<&Arc<Node>>,
+    ) -> Arc<Node> {
         self.eph_count += 1;
         let seq = self.eph_count;
         let vn = self.eph.base() + seq as Vn;
         let read_only = twin.is_some_and(|t| {
-            Arc::ptr_eq(c, t) && nsv_of(&left) == nsv_of(&t.left) && nsv_of(&right) == nsv_of(&t.right)
+            Arc::ptr_eq(c, t)
+                && nsv_of(&left) == nsv_of(&t.left)
+                && nsv_of(&right) == nsv_of(&t.right)
         });
         let (ssv, flags) = match (read_only, twin) {
             (true, Some(t)) => (t.nsv(), SUBTREE_ONLY_READ),

@@ -107,7 +107,12 @@ impl BruteForce {
     /// (a malformed intention); it writes nothing.
     pub fn skip(&mut self, _pos: LogPos) {}
 
-    fn check(&self, pos: LogPos, snapshot_pos: LogPos, sets: &IntentionSets) -> Result<(), BruteAbort> {
+    fn check(
+        &self,
+        pos: LogPos,
+        snapshot_pos: LogPos,
+        sets: &IntentionSets,
+    ) -> Result<(), BruteAbort> {
         if pos - snapshot_pos - 1 > self.max_zone {
             return Err(BruteAbort::SnapshotTooOld);
         }
@@ -152,7 +157,9 @@ pub fn check_tree(s: &Snapshot) -> Result<(), TreeViolation> {
             return Err(TreeViolation(format!("key {:?} out of order", n.key)));
         }
         if n.owner.kind == crate::node::OwnerKind::Local {
-            return Err(TreeViolation("transaction-local node in a committed tree".into()));
+            return Err(TreeViolation(
+                "transaction-local node in a committed tree".into(),
+            ));
         }
         if n.only_read() && n.altered() {
             return Err(TreeViolation("altered node flagged read-only".into()));

@@ -38,7 +38,9 @@ fn fixture() -> (Database, Vec<u8>) {
 }
 
 fn decode_at_tail(db: &Database, bytes: &[u8]) -> Result<(), AbortReason> {
-    db.melder().decode(db.melder().next_pos(), bytes).map(|_| ())
+    db.melder()
+        .decode(db.melder().next_pos(), bytes)
+        .map(|_| ())
 }
 
 #[test]
@@ -47,7 +49,11 @@ fn valid_intention_round_trips_and_reports_metadata_size() {
     let p = parse(&bytes).unwrap();
     assert!(p.node_count() > 3);
     assert_eq!(p.delete_count(), 1);
-    assert!(p.metadata_bytes_per_node() < 30.0, "{}", p.metadata_bytes_per_node());
+    assert!(
+        p.metadata_bytes_per_node() < 30.0,
+        "{}",
+        p.metadata_bytes_per_node()
+    );
     decode_at_tail(&db, &bytes).unwrap();
 }
 
@@ -58,7 +64,10 @@ fn every_single_bit_flip_is_rejected() {
         for bit in 0..8 {
             let mut b = bytes.clone();
             b[i] ^= 1 << bit;
-            assert!(decode_at_tail(&db, &b).is_err(), "flip at {i}.{bit} accepted");
+            assert!(
+                decode_at_tail(&db, &b).is_err(),
+                "flip at {i}.{bit} accepted"
+            );
         }
     }
 }
@@ -67,7 +76,10 @@ fn every_single_bit_flip_is_rejected() {
 fn every_truncation_is_rejected() {
     let (db, bytes) = fixture();
     for len in 0..bytes.len() {
-        assert!(decode_at_tail(&db, &bytes[..len]).is_err(), "prefix {len} accepted");
+        assert!(
+            decode_at_tail(&db, &bytes[..len]).is_err(),
+            "prefix {len} accepted"
+        );
     }
 }
 
@@ -78,7 +90,11 @@ fn malformed_entry_aborts_identically_on_two_nodes() {
     let n = bad.len();
     bad[n / 2] ^= 0x40;
     let out = db.append_raw(&bad).unwrap();
-    let Outcome::Aborted { reason: AbortReason::Malformed(e), .. } = &out else {
+    let Outcome::Aborted {
+        reason: AbortReason::Malformed(e),
+        ..
+    } = &out
+    else {
         panic!("{out:?}")
     };
     assert_eq!(e, &DecodeError::Checksum);
@@ -135,7 +151,11 @@ fn crc32fast_hash(b: &[u8]) -> u32 {
     for &x in b {
         crc ^= x as u32;
         for _ in 0..8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xedb8_8320 } else { crc >> 1 };
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
         }
     }
     !crc
@@ -145,13 +165,18 @@ fn crc32fast_hash(b: &[u8]) -> u32 {
 fn oversized_keys_and_values_are_rejected_with_clear_errors() {
     let db = Database::create(Settings::default()).unwrap();
     let mut tx = db.begin(Isolation::Serializable);
-    let e = tx.put(&vec![0u8; melddb::error::MAX_KEY_LEN + 1], b"v").unwrap_err();
+    let e = tx
+        .put(&vec![0u8; melddb::error::MAX_KEY_LEN + 1], b"v")
+        .unwrap_err();
     assert!(e.to_string().contains("exceeds the limit"), "{e}");
-    let e = tx.put(b"k", &vec![0u8; melddb::error::MAX_VALUE_LEN + 1]).unwrap_err();
+    let e = tx
+        .put(b"k", &vec![0u8; melddb::error::MAX_VALUE_LEN + 1])
+        .unwrap_err();
     assert!(matches!(e, melddb::TxnError::ValueTooLarge { .. }));
     assert!(tx.get(&vec![1u8; melddb::error::MAX_KEY_LEN + 1]).is_err());
     // Limits themselves are accepted.
-    tx.put(&vec![7u8; melddb::error::MAX_KEY_LEN], &vec![1u8; 1000]).unwrap();
+    tx.put(&vec![7u8; melddb::error::MAX_KEY_LEN], &vec![1u8; 1000])
+        .unwrap();
 }
 
 proptest! {

@@ -16,7 +16,12 @@ fn db_with(keys: &[u64]) -> Database {
     db
 }
 
-fn commit(db: &mut Database, snap: &Snapshot, iso: Isolation, f: impl FnOnce(&mut Transaction)) -> Outcome {
+fn commit(
+    db: &mut Database,
+    snap: &Snapshot,
+    iso: Isolation,
+    f: impl FnOnce(&mut Transaction),
+) -> Outcome {
     let mut tx = Transaction::begin(snap, iso);
     f(&mut tx);
     db.commit(tx).unwrap()
@@ -43,7 +48,6 @@ fn delete_then_reinsert_conflicts_with_concurrent_delete() {
         assert!(aborted(&b), "n={n}: {b:?}");
     }
 }
-
 
 fn scan_all(t: &mut Transaction, a: u64, b: u64) -> usize {
     t.scan(
@@ -73,7 +77,13 @@ fn phantom_aborts_only_serializable() {
         });
         assert_eq!(aborted(&b), expect_abort, "{iso:?}: {b:?}");
         if expect_abort {
-            assert!(matches!(b, Outcome::Aborted { reason: melddb::AbortReason::Phantom { .. }, .. }));
+            assert!(matches!(
+                b,
+                Outcome::Aborted {
+                    reason: melddb::AbortReason::Phantom { .. },
+                    ..
+                }
+            ));
         }
     }
 }
@@ -82,7 +92,10 @@ fn phantom_aborts_only_serializable() {
 fn change_outside_scanned_range_is_no_phantom() {
     let mut db = db_with(&[10, 20, 30, 40]);
     let s = db.snapshot();
-    assert!(commit(&mut db, &s, Isolation::Serializable, |t| t.put(&k(35), b"x").unwrap()).is_committed());
+    assert!(commit(&mut db, &s, Isolation::Serializable, |t| t
+        .put(&k(35), b"x")
+        .unwrap())
+    .is_committed());
     let b = commit(&mut db, &s, Isolation::Serializable, |t| {
         scan_all(t, 20, 30);
         t.put(&k(99), b"sum").unwrap();
@@ -94,15 +107,32 @@ fn change_outside_scanned_range_is_no_phantom() {
 fn absent_read_sees_insert_then_delete_in_zone() {
     let mut db = db_with(&[10, 20]);
     let s = db.snapshot();
-    assert!(commit(&mut db, &s, Isolation::SnapshotIsolation, |t| t.put(&k(15), b"x").unwrap()).is_committed());
+    assert!(commit(&mut db, &s, Isolation::SnapshotIsolation, |t| t
+        .put(&k(15), b"x")
+        .unwrap())
+    .is_committed());
     let s2 = db.snapshot();
-    assert!(commit(&mut db, &s2, Isolation::SnapshotIsolation, |t| assert!(t.delete(&k(15)).unwrap())).is_committed());
+    assert!(
+        commit(&mut db, &s2, Isolation::SnapshotIsolation, |t| assert!(t
+            .delete(&k(15))
+            .unwrap()))
+        .is_committed()
+    );
     // Net effect on the tree: nothing; but 15 was written in the zone.
     let b = commit(&mut db, &s, Isolation::Serializable, |t| {
         assert_eq!(t.get(&k(15)).unwrap(), None);
         t.put(&k(11), b"y").unwrap();
     });
-    assert!(matches!(b, Outcome::Aborted { reason: melddb::AbortReason::Phantom { .. }, .. }), "{b:?}");
+    assert!(
+        matches!(
+            b,
+            Outcome::Aborted {
+                reason: melddb::AbortReason::Phantom { .. },
+                ..
+            }
+        ),
+        "{b:?}"
+    );
 }
 
 #[test]
@@ -125,7 +155,10 @@ fn read_write_conflict_depends_on_level() {
 
 #[test]
 fn write_skew_is_prevented_only_by_serializable() {
-    for (iso, expect_abort) in [(Isolation::Serializable, true), (Isolation::SnapshotIsolation, false)] {
+    for (iso, expect_abort) in [
+        (Isolation::Serializable, true),
+        (Isolation::SnapshotIsolation, false),
+    ] {
         let mut db = db_with(&[1, 2]);
         let s = db.snapshot();
         let a = commit(&mut db, &s, iso, |t| {
@@ -180,13 +213,30 @@ fn snapshot_older_than_the_conflict_zone_bound_aborts() {
     let s = db.snapshot();
     for i in 0..4 {
         let now = db.snapshot();
-        assert!(commit(&mut db, &now, Isolation::Serializable, |t| t.put(&k(i), b"x").unwrap()).is_committed());
+        assert!(commit(&mut db, &now, Isolation::Serializable, |t| t
+            .put(&k(i), b"x")
+            .unwrap())
+        .is_committed());
     }
     // Zone of exactly 4 entries: accepted.
-    assert!(commit(&mut db, &s, Isolation::SnapshotIsolation, |t| t.put(&k(100), b"y").unwrap()).is_committed());
+    assert!(commit(&mut db, &s, Isolation::SnapshotIsolation, |t| t
+        .put(&k(100), b"y")
+        .unwrap())
+    .is_committed());
     // Zone of 5: rejected deterministically.
-    let o = commit(&mut db, &s, Isolation::SnapshotIsolation, |t| t.put(&k(101), b"y").unwrap());
-    assert!(matches!(o, Outcome::Aborted { reason: melddb::AbortReason::SnapshotTooOld { .. }, .. }), "{o:?}");
+    let o = commit(&mut db, &s, Isolation::SnapshotIsolation, |t| {
+        t.put(&k(101), b"y").unwrap()
+    });
+    assert!(
+        matches!(
+            o,
+            Outcome::Aborted {
+                reason: melddb::AbortReason::SnapshotTooOld { .. },
+                ..
+            }
+        ),
+        "{o:?}"
+    );
 }
 
 #[test]
@@ -197,7 +247,10 @@ fn trimmed_positions_are_errors_and_never_reused() {
         assert_eq!(log.append(&[i]).unwrap(), i as u64);
     }
     log.trim(3).unwrap();
-    assert!(matches!(log.read(1), Err(LogError::Trimmed { pos: 1, first: 3 })));
+    assert!(matches!(
+        log.read(1),
+        Err(LogError::Trimmed { pos: 1, first: 3 })
+    ));
     assert_eq!(&log.read(3).unwrap()[..], &[3]);
     assert_eq!(log.append(&[9]).unwrap(), 5);
     assert!(matches!(log.read(6), Err(LogError::NotYetWritten { .. })));
@@ -222,14 +275,25 @@ fn two_nodes_on_one_log_compute_identical_states() {
     }
     let replica = Database::open(db.log().clone()).unwrap();
     assert_eq!(replica.snapshot().csn(), db.snapshot().csn());
-    assert_eq!(melddb::validate::vns(&replica.snapshot()), melddb::validate::vns(&db.snapshot()));
+    assert_eq!(
+        melddb::validate::vns(&replica.snapshot()),
+        melddb::validate::vns(&db.snapshot())
+    );
     assert_eq!(replica.snapshot().to_vec(), db.snapshot().to_vec());
 }
 
 #[test]
 fn foreign_snapshot_is_refused() {
-    let mut a = Database::create(Settings { db_id: 1, ..Settings::default() }).unwrap();
-    let b = Database::create(Settings { db_id: 2, ..Settings::default() }).unwrap();
+    let mut a = Database::create(Settings {
+        db_id: 1,
+        ..Settings::default()
+    })
+    .unwrap();
+    let b = Database::create(Settings {
+        db_id: 2,
+        ..Settings::default()
+    })
+    .unwrap();
     let mut t = b.begin(Isolation::Serializable);
     t.put(b"x", b"y").unwrap();
     assert_eq!(a.commit(t), Err(melddb::CommitError::ForeignSnapshot));

@@ -11,9 +11,17 @@ fn main() {
         initial: a[4].parse::<u64>().unwrap() / 2,
         skew: a[5] == "true",
         mix: if a[6] == "true" { Mix::POINT } else { Mix::ALL },
-        isolation: match a[7].as_str() { "si" => Some(Isolation::SnapshotIsolation), "rr" => Some(Isolation::RepeatableRead), "ser" => Some(Isolation::Serializable), _ => None },
+        isolation: match a[7].as_str() {
+            "si" => Some(Isolation::SnapshotIsolation),
+            "rr" => Some(Isolation::RepeatableRead),
+            "ser" => Some(Isolation::Serializable),
+            _ => None,
+        },
         txns: 150,
         ..Config::default()
     };
-    match run(&cfg) { Ok(r) => println!("ok {:?}", r.counts), Err(e) => println!("{e}") }
+    match run(&cfg) {
+        Ok(r) => println!("ok {:?}", r.counts),
+        Err(e) => println!("{e}"),
+    }
 }

@@ -179,11 +179,12 @@ fn pick_key(rng: &mut ChaCha8Rng, cfg: &Config) -> u64 {
 }
 
 fn random_isolation(rng: &mut ChaCha8Rng, cfg: &Config) -> Isolation {
-    cfg.isolation.unwrap_or_else(|| match rng.random_range(0..3) {
-        0 => Isolation::SnapshotIsolation,
-        1 => Isolation::RepeatableRead,
-        _ => Isolation::Serializable,
-    })
+    cfg.isolation
+        .unwrap_or_else(|| match rng.random_range(0..3) {
+            0 => Isolation::SnapshotIsolation,
+            1 => Isolation::RepeatableRead,
+            _ => Isolation::Serializable,
+        })
 }
 
 fn random_bound(rng: &mut ChaCha8Rng, cfg: &Config) -> Bound<Vec<u8>> {
@@ -285,7 +286,10 @@ pub fn run(cfg: &Config) -> Result<Run, String> {
 
     // Initial load, in serial batches.
     let stride = (cfg.keys / cfg.initial.max(1)).max(1);
-    let load: Vec<u64> = (0..cfg.keys).step_by(stride as usize).take(cfg.initial as usize).collect();
+    let load: Vec<u64> = (0..cfg.keys)
+        .step_by(stride as usize)
+        .take(cfg.initial as usize)
+        .collect();
     for chunk in load.chunks(512) {
         let mut tx = Transaction::begin(melder.lcs(), Isolation::SnapshotIsolation);
         for k in chunk {

@@ -58,7 +58,10 @@ impl Oracle {
                     Op::Put(k, v) => {
                         self.end(k, p);
                         self.db
-                            .execute("INSERT INTO kv VALUES (?1, ?2, ?3, NULL)", params![k, v, p as i64])
+                            .execute(
+                                "INSERT INTO kv VALUES (?1, ?2, ?3, NULL)",
+                                params![k, v, p as i64],
+                            )
                             .unwrap();
                     }
                     Op::Del(k, true) => self.end(k, p),
@@ -70,21 +73,32 @@ impl Oracle {
 
     fn end(&self, k: &[u8], p: u64) {
         self.db
-            .execute("UPDATE kv SET vt = ?2 WHERE k = ?1 AND vt IS NULL", params![k, p as i64])
+            .execute(
+                "UPDATE kv SET vt = ?2 WHERE k = ?1 AND vt IS NULL",
+                params![k, p as i64],
+            )
             .unwrap();
     }
 
     fn get_at(&self, k: &[u8], s: u64) -> Option<Vec<u8>> {
         let mut st = self
             .db
-            .prepare_cached("SELECT v FROM kv WHERE k = ?1 AND vf <= ?2 AND (vt IS NULL OR vt > ?2)")
+            .prepare_cached(
+                "SELECT v FROM kv WHERE k = ?1 AND vf <= ?2 AND (vt IS NULL OR vt > ?2)",
+            )
             .unwrap();
         let mut rows = st.query(params![k, s as i64]).unwrap();
         rows.next().unwrap().map(|r| r.get(0).unwrap())
     }
 
-    fn scan_at(&self, start: &Bound<Vec<u8>>, end: &Bound<Vec<u8>>, s: u64) -> BTreeMap<Vec<u8>, Vec<u8>> {
-        let mut sql = String::from("SELECT k, v FROM kv WHERE vf <= ?1 AND (vt IS NULL OR vt > ?1)");
+    fn scan_at(
+        &self,
+        start: &Bound<Vec<u8>>,
+        end: &Bound<Vec<u8>>,
+        s: u64,
+    ) -> BTreeMap<Vec<u8>, Vec<u8>> {
+        let mut sql =
+            String::from("SELECT k, v FROM kv WHERE vf <= ?1 AND (vt IS NULL OR vt > ?1)");
         let mut args: Vec<Vec<u8>> = Vec::new();
         for (b, incl, excl) in [(start, ">=", ">"), (end, "<=", "<")] {
             match b {
@@ -125,7 +139,9 @@ impl Oracle {
                 Op::Get(k, seen) => {
                     let want = read(&own, k);
                     if &want != seen {
-                        return Err(format!("op {i} get {k:?}: saw {seen:?}, state {s} has {want:?}"));
+                        return Err(format!(
+                            "op {i} get {k:?}: saw {seen:?}, state {s} has {want:?}"
+                        ));
                     }
                 }
                 Op::Put(k, v) => {
@@ -134,15 +150,25 @@ impl Oracle {
                 Op::Del(k, existed) => {
                     let want = read(&own, k).is_some();
                     if want != *existed {
-                        return Err(format!("op {i} delete {k:?}: existed {existed}, state {s} says {want}"));
+                        return Err(format!(
+                            "op {i} delete {k:?}: existed {existed}, state {s} says {want}"
+                        ));
                     }
                     own.insert(k.clone(), None);
                 }
-                Op::Scan { start, end, order, limit, out } => {
+                Op::Scan {
+                    start,
+                    end,
+                    order,
+                    limit,
+                    out,
+                } => {
                     if mode == Check::Points {
                         for (k, v) in out {
                             if read(&own, k).as_ref() != Some(v) {
-                                return Err(format!("op {i} scan pair {k:?} differs from state {s}"));
+                                return Err(format!(
+                                    "op {i} scan pair {k:?} differs from state {s}"
+                                ));
                             }
                         }
                         continue;
@@ -188,8 +214,9 @@ impl Oracle {
                     Isolation::SnapshotIsolation => None,
                 };
                 if let Some(mode) = mode {
-                    self.check(r, pos - 1, mode)
-                        .map_err(|e| format!("txn {n} ({:?}) at its commit point {pos}: {e}", r.isolation))?;
+                    self.check(r, pos - 1, mode).map_err(|e| {
+                        format!("txn {n} ({:?}) at its commit point {pos}: {e}", r.isolation)
+                    })?;
                     serial_checks += 1;
                 }
             }
@@ -198,7 +225,10 @@ impl Oracle {
     }
 
     fn final_table(&self) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let mut st = self.db.prepare("SELECT k, v FROM kv WHERE vt IS NULL ORDER BY k").unwrap();
+        let mut st = self
+            .db
+            .prepare("SELECT k, v FROM kv WHERE vt IS NULL ORDER BY k")
+            .unwrap();
         st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
             .unwrap()
             .map(|x| x.unwrap())
@@ -210,8 +240,14 @@ fn oracle_run(cfg: &Config) -> (usize, usize) {
     let run = run(cfg).unwrap_or_else(|e| panic!("history check failed: {e}"));
     let oracle = Oracle::new(&run.initial);
     oracle.replay(&run.records);
-    let counts = oracle.check_all(&run.records).unwrap_or_else(|e| panic!("{cfg:?}: {e}"));
-    assert_eq!(oracle.final_table(), run.final_state, "final table differs from SQLite");
+    let counts = oracle
+        .check_all(&run.records)
+        .unwrap_or_else(|e| panic!("{cfg:?}: {e}"));
+    assert_eq!(
+        oracle.final_table(),
+        run.final_state,
+        "final table differs from SQLite"
+    );
     counts
 }
 
@@ -263,7 +299,9 @@ fn oracle_detects_a_tampered_read() {
     let victim = run
         .records
         .iter_mut()
-        .find(|r| r.outcome.is_committed() && r.ops.iter().any(|o| matches!(o, Op::Get(_, Some(_)))))
+        .find(|r| {
+            r.outcome.is_committed() && r.ops.iter().any(|o| matches!(o, Op::Get(_, Some(_))))
+        })
         .expect("a committed transaction that read a value");
     for op in &mut victim.ops {
         if let Op::Get(_, Some(v)) = op {
