@@ -62,7 +62,7 @@ fn main() {
 }
 
 fn specs(quick: bool) -> Vec<Spec> {
-    let txns = if quick { 6_000 } else { 60_000 };
+    let txns = if quick { 6_000 } else { 20_000 };
     let sizes: &[usize] = if quick {
         &[2, 8, 32]
     } else {
