@@ -355,6 +355,29 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Checks a record's magic, minimum length and trailing CRC-32; returns the
+/// bytes before the checksum.
+pub(crate) fn checked_body<'a>(
+    bytes: &'a [u8],
+    magic: &[u8; 4],
+    what: &'static str,
+    min_len: usize,
+) -> Result<&'a [u8], DecodeError> {
+    if bytes.len() < 4 || &bytes[..4] != magic {
+        return Err(DecodeError::BadMagic { what });
+    }
+    if bytes.len() < min_len {
+        return Err(DecodeError::Truncated { field: what });
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    let mut crc_bytes = [0u8; 4];
+    crc_bytes.copy_from_slice(crc);
+    if crc32fast::hash(body) != u32::from_le_bytes(crc_bytes) {
+        return Err(DecodeError::Checksum);
+    }
+    Ok(body)
+}
+
 /// Validates the framing, checksum, limits and fields of an intention record.
 /// Never panics and never allocates more than the input size justifies.
 pub fn parse(bytes: &[u8]) -> Result<ParsedIntention<'_>, DecodeError> {
@@ -365,18 +388,7 @@ pub fn parse(bytes: &[u8]) -> Result<ParsedIntention<'_>, DecodeError> {
             limit: MAX_INTENTION_BYTES as u64,
         });
     }
-    if bytes.len() < 4 || &bytes[..4] != INTENTION_MAGIC {
-        return Err(DecodeError::BadMagic { what: "intention" });
-    }
-    if bytes.len() < 10 {
-        return Err(DecodeError::Truncated { field: "header" });
-    }
-    let (body, crc) = bytes.split_at(bytes.len() - 4);
-    let mut crc_bytes = [0u8; 4];
-    crc_bytes.copy_from_slice(crc);
-    if crc32fast::hash(body) != u32::from_le_bytes(crc_bytes) {
-        return Err(DecodeError::Checksum);
-    }
+    let body = checked_body(bytes, INTENTION_MAGIC, "intention", 10)?;
     let mut r = Reader { buf: body, at: 4 };
     let version = r.u8("version")?;
     if version != INTENTION_VERSION {

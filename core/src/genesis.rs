@@ -62,18 +62,7 @@ impl Settings {
 
     /// Decodes and validates a genesis record.
     pub fn decode(bytes: &[u8]) -> Result<Settings, DecodeError> {
-        if bytes.len() < 4 || &bytes[..4] != GENESIS_MAGIC {
-            return Err(DecodeError::BadMagic { what: "genesis" });
-        }
-        if bytes.len() < 9 {
-            return Err(DecodeError::Truncated { field: "genesis" });
-        }
-        let (body, crc) = bytes.split_at(bytes.len() - 4);
-        let mut c = [0u8; 4];
-        c.copy_from_slice(crc);
-        if crc32fast::hash(body) != u32::from_le_bytes(c) {
-            return Err(DecodeError::Checksum);
-        }
+        let body = crate::codec::checked_body(bytes, GENESIS_MAGIC, "genesis", 9)?;
         if body[4] != GENESIS_VERSION {
             return Err(DecodeError::UnsupportedVersion {
                 found: body[4],
