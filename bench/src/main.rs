@@ -48,6 +48,9 @@ struct Args {
     /// (for example `symmetric:8:16`).
     #[arg(long)]
     only: Option<String>,
+    /// Measured transactions per experiment (default: 6,000 quick, 20,000 full).
+    #[arg(long)]
+    txns: Option<usize>,
 }
 
 fn main() {
@@ -148,6 +151,10 @@ fn meld_suite(args: &Args) -> Result<(), String> {
     let start = Instant::now();
     let specs: Vec<Spec> = specs(args.quick)
         .into_iter()
+        .map(|s| Spec {
+            txns: args.txns.unwrap_or(s.txns),
+            ..s
+        })
         .filter(|s| {
             args.only.as_ref().is_none_or(|f| {
                 format!("{}:{}:{}", s.experiment, s.ops, s.degree).contains(f.as_str())

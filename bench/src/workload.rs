@@ -104,6 +104,7 @@ pub fn loaded(keys: u64) -> Melder {
 /// copy of `base`, each on the state `degree` entries before its position.
 pub fn generate(spec: &Spec, base: &Melder, seed: u64) -> Vec<Vec<u8>> {
     let mut m = base.clone();
+    m.set_deferred_reclaim(true);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let load_end = m.lcs().pos();
     let total = warmup(spec) + spec.txns;
@@ -142,6 +143,7 @@ pub fn generate(spec: &Spec, base: &Melder, seed: u64) -> Vec<Vec<u8>> {
         }
         if let Ok(Finished::Intention(b)) = tx.finish() {
             m.apply(&b);
+            drop(m.take_garbage());
             out.push(b);
         }
     }

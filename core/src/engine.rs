@@ -51,9 +51,9 @@ pub struct Melder {
     tombstones: Tombstones,
     keep_readset: bool,
     last_stats: MeldStats,
-    /// Roots of old states and consumed intentions not freed yet (see
+    /// Old states and consumed intentions not freed yet (see
     /// [`Melder::set_deferred_reclaim`]).
-    retired: Vec<Link>,
+    retired: Garbage,
     deferred: bool,
 }
 
@@ -62,16 +62,27 @@ pub struct Melder {
 /// the nodes no other state shares; it is `Send`, so a host can free it on
 /// another thread, off meld's critical path.
 #[derive(Debug, Default)]
-pub struct Garbage(Vec<Link>);
+pub struct Garbage {
+    roots: Vec<Link>,
+    intentions: Vec<Intention>,
+}
 
 impl Garbage {
-    /// Number of retired roots.
+    /// Number of retired roots and intentions.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.roots.len() + self.intentions.len()
     }
     /// Whether there is nothing to free.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.roots.is_empty() && self.intentions.is_empty()
+    }
+}
+
+/// A cloned melder starts with no pending garbage: the memory belongs to
+/// the original, and freeing it once is enough.
+impl Clone for Garbage {
+    fn clone(&self) -> Garbage {
+        Garbage::default()
     }
 }
 
@@ -94,7 +105,7 @@ impl Melder {
             tombstones: Tombstones::default(),
             keep_readset: false,
             last_stats: MeldStats::default(),
-            retired: Vec::new(),
+            retired: Garbage::default(),
             deferred: false,
         }
     }
@@ -119,22 +130,33 @@ impl Melder {
     pub fn set_deferred_reclaim(&mut self, deferred: bool) {
         self.deferred = deferred;
         if !deferred {
-            self.retired.clear();
+            self.retired = Garbage::default();
         }
     }
 
     /// Takes the memory released since the last call (see
     /// [`Melder::set_deferred_reclaim`]).
     pub fn take_garbage(&mut self) -> Garbage {
-        Garbage(std::mem::take(&mut self.retired))
+        std::mem::take(&mut self.retired)
+    }
+
+    fn make_room(&mut self) {
+        if self.retired.len() >= MAX_RETIRED {
+            self.retired = Garbage::default();
+        }
     }
 
     fn retire(&mut self, root: Link) {
         if self.deferred && root.is_some() {
-            if self.retired.len() >= MAX_RETIRED {
-                self.retired.clear();
-            }
-            self.retired.push(root);
+            self.make_room();
+            self.retired.roots.push(root);
+        }
+    }
+
+    fn retire_intention(&mut self, int: Intention) {
+        if self.deferred {
+            self.make_room();
+            self.retired.intentions.push(int);
         }
     }
 
@@ -213,14 +235,14 @@ impl Melder {
         let pos = self.next_pos();
         let lcs = self.lcs().clone();
         let mut stats = MeldStats::default();
-        let (result, consumed) = match decoded {
-            Err(reason) => (Err(reason), None),
+        let result = match decoded {
+            Err(reason) => Err(reason),
             Ok(int) => {
                 let r = self.meld_one(&int, pos, &lcs, &mut stats);
-                (r, int.root)
+                self.retire_intention(int);
+                r
             }
         };
-        self.retire(consumed);
         self.last_stats = stats;
         let (next, outcome) = match result {
             Ok((root, csn)) => (

@@ -28,6 +28,7 @@ use std::ops::Bound;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use crate::bytes::cmp_keys;
 use crate::codec::Intention;
 use crate::node::{
     find, height, nsv_of, oldest_from, same, Bytes, Link, LogPos, Node, Owner, OwnerKind, Vn,
@@ -267,7 +268,7 @@ impl<'a> Cx<'a, '_> {
     fn find_owned<'t>(&mut self, mut t: ILink<'t>, key: &[u8]) -> ILink<'t> {
         while let Some(n) = t {
             self.stats.intention_nodes += 1;
-            match key.cmp(&n.key) {
+            match cmp_keys(key, &n.key) {
                 Ordering::Less => t = ileft(n),
                 Ordering::Greater => t = iright(n),
                 Ordering::Equal => return Some(n),
@@ -319,6 +320,9 @@ impl<'a> Cx<'a, '_> {
         let i = self.narrow(i, gap);
         let Some(inode) = i else {
             // No intention changes in this interval but its deletes.
+            if self.i.deletes.is_empty() {
+                return Ok(l.clone());
+            }
             return self.apply_deletes(l.clone(), gap);
         };
         self.stats.intention_nodes += 1;
@@ -330,7 +334,7 @@ impl<'a> Cx<'a, '_> {
         };
         self.stats.lcs_nodes += 1;
         let lk: &'t [u8] = &lnode.key;
-        let symmetric = inode.key == lnode.key;
+        let symmetric = cmp_keys(&inode.key, &lnode.key) == Ordering::Equal;
         let twin = if symmetric {
             if inode.ssv != 0 && inode.ssv == lnode.nsv() && self.graftable(inode, gap) {
                 // Serial case for this subtree: nothing under `l` changed
@@ -410,7 +414,10 @@ impl<'a> Cx<'a, '_> {
         let Some(lnode) = l else {
             return self.keep_inserts(i, gap);
         };
-        if inode.key == lnode.key && inode.ssv == lnode.nsv() && self.graftable(inode, gap) {
+        if cmp_keys(&inode.key, &lnode.key) == Ordering::Equal
+            && inode.ssv == lnode.nsv()
+            && self.graftable(inode, gap)
+        {
             return Ok(if self.keep_readset {
                 Some(inode.clone())
             } else {
@@ -438,7 +445,7 @@ impl<'a> Cx<'a, '_> {
         };
         self.stats.lcs_nodes += 1;
         let lk: &'t [u8] = &lnode.key;
-        if inode.key == lnode.key {
+        if cmp_keys(&inode.key, &lnode.key) == Ordering::Equal {
             if inode.ssv != 0 && inode.ssv == lnode.nsv() {
                 return Ok(());
             }

@@ -249,7 +249,7 @@ pub(crate) const OLDEST_UNKNOWN_OWN: Vn = OLDEST_OWN;
 /// Looks up `key` in a committed tree.
 pub(crate) fn find<'a>(mut t: &'a Link, key: &[u8]) -> Option<&'a Arc<Node>> {
     while let Some(n) = t {
-        match key.cmp(&n.key) {
+        match crate::bytes::cmp_keys(key, &n.key) {
             std::cmp::Ordering::Less => t = &n.left,
             std::cmp::Ordering::Greater => t = &n.right,
             std::cmp::Ordering::Equal => return Some(n),

@@ -3,6 +3,7 @@
 use std::cmp::Ordering;
 use std::ops::Bound;
 
+use crate::bytes::cmp_keys;
 use crate::node::Bytes;
 
 /// A range of keys with inclusive, exclusive or open ends.
@@ -137,12 +138,12 @@ impl<'a> Gap<'a> {
     #[inline]
     pub(crate) fn cmp_key(&self, key: &[u8]) -> Ordering {
         if let Some(lo) = self.lo {
-            if key <= lo {
+            if cmp_keys(key, lo) != Ordering::Greater {
                 return Ordering::Less;
             }
         }
         if let Some(hi) = self.hi {
-            if key >= hi {
+            if cmp_keys(key, hi) != Ordering::Less {
                 return Ordering::Greater;
             }
         }

@@ -16,7 +16,7 @@ fn level() -> impl Strategy<Value = Option<Isolation>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     #[test]
     fn meld_agrees_with_brute_force(
