@@ -353,10 +353,23 @@ impl<'a> Cx<'a, '_> {
         } else {
             (i, i)
         };
-        let left = self.meld(&lnode.left, li, gap.left_of(lk))?;
-        let right = self.meld(&lnode.right, ri, gap.right_of(lk))?;
+        let left = self.meld_child(&lnode.left, li, gap.left_of(lk))?;
+        let right = self.meld_child(&lnode.right, ri, gap.right_of(lk))?;
         let mid = self.mid(twin, lnode)?;
         Ok(self.assemble(lnode, left, mid, right))
+    }
+
+    /// `meld` for a child, skipping the call when the intention has nothing
+    /// there (no node and no delete): the LCS child stays as it is.
+    #[inline]
+    fn meld_child<'t>(&mut self, l: &'t Link, i: ILink<'t>, gap: Gap<'t>) -> R<Link>
+    where
+        'a: 't,
+    {
+        if i.is_none() && self.i.deletes.is_empty() {
+            return Ok(l.clone());
+        }
+        self.meld(l, i, gap)
     }
 
     /// The content that ends up under the LCS node's key: the intention's
