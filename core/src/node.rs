@@ -32,10 +32,6 @@ pub(crate) enum OwnerKind {
     Ephemeral,
     /// Created by a running transaction; not yet logged, has no VN.
     Local,
-    /// Built directly as a committed state (bulk load of a fresh database is
-    /// done through ordinary intentions, so this is only used by tests).
-    #[allow(dead_code)]
-    Fixed,
 }
 
 /// The container of a set of nodes; it fixes their VN base once melded.

@@ -103,10 +103,6 @@ impl BruteForce {
         verdict
     }
 
-    /// Records an entry that aborted for reasons outside the predicates
-    /// (a malformed intention); it writes nothing.
-    pub fn skip(&mut self, _pos: LogPos) {}
-
     fn check(
         &self,
         pos: LogPos,
