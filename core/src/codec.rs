@@ -21,8 +21,7 @@ use crate::error::{
 };
 use crate::node::{
     find, height, max_key, min_key, oldest_from, Bytes, Link, LogPos, Node, Owner, OwnerKind, Vn,
-    ALTERED, DEPENDS_ON, DEPENDS_ON_TREE, LEFT_OWNED, OLDEST_UNKNOWN_OWN, RIGHT_OWNED,
-    SUBTREE_ONLY_READ,
+    ALTERED, DEPENDS_ON, DEPENDS_ON_TREE, LEFT_OWNED, RIGHT_OWNED, SUBTREE_ONLY_READ,
 };
 use crate::range::KeyRange;
 use crate::txn::Isolation;
@@ -658,7 +657,7 @@ pub(crate) fn resolve(
                 flags |= g;
             }
         }
-        let oldest = oldest_from(&owner, &left, &right, OLDEST_UNKNOWN_OWN);
+        let oldest = oldest_from(&left, &right, pos);
         stack.push(Arc::new(Node {
             key,
             value,

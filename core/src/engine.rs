@@ -303,7 +303,8 @@ impl Melder {
                 keep_readset: self.keep_readset,
             },
             stats,
-        )?;
+        )
+        .map_err(|reason| *reason)?;
         for (k, scv) in &int.deletes {
             self.tombstones.record(k, pos, *scv == 0);
         }

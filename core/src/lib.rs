@@ -45,7 +45,7 @@ pub use error::{CommitError, DecodeError, Error, LogError, OpenError, TxnError};
 pub use genesis::{Settings, DEFAULT_MAX_CONFLICT_ZONE, MAX_CONFLICT_ZONE_LIMIT};
 pub use log::{Entry, Log, MemLog};
 pub use meld::{AbortReason, MeldStats};
-pub use node::{Bytes, LogPos, Node, Vn};
+pub use node::{Bytes, LogPos, Node, Vn, NO_LOGGED_NODE};
 pub use range::KeyRange;
 pub use snapshot::{Order, Snapshot};
 pub use txn::{Finished, Isolation, Transaction};

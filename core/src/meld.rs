@@ -32,7 +32,7 @@ use crate::bytes::cmp_keys;
 use crate::codec::Intention;
 use crate::node::{
     find, height, nsv_of, oldest_from, same, Bytes, Link, LogPos, Node, Owner, OwnerKind, Vn,
-    LEFT_OWNED, RIGHT_OWNED, SUBTREE_ONLY_READ,
+    LEFT_OWNED, NO_LOGGED_NODE, RIGHT_OWNED, SUBTREE_ONLY_READ,
 };
 use crate::range::{Gap, KeyRange, RangeRef};
 
@@ -172,7 +172,9 @@ pub(crate) struct Melded {
     pub(crate) ephemeral: u32,
 }
 
-type R<T> = Result<T, AbortReason>;
+/// Results inside the recursion carry a boxed reason: conflicts are rare,
+/// and a register-sized `Result` keeps every successful call cheap.
+type R<T> = Result<T, Box<AbortReason>>;
 
 /// A subtree of the intention being melded: `None` when empty or when it is
 /// a pointer into the snapshot (which holds no change of the intention).
@@ -226,7 +228,7 @@ pub(crate) fn meld(input: &MeldInput<'_>, stats: &mut MeldStats) -> R<Melded> {
     };
     for r in &i.header_ranges {
         if cx.range_changed(r) {
-            return Err(AbortReason::Phantom { range: r.clone() });
+            return Err(Box::new(AbortReason::Phantom { range: r.clone() }));
         }
     }
     let root = cx.meld(input.lcs_root, i.owned_root(), Gap::ALL)?;
@@ -381,9 +383,9 @@ impl<'a> Cx<'a, '_> {
     ) -> R<Option<&'t Arc<Node>>> {
         if let Some(scv) = self.deleted_scv(&lnode.key) {
             if scv != lnode.ncv() {
-                return Err(AbortReason::WriteWrite {
+                return Err(Box::new(AbortReason::WriteWrite {
                     key: lnode.key.clone(),
-                });
+                }));
             }
             return Ok(None);
         }
@@ -484,7 +486,7 @@ impl<'a> Cx<'a, '_> {
             // A key the intention deleted is already gone (or, if it was
             // absent from the snapshot too, was inserted and deleted since).
             if *scv != 0 || self.tombs.deleted_after(k, self.snap_pos) {
-                return Err(AbortReason::WriteWrite { key: k.clone() });
+                return Err(Box::new(AbortReason::WriteWrite { key: k.clone() }));
             }
         }
         let mut kept = Vec::new();
@@ -556,21 +558,21 @@ impl<'a> Cx<'a, '_> {
             let changed = twin.is_none_or(|t| t.ncv() != n.scv);
             if changed {
                 if n.altered() {
-                    return Err(AbortReason::WriteWrite { key: n.key.clone() });
+                    return Err(Box::new(AbortReason::WriteWrite { key: n.key.clone() }));
                 }
                 if n.depends_on() {
-                    return Err(AbortReason::ReadWrite { key: n.key.clone() });
+                    return Err(Box::new(AbortReason::ReadWrite { key: n.key.clone() }));
                 }
             }
         } else if twin.is_some() || self.tombs.deleted_after(&n.key, self.snap_pos) {
             // Inserted here and by someone else (or inserted and deleted
             // again) in the conflict zone.
-            return Err(AbortReason::WriteWrite { key: n.key.clone() });
+            return Err(Box::new(AbortReason::WriteWrite { key: n.key.clone() }));
         }
         if let Some(rs) = &n.ranges {
             for r in rs.iter() {
                 if self.range_changed(r) {
-                    return Err(AbortReason::Phantom { range: r.clone() });
+                    return Err(Box::new(AbortReason::Phantom { range: r.clone() }));
                 }
             }
         }
@@ -629,7 +631,7 @@ impl<'a> Cx<'a, '_> {
                 // Absent from the snapshot and still absent: nothing to do.
                 return Ok(None);
             }
-            return Err(AbortReason::WriteWrite { key: key.clone() });
+            return Err(Box::new(AbortReason::WriteWrite { key: key.clone() }));
         };
         self.stats.lcs_nodes += 1;
         match key[..].cmp(&n.key) {
@@ -643,7 +645,7 @@ impl<'a> Cx<'a, '_> {
             }
             Ordering::Equal => {
                 if n.ncv() != scv {
-                    return Err(AbortReason::WriteWrite { key: key.clone() });
+                    return Err(Box::new(AbortReason::WriteWrite { key: key.clone() }));
                 }
                 Ok(self.join2(n.left.clone(), n.right.clone()))
             }
@@ -674,7 +676,7 @@ impl<'a> Cx<'a, '_> {
             (true, Some(t)) => (t.nsv(), SUBTREE_ONLY_READ),
             _ => (0, 0),
         };
-        let oldest = oldest_from(&self.eph, &left, &right, vn);
+        let oldest = oldest_from(&left, &right, NO_LOGGED_NODE);
         let h = height(&left).max(height(&right)) + 1;
         Arc::new(Node {
             key: c.key.clone(),

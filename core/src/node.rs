@@ -71,10 +71,8 @@ pub(crate) const DIRTY: u8 = 16;
 pub(crate) const LEFT_OWNED: u8 = 32;
 pub(crate) const RIGHT_OWNED: u8 = 64;
 
-/// `oldest` value meaning "the oldest node of this subtree is in the node's own
-/// intention", resolved lazily because the intention's VN base is only known
-/// once it is melded.
-const OLDEST_OWN: Vn = u64::MAX;
+/// `oldest` of a subtree that holds no logged node (only ephemeral ones).
+pub const NO_LOGGED_NODE: LogPos = u64::MAX;
 
 /// One node of the copy-on-write binary search tree.
 ///
@@ -105,9 +103,9 @@ pub struct Node {
     pub(crate) value: Bytes,
     /// DependencyRange of a DependsOnTree node (phantom protection).
     pub(crate) ranges: Option<Box<[KeyRange]>>,
-    /// Minimum VN base of any intention with a node in this subtree
-    /// (App. B OldestDescendant), or OLDEST_OWN.
-    pub(crate) oldest: Vn,
+    /// OldestDescendant (App. B): the smallest log position of any logged
+    /// intention with a node in this subtree, or NO_LOGGED_NODE.
+    pub(crate) oldest: LogPos,
 }
 
 impl Node {
@@ -171,15 +169,12 @@ impl Node {
             self.vn()
         }
     }
-    /// OldestDescendant (App. B): the smallest VN base of any logged or ephemeral
-    /// intention that holds a node of this subtree. Garbage collection sweeps
-    /// subtrees whose value is below its threshold.
-    pub fn oldest_descendant(&self) -> Vn {
-        if self.oldest == OLDEST_OWN {
-            self.owner.base() + 1
-        } else {
-            self.oldest
-        }
+    /// OldestDescendant (App. B): the smallest log position of any logged
+    /// intention holding a node of this subtree (the node closest to the log
+    /// head), or [`NO_LOGGED_NODE`] if all of them are ephemeral. Garbage
+    /// collection sweeps subtrees whose value is below its threshold.
+    pub fn oldest_descendant(&self) -> LogPos {
+        self.oldest
     }
     /// Whether both nodes belong to the same owner (same intention).
     #[inline]
@@ -227,20 +222,13 @@ pub(crate) fn same(a: &Link, b: &Link) -> bool {
     }
 }
 
-/// `oldest` for a new node of `owner` made from children `l` and `r`: children
-/// of another owner contribute their resolved OldestDescendant, children of
-/// the same owner their raw value (which may still be OLDEST_OWN).
-pub(crate) fn oldest_from(owner: &Arc<Owner>, l: &Link, r: &Link, own: Vn) -> Vn {
-    let f = |x: &Link| match x {
-        None => OLDEST_OWN,
-        Some(n) if n.same_owner(owner) => n.oldest,
-        Some(n) => n.oldest_descendant(),
-    };
+/// OldestDescendant of a node whose own log position is `own` (or
+/// [`NO_LOGGED_NODE`] for an ephemeral node) with children `l` and `r`.
+#[inline]
+pub(crate) fn oldest_from(l: &Link, r: &Link, own: LogPos) -> LogPos {
+    let f = |x: &Link| x.as_ref().map_or(NO_LOGGED_NODE, |n| n.oldest);
     own.min(f(l)).min(f(r))
 }
-
-/// `oldest` for a node whose own intention's base is not yet known.
-pub(crate) const OLDEST_UNKNOWN_OWN: Vn = OLDEST_OWN;
 
 /// Looks up `key` in a committed tree.
 pub(crate) fn find<'a>(mut t: &'a Link, key: &[u8]) -> Option<&'a Arc<Node>> {

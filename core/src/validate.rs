@@ -176,8 +176,17 @@ pub fn check_tree(s: &Snapshot) -> Result<(), TreeViolation> {
         if h != n.height || h != height(t) {
             return Err(TreeViolation(format!("stale height at {:?}", n.key)));
         }
-        if n.oldest_descendant() > n.vn() {
-            return Err(TreeViolation("OldestDescendant newer than the node".into()));
+        let own = match n.owner.kind {
+            crate::node::OwnerKind::Intention(pos) => pos,
+            _ => crate::node::NO_LOGGED_NODE,
+        };
+        let expect = crate::node::oldest_from(&n.left, &n.right, own);
+        if n.oldest_descendant() != expect {
+            return Err(TreeViolation(format!(
+                "OldestDescendant {} at {:?}, expected {expect}",
+                n.oldest_descendant(),
+                n.key
+            )));
         }
         Ok(h)
     }
