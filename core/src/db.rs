@@ -69,29 +69,19 @@ impl<L: Log> Database<L> {
         }
         match tx.finish()? {
             Finished::ReadOnly => Ok(Outcome::ReadOnly),
-            Finished::Intention(bytes) => {
-                let pos = self.log.append(&bytes)?;
-                let outcomes = self.catch_up()?;
-                outcomes
-                    .into_iter()
-                    .find(|o| matches!(o, Outcome::Committed { pos: p, .. } | Outcome::Aborted { pos: p, .. } if *p == pos))
-                    .ok_or(CommitError::Log(LogError::Backend(
-                        "the appended entry was not melded".into(),
-                    )))
-            }
+            Finished::Intention(bytes) => self.append_raw(&bytes),
         }
     }
 
-    /// Appends raw bytes (for example an intention made elsewhere) and melds.
+    /// Appends raw bytes (for example an intention made elsewhere), melds
+    /// the log up to them and returns their outcome.
     pub fn append_raw(&mut self, bytes: &[u8]) -> Result<Outcome, CommitError> {
         let pos = self.log.append(bytes)?;
-        let outcomes = self.catch_up()?;
-        outcomes
+        self.catch_up()?
             .into_iter()
-            .last()
-            .filter(|o| !matches!(o, Outcome::ReadOnly))
+            .find(|o| o.pos() == Some(pos))
             .ok_or(CommitError::Log(LogError::Backend(format!(
-                "entry {pos} was not melded"
+                "entry {pos} was appended but not melded"
             ))))
     }
 

@@ -39,6 +39,14 @@ impl Outcome {
     pub fn is_committed(&self) -> bool {
         !matches!(self, Outcome::Aborted { .. })
     }
+
+    /// The log position of the entry (`None` for a read-only transaction).
+    pub fn pos(&self) -> Option<LogPos> {
+        match self {
+            Outcome::ReadOnly => None,
+            Outcome::Committed { pos, .. } | Outcome::Aborted { pos, .. } => Some(*pos),
+        }
+    }
 }
 
 /// The meld state machine of one node. Cloning is cheap (states share

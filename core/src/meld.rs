@@ -131,27 +131,26 @@ impl Tombstones {
         self.noop.retain(|_, p| *p > pos);
     }
     fn noop_in(&self, r: RangeRef<'_>, pos: LogPos) -> bool {
-        self.noop_last > pos
-            && !r.is_empty()
-            && self
-                .noop
-                .range::<[u8], (Bound<&[u8]>, Bound<&[u8]>)>((r.start, r.end))
-                .any(|(_, p)| *p > pos)
+        self.noop_last > pos && deleted_in(&self.noop, r, pos)
     }
     fn deleted_after(&self, key: &[u8], pos: LogPos) -> bool {
         self.map.get(key).is_some_and(|p| *p > pos)
     }
     fn any_in(&self, r: RangeRef<'_>, pos: LogPos) -> bool {
-        if r.is_empty() || self.map.is_empty() {
-            return false;
-        }
-        self.map
-            .range::<[u8], (Bound<&[u8]>, Bound<&[u8]>)>((r.start, r.end))
-            .any(|(_, p)| *p > pos)
+        deleted_in(&self.map, r, pos)
     }
     pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
+}
+
+/// Whether `map` records a deletion after `pos` of a key inside `r`.
+fn deleted_in(map: &BTreeMap<Bytes, LogPos>, r: RangeRef<'_>, pos: LogPos) -> bool {
+    !map.is_empty()
+        && !r.is_empty()
+        && map
+            .range::<[u8], (Bound<&[u8]>, Bound<&[u8]>)>((r.start, r.end))
+            .any(|(_, p)| *p > pos)
 }
 
 /// Inputs of one meld.

@@ -138,9 +138,7 @@ impl Transaction {
                 Ok(Some(n.value.clone()))
             }
             None => {
-                if self.isolation.tracks_reads() && !self.deleted.contains_key(key) {
-                    self.ranges.push(KeyRange::point(key));
-                }
+                self.note_absent(key);
                 Ok(None)
             }
         }
@@ -182,9 +180,7 @@ impl Transaction {
                 Ok(true)
             }
             None => {
-                if self.isolation.tracks_reads() && !self.deleted.contains_key(key) {
-                    self.ranges.push(KeyRange::point(key));
-                }
+                self.note_absent(key);
                 Ok(false)
             }
         }
@@ -280,6 +276,14 @@ impl Transaction {
     }
 
     // ------------------------------------------------------------ tree edits
+
+    /// Records that `key` was found absent: a point dependency under the
+    /// read-validating levels, unless this transaction deleted it itself.
+    fn note_absent(&mut self, key: &[u8]) {
+        if self.isolation.tracks_reads() && !self.deleted.contains_key(key) {
+            self.ranges.push(KeyRange::point(key));
+        }
+    }
 
     fn needs_read_mark(&self, n: &Node) -> bool {
         if n.same_owner(&self.local) {

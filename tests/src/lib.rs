@@ -274,6 +274,14 @@ fn brute_matches(outcome: &Outcome, brute: &Result<(), BruteAbort>) -> Option<bo
     }
 }
 
+/// The pairs of a committed state as owned byte vectors.
+fn pairs(s: &melddb::Snapshot) -> Vec<(Vec<u8>, Vec<u8>)> {
+    s.to_vec()
+        .into_iter()
+        .map(|(k, v)| (k.to_vec(), v.to_vec()))
+        .collect()
+}
+
 /// Runs a workload, checking every step; `Err` describes the first violation.
 pub fn run(cfg: &Config) -> Result<Run, String> {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
@@ -378,12 +386,7 @@ pub fn run(cfg: &Config) -> Result<Run, String> {
         }
         if cfg.check_every_meld || id + 1 == cfg.txns {
             check_tree(melder.lcs()).map_err(|e| format!("txn {id} at {pos}: {e:?}"))?;
-            let now: Vec<(Vec<u8>, Vec<u8>)> = melder
-                .lcs()
-                .to_vec()
-                .into_iter()
-                .map(|(k, v)| (k.to_vec(), v.to_vec()))
-                .collect();
+            let now = pairs(melder.lcs());
             let want: Vec<(Vec<u8>, Vec<u8>)> =
                 model.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
             if now != want {
@@ -409,12 +412,7 @@ pub fn run(cfg: &Config) -> Result<Run, String> {
             outcome,
         });
     }
-    let final_state: Vec<(Vec<u8>, Vec<u8>)> = melder
-        .lcs()
-        .to_vec()
-        .into_iter()
-        .map(|(k, v)| (k.to_vec(), v.to_vec()))
-        .collect();
+    let final_state = pairs(melder.lcs());
     let model_state: Vec<(Vec<u8>, Vec<u8>)> = model.into_iter().collect();
     if final_state != model_state {
         return Err(format!(
