@@ -85,6 +85,7 @@ pub fn loaded(keys: u64) -> Melder {
     let mut m = Melder::new(Settings {
         db_id: 0,
         max_conflict_zone: 1024,
+        ..Settings::default()
     });
     let mut i = 0;
     while i < keys {

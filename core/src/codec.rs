@@ -558,8 +558,12 @@ pub struct Intention {
     pub(crate) header_ranges: Vec<KeyRange>,
     /// Log position of this intention.
     pub pos: LogPos,
-    /// Log position of the writer's snapshot.
+    /// Log position of the writer's snapshot (after premeld: of the
+    /// premeld input state the intention was re-expressed on).
     pub snapshot_pos: LogPos,
+    /// Root of that snapshot: pointers were resolved in it, and meld
+    /// compares it with the LCS for range dependencies.
+    pub(crate) snapshot_root: Link,
     /// CSN of the writer's snapshot.
     pub snapshot_csn: Vn,
     /// The writer's isolation level.
@@ -701,6 +705,7 @@ pub(crate) fn resolve(
         header_ranges: parsed.header_ranges.clone(),
         pos,
         snapshot_pos: parsed.snapshot_pos,
+        snapshot_root: snapshot.clone(),
         snapshot_csn: parsed.snapshot_csn,
         isolation: parsed.isolation,
     })

@@ -75,9 +75,18 @@ impl<L: Log> Database<L> {
 
     /// Appends raw bytes (for example an intention made elsewhere), melds
     /// the log up to them and returns their outcome.
+    ///
+    /// With group meld on, an entry that lands first in a pair is decided
+    /// together with the next one; if no other writer supplies it, an empty
+    /// filler entry is appended (every node rejects it as malformed).
     pub fn append_raw(&mut self, bytes: &[u8]) -> Result<Outcome, CommitError> {
         let pos = self.log.append(bytes)?;
-        self.catch_up()?
+        let mut outcomes = self.catch_up()?;
+        if self.melder.next_pos() == pos + 1 && self.melder.lcs().pos < pos {
+            self.log.append(&[])?;
+            outcomes.extend(self.catch_up()?);
+        }
+        outcomes
             .into_iter()
             .find(|o| o.pos() == Some(pos))
             .ok_or(CommitError::Log(LogError::Backend(format!(
@@ -90,7 +99,7 @@ impl<L: Log> Database<L> {
         let mut out = Vec::new();
         while self.melder.next_pos() < self.log.tail() {
             let entry = self.log.read(self.melder.next_pos())?;
-            out.push(self.melder.apply(&entry));
+            out.extend(self.melder.apply(&entry));
         }
         Ok(out)
     }

@@ -11,7 +11,23 @@ use crate::error::DecodeError;
 use crate::genesis::Settings;
 use crate::meld::{meld, AbortReason, MeldInput, MeldStats, Tombstones};
 use crate::node::{Link, LogPos, Vn};
+use crate::pipeline::{group, group_input, is_pair_head, premeld, premeld_input, Prepared};
 use crate::snapshot::Snapshot;
+
+/// A retained committed state together with the deletions meld remembers
+/// as of it: the input premeld and group meld need. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct MeldState {
+    pub(crate) snapshot: Snapshot,
+    pub(crate) tombs: Tombstones,
+}
+
+impl MeldState {
+    /// The committed state.
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+}
 
 /// The fate of one log entry (or of a read-only transaction).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,10 +70,16 @@ impl Outcome {
 #[derive(Debug, Clone)]
 pub struct Melder {
     settings: Settings,
-    /// Committed states at positions `lcs.pos - window.len() + 1 ..= lcs.pos`.
-    window: VecDeque<Snapshot>,
-    tombstones: Tombstones,
+    /// Committed states at positions `lcs.pos - window.len() + 1 ..= lcs.pos`;
+    /// `None` at the first position of a group-meld pair that committed
+    /// together (no state exists between its two members).
+    window: VecDeque<Option<MeldState>>,
+    /// The bytes of the first member of a group-meld pair, waiting for the
+    /// second (no state changes meanwhile, so decoding it later is the same).
+    pending: Option<(LogPos, Vec<u8>)>,
     keep_readset: bool,
+    /// Work done by the stages before final meld for the last entry.
+    prep_stats: MeldStats,
     last_stats: MeldStats,
     /// Old states and consumed intentions not freed yet (see
     /// [`Melder::set_deferred_reclaim`]).
@@ -109,9 +131,13 @@ impl Melder {
         };
         Melder {
             settings,
-            window: VecDeque::from([genesis]),
-            tombstones: Tombstones::default(),
+            window: VecDeque::from([Some(MeldState {
+                snapshot: genesis,
+                tombs: Tombstones::default(),
+            })]),
+            pending: None,
             keep_readset: false,
+            prep_stats: MeldStats::default(),
             last_stats: MeldStats::default(),
             retired: Garbage::default(),
             deferred: false,
@@ -175,22 +201,48 @@ impl Melder {
 
     /// The last committed state.
     pub fn lcs(&self) -> &Snapshot {
-        // The window always holds at least the LCS.
-        &self.window[self.window.len() - 1]
+        &self.lcs_state().snapshot
     }
 
-    /// The position the next log entry must have.
+    fn lcs_state(&self) -> &MeldState {
+        // The window always ends with a state: holes only ever sit before
+        // the second member of a pair, which is pushed in the same call.
+        self.window
+            .back()
+            .and_then(Option::as_ref)
+            .expect("the last window entry is a state")
+    }
+
+    /// The position the next log entry must have (one past a pending
+    /// group-meld pair head, if any).
     pub fn next_pos(&self) -> LogPos {
-        self.lcs().pos + 1
+        self.lcs().pos + 1 + u64::from(self.pending.is_some())
     }
 
-    /// The committed state after `pos`, if still retained.
+    /// The committed state after `pos`, if retained and usable as a
+    /// snapshot. With group meld on, odd positions (first members of pairs)
+    /// are never snapshots.
     pub fn state_at(&self, pos: LogPos) -> Option<&Snapshot> {
-        let first = self.window.front()?.pos;
+        if is_pair_head(&self.settings, pos) {
+            return None;
+        }
+        self.meld_state(pos).map(|s| &s.snapshot)
+    }
+
+    /// The retained state after `pos` with its tombstones (the input of
+    /// premeld and group meld), if any.
+    pub fn meld_state(&self, pos: LogPos) -> Option<&MeldState> {
+        let first = self.lcs().pos + 1 - self.window.len() as u64;
         if pos < first {
             return None;
         }
-        self.window.get((pos - first) as usize)
+        self.window.get((pos - first) as usize)?.as_ref()
+    }
+
+    /// Work done by premeld and group meld for the last entry or pair
+    /// (in [`Melder::apply`]).
+    pub fn last_prep_stats(&self) -> MeldStats {
+        self.prep_stats
     }
 
     /// Work done by the last meld.
@@ -200,48 +252,120 @@ impl Melder {
 
     /// Number of remembered deletions (bounded by the conflict-zone window).
     pub fn tombstone_count(&self) -> usize {
-        self.tombstones.len()
+        self.lcs_state().tombs.len()
     }
 
     /// Decodes the entry that will be melded at `pos` (which must not be
     /// beyond [`Melder::next_pos`]) against its snapshot.
     pub fn decode(&self, pos: LogPos, bytes: &[u8]) -> Result<Intention, AbortReason> {
-        let parsed = parse(bytes).map_err(AbortReason::Malformed)?;
-        if parsed.snapshot_pos >= pos {
-            return Err(AbortReason::Malformed(DecodeError::Invalid {
-                field: "snapshot position",
-                why: "not before the intention",
-            }));
+        decode_with(&self.settings, pos, bytes, |p| self.state_at(p).cloned())
+    }
+
+    /// Melds the next log entry through every stage the settings turn on
+    /// (decode, premeld, group meld, final meld), one after the other: the
+    /// single-threaded driver. Returns the outcomes decided by this entry:
+    /// none for the first member of a group-meld pair (it is decided with
+    /// the second), two for the second.
+    pub fn apply(&mut self, bytes: &[u8]) -> Vec<Outcome> {
+        let pos = self.next_pos();
+        let mut stats = MeldStats::default();
+        if !self.settings.group_meld {
+            let decoded = self.prepare_one(pos, bytes, &mut stats);
+            self.prep_stats = stats;
+            return vec![self.apply_decoded(decoded)];
         }
-        let oldest_accepted = pos.saturating_sub(self.settings.max_conflict_zone as u64 + 1);
-        let too_old = AbortReason::SnapshotTooOld {
-            snapshot_pos: parsed.snapshot_pos,
-            oldest_accepted,
+        let Some((first, head_bytes)) = self.pending.take() else {
+            self.pending = Some((pos, bytes.to_vec()));
+            return Vec::new();
         };
-        if parsed.snapshot_pos < oldest_accepted {
-            return Err(too_old);
-        }
-        let state = self.state_at(parsed.snapshot_pos).ok_or(too_old)?;
-        if state.csn != parsed.snapshot_csn {
-            return Err(AbortReason::Malformed(DecodeError::Invalid {
-                field: "snapshot csn",
-                why: "does not match the committed state at the snapshot position",
-            }));
-        }
-        resolve(&parsed, pos, &state.root).map_err(AbortReason::Malformed)
+        let head = self.prepare_one(first, &head_bytes, &mut stats);
+        let decoded = self.prepare_one(pos, bytes, &mut stats);
+        let input = group_input(&head, &decoded).and_then(|q| self.meld_state(q).cloned());
+        let prepared = group(first, head, decoded, input.as_ref(), &mut stats);
+        self.prep_stats = stats;
+        self.apply_prepared(prepared)
     }
 
-    /// Melds the next log entry.
-    pub fn apply(&mut self, bytes: &[u8]) -> Outcome {
-        let pos = self.next_pos();
+    /// Decode and premeld of one entry.
+    fn prepare_one(
+        &self,
+        pos: LogPos,
+        bytes: &[u8],
+        stats: &mut MeldStats,
+    ) -> Result<Intention, AbortReason> {
         let decoded = self.decode(pos, bytes);
-        self.apply_decoded(decoded)
+        match (
+            decoded,
+            premeld_input(&self.settings, pos).and_then(|m| self.meld_state(m)),
+        ) {
+            (Ok(int), Some(input)) => premeld(int, input, stats),
+            (d, _) => d,
+        }
     }
 
-    /// Melds the next log entry, already decoded with [`Melder::decode`].
+    /// Final meld of one prepared entry or pair (from the stages in
+    /// [`crate::pipeline`], run by a host on other threads). Its first
+    /// position must be the LCS position + 1.
+    pub fn apply_prepared(&mut self, prepared: Prepared) -> Vec<Outcome> {
+        match prepared {
+            Prepared::One(_, d) => vec![self.apply_decoded(d)],
+            Prepared::Split((_, a), (_, b)) => vec![self.apply_decoded(a), self.apply_decoded(b)],
+            Prepared::Group { first, group } => self.apply_group(first, group),
+        }
+    }
+
+    fn apply_group(&mut self, first: LogPos, group: Intention) -> Vec<Outcome> {
+        let lcs = self.lcs_state().clone();
+        let mut stats = MeldStats::default();
+        let result = self.meld_one(&group, first, &lcs, &mut stats);
+        self.retire_intention(group);
+        self.last_stats = stats;
+        match result {
+            Ok((next, csn)) => {
+                let second = first + 1;
+                self.push(None, first);
+                self.push(
+                    Some(MeldState {
+                        snapshot: Snapshot {
+                            pos: second,
+                            ..next.snapshot
+                        },
+                        tombs: next.tombs,
+                    }),
+                    second,
+                );
+                vec![
+                    Outcome::Committed { pos: first, csn },
+                    Outcome::Committed { pos: second, csn },
+                ]
+            }
+            Err(reason) => {
+                let mut out = Vec::with_capacity(2);
+                for pos in [first, first + 1] {
+                    self.push(
+                        Some(MeldState {
+                            snapshot: Snapshot {
+                                pos,
+                                ..lcs.snapshot.clone()
+                            },
+                            tombs: lcs.tombs.clone(),
+                        }),
+                        pos,
+                    );
+                    out.push(Outcome::Aborted {
+                        pos,
+                        reason: reason.clone(),
+                    });
+                }
+                out
+            }
+        }
+    }
+
+    /// Final meld of the next log entry, already decoded (and premelded).
     pub fn apply_decoded(&mut self, decoded: Result<Intention, AbortReason>) -> Outcome {
-        let pos = self.next_pos();
-        let lcs = self.lcs().clone();
+        let pos = self.lcs().pos + 1;
+        let lcs = self.lcs_state().clone();
         let mut stats = MeldStats::default();
         let result = match decoded {
             Err(reason) => Err(reason),
@@ -253,70 +377,125 @@ impl Melder {
         };
         self.last_stats = stats;
         let (next, outcome) = match result {
-            Ok((root, csn)) => (
-                Snapshot {
-                    root,
-                    pos,
-                    csn,
-                    db: lcs.db,
+            Ok((next, csn)) => (next, Outcome::Committed { pos, csn }),
+            Err(reason) => (
+                MeldState {
+                    snapshot: Snapshot {
+                        pos,
+                        ..lcs.snapshot
+                    },
+                    tombs: lcs.tombs,
                 },
-                Outcome::Committed { pos, csn },
+                Outcome::Aborted { pos, reason },
             ),
-            Err(reason) => (Snapshot { pos, ..lcs }, Outcome::Aborted { pos, reason }),
         };
-        self.window.push_back(next);
+        self.push(Some(next), pos);
+        outcome
+    }
+
+    /// Appends the state after `pos` to the window and drops what left it.
+    fn push(&mut self, state: Option<MeldState>, pos: LogPos) {
+        self.window.push_back(state);
         let keep = self.settings.max_conflict_zone as usize + 1;
         while self.window.len() > keep {
-            if let Some(old) = self.window.pop_front() {
-                self.retire(old.root);
+            if let Some(Some(old)) = self.window.pop_front() {
+                self.retire(old.snapshot.root);
             }
         }
         let zone = self.settings.max_conflict_zone as u64;
         if pos % zone == 0 {
-            // A tombstone at p matters only to snapshots before p, and no
-            // snapshot older than pos - zone - 1 is accepted from now on.
-            self.tombstones.prune(pos.saturating_sub(zone + 1));
+            if let Some(Some(last)) = self.window.back_mut() {
+                // A tombstone at p matters only to snapshots before p, and
+                // no snapshot older than pos - zone - 1 is accepted from
+                // now on (premeld inputs are newer still).
+                last.tombs.prune(pos.saturating_sub(zone + 1));
+            }
         }
-        outcome
     }
 
-    /// Melds one decoded intention into `lcs`; returns the new root and CSN.
+    /// Melds one decoded intention into `lcs`; returns the new state (its
+    /// position is `pos`) and CSN.
     fn meld_one(
         &mut self,
         int: &Intention,
         pos: LogPos,
-        lcs: &Snapshot,
+        lcs: &MeldState,
         stats: &mut MeldStats,
-    ) -> Result<(Link, Vn), AbortReason> {
+    ) -> Result<(MeldState, Vn), AbortReason> {
         if int.pos != pos {
             return Err(AbortReason::Malformed(DecodeError::Invalid {
                 field: "position",
                 why: "intention was decoded for another log position",
             }));
         }
-        let snapshot_root = self
-            .state_at(int.snapshot_pos)
-            .map(|s| s.root.clone())
-            .ok_or(AbortReason::SnapshotTooOld {
-                snapshot_pos: int.snapshot_pos,
-                oldest_accepted: self.window.front().map_or(0, |s| s.pos),
-            })?;
         let melded = meld(
             &MeldInput {
                 intention: int,
-                lcs_root: &lcs.root,
-                lcs_csn: lcs.csn,
-                snapshot_root: &snapshot_root,
-                tombstones: &self.tombstones,
+                lcs_root: &lcs.snapshot.root,
+                lcs_csn: lcs.snapshot.csn,
+                snapshot_root: &int.snapshot_root,
+                tombstones: &lcs.tombs,
                 keep_readset: self.keep_readset,
             },
             stats,
         )
         .map_err(|reason| *reason)?;
+        let mut tombs = lcs.tombs.clone();
         for (k, scv) in &int.deletes {
-            self.tombstones.record(k, pos, *scv == 0);
+            tombs.record(k, pos, *scv == 0);
         }
-        let csn = lcs.csn + int.node_count as Vn + melded.ephemeral as Vn;
-        Ok((melded.root, csn))
+        let csn = lcs.snapshot.csn + int.node_count as Vn + melded.ephemeral as Vn;
+        Ok((
+            MeldState {
+                snapshot: Snapshot {
+                    root: melded.root,
+                    pos,
+                    csn,
+                    db: lcs.snapshot.db,
+                },
+                tombs,
+            },
+            csn,
+        ))
     }
+}
+
+/// Decodes the log entry at `pos` against its snapshot, which `snapshot`
+/// looks up (a host may block there until final meld has produced it).
+/// Checks the conflict-zone bound and the snapshot's CSN.
+pub fn decode_with(
+    settings: &Settings,
+    pos: LogPos,
+    bytes: &[u8],
+    snapshot: impl FnOnce(LogPos) -> Option<Snapshot>,
+) -> Result<Intention, AbortReason> {
+    let parsed = parse(bytes).map_err(AbortReason::Malformed)?;
+    if parsed.snapshot_pos >= pos {
+        return Err(AbortReason::Malformed(DecodeError::Invalid {
+            field: "snapshot position",
+            why: "not before the intention",
+        }));
+    }
+    let oldest_accepted = pos.saturating_sub(settings.max_conflict_zone as u64 + 1);
+    if parsed.snapshot_pos < oldest_accepted {
+        return Err(AbortReason::SnapshotTooOld {
+            snapshot_pos: parsed.snapshot_pos,
+            oldest_accepted,
+        });
+    }
+    if is_pair_head(settings, parsed.snapshot_pos) {
+        return Err(AbortReason::SnapshotUnavailable {
+            snapshot_pos: parsed.snapshot_pos,
+        });
+    }
+    let state = snapshot(parsed.snapshot_pos).ok_or(AbortReason::SnapshotUnavailable {
+        snapshot_pos: parsed.snapshot_pos,
+    })?;
+    if state.csn != parsed.snapshot_csn {
+        return Err(AbortReason::Malformed(DecodeError::Invalid {
+            field: "snapshot csn",
+            why: "does not match the committed state at the snapshot position",
+        }));
+    }
+    resolve(&parsed, pos, &state.root).map_err(AbortReason::Malformed)
 }

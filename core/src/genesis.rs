@@ -8,8 +8,13 @@ use crate::error::{DecodeError, OpenError};
 
 /// Magic bytes of the genesis record.
 pub const GENESIS_MAGIC: &[u8; 4] = b"MLDG";
-/// Genesis format version written by this build.
-pub const GENESIS_VERSION: u8 = 1;
+/// Genesis format version written by this build (version 1, without the
+/// pipeline settings, is still read: it means no premeld and no group meld).
+pub const GENESIS_VERSION: u8 = 2;
+/// Largest accepted [`Settings::premeld_threads`].
+pub const MAX_PREMELD_THREADS: u32 = 64;
+/// Largest accepted [`Settings::premeld_distance`].
+pub const MAX_PREMELD_DISTANCE: u32 = 4096;
 /// Default for [`Settings::max_conflict_zone`].
 pub const DEFAULT_MAX_CONFLICT_ZONE: u32 = 1024;
 /// Largest accepted [`Settings::max_conflict_zone`].
@@ -25,6 +30,16 @@ pub struct Settings {
     /// transaction whose snapshot is older is aborted as `SnapshotTooOld`
     /// on every node. It also bounds the states and tombstones a node keeps.
     pub max_conflict_zone: u32,
+    /// Premeld threads `t` (Hyder II §3.4); 0 turns premeld off. Together
+    /// with [`Settings::premeld_distance`] it fixes the state each intention
+    /// is premelded against (`v - t*d - 1`), hence node identities, so it is
+    /// a database setting and not a local option.
+    pub premeld_threads: u32,
+    /// Premeld distance `d` (Hyder II §3.4); must be at least 1 when premeld is on.
+    pub premeld_distance: u32,
+    /// Group meld (Hyder II §4): adjacent intentions (odd, even) are combined
+    /// and melded as one, sharing their fate.
+    pub group_meld: bool,
 }
 
 impl Default for Settings {
@@ -32,6 +47,9 @@ impl Default for Settings {
         Settings {
             db_id: 0,
             max_conflict_zone: DEFAULT_MAX_CONFLICT_ZONE,
+            premeld_threads: 0,
+            premeld_distance: 0,
+            group_meld: false,
         }
     }
 }
@@ -45,7 +63,38 @@ impl Settings {
                 why: "must be between 1 and 1048576",
             });
         }
+        if self.premeld_threads > MAX_PREMELD_THREADS {
+            return Err(OpenError::Setting {
+                name: "premeld_threads",
+                why: "must be at most 64",
+            });
+        }
+        if self.premeld_threads > 0 {
+            if self.premeld_distance == 0 || self.premeld_distance > MAX_PREMELD_DISTANCE {
+                return Err(OpenError::Setting {
+                    name: "premeld_distance",
+                    why: "must be between 1 and 4096 when premeld is on",
+                });
+            }
+            if self.premeld_lag() >= self.max_conflict_zone as u64 {
+                return Err(OpenError::Setting {
+                    name: "premeld_threads",
+                    why: "premeld_threads * premeld_distance + 1 must be below max_conflict_zone, \
+                          or the premeld input state would not be retained",
+                });
+            }
+        }
         Ok(())
+    }
+
+    /// Whether premeld is on.
+    pub fn premeld(&self) -> bool {
+        self.premeld_threads > 0
+    }
+
+    /// `t*d + 1`: how far behind an intention its premeld input state is.
+    pub fn premeld_lag(&self) -> u64 {
+        self.premeld_threads as u64 * self.premeld_distance as u64 + 1
     }
 
     /// Encodes the genesis record.
@@ -55,6 +104,9 @@ impl Settings {
         out.push(GENESIS_VERSION);
         out.extend_from_slice(&self.db_id.encode_var_vec());
         out.extend_from_slice(&(self.max_conflict_zone as u64).encode_var_vec());
+        out.extend_from_slice(&(self.premeld_threads as u64).encode_var_vec());
+        out.extend_from_slice(&(self.premeld_distance as u64).encode_var_vec());
+        out.push(u8::from(self.group_meld));
         let crc = crc32fast::hash(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         out
@@ -63,7 +115,8 @@ impl Settings {
     /// Decodes and validates a genesis record.
     pub fn decode(bytes: &[u8]) -> Result<Settings, DecodeError> {
         let body = crate::codec::checked_body(bytes, GENESIS_MAGIC, "genesis", 9)?;
-        if body[4] != GENESIS_VERSION {
+        let version = body[4];
+        if version != 1 && version != GENESIS_VERSION {
             return Err(DecodeError::UnsupportedVersion {
                 found: body[4],
                 supported: GENESIS_VERSION,
@@ -77,6 +130,28 @@ impl Settings {
         };
         let db_id = next("db_id")?;
         let zone = next("max_conflict_zone")?;
+        let (mut threads, mut distance) = (0, 0);
+        if version >= 2 {
+            threads = next("premeld_threads")?;
+            distance = next("premeld_distance")?;
+        }
+        let group = match (version, body.get(at)) {
+            (1, _) => false,
+            (_, Some(0)) => {
+                at += 1;
+                false
+            }
+            (_, Some(1)) => {
+                at += 1;
+                true
+            }
+            _ => {
+                return Err(DecodeError::Invalid {
+                    field: "group_meld",
+                    why: "must be 0 or 1",
+                })
+            }
+        };
         if at != body.len() {
             return Err(DecodeError::Trailing(body.len() - at));
         }
@@ -87,9 +162,27 @@ impl Settings {
                 limit: MAX_CONFLICT_ZONE_LIMIT as u64,
             });
         }
-        Ok(Settings {
+        let fits = |v: u64, limit: u32, field| {
+            u32::try_from(v)
+                .ok()
+                .filter(|v| *v <= limit)
+                .ok_or(DecodeError::Limit {
+                    field,
+                    value: v,
+                    limit: limit as u64,
+                })
+        };
+        let settings = Settings {
             db_id,
             max_conflict_zone: zone as u32,
-        })
+            premeld_threads: fits(threads, MAX_PREMELD_THREADS, "premeld_threads")?,
+            premeld_distance: fits(distance, MAX_PREMELD_DISTANCE, "premeld_distance")?,
+            group_meld: group,
+        };
+        settings.validate().map_err(|_| DecodeError::Invalid {
+            field: "premeld settings",
+            why: "premeld distance is 0 or the premeld lag exceeds the conflict zone",
+        })?;
+        Ok(settings)
     }
 }

@@ -23,10 +23,11 @@
 //!   created, so identities are the same on every node.
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+
+use imbl::OrdMap;
 
 use crate::bytes::cmp_keys;
 use crate::codec::Intention;
@@ -64,6 +65,13 @@ pub enum AbortReason {
         /// The oldest snapshot position still accepted.
         oldest_accepted: LogPos,
     },
+    /// The snapshot is not a state any node can have: with group meld on,
+    /// the first position of a pair has no state of its own. Retry on the
+    /// latest state.
+    SnapshotUnavailable {
+        /// The transaction's snapshot position.
+        snapshot_pos: LogPos,
+    },
     /// The log entry is not a valid intention; every node rejects it alike.
     Malformed(crate::error::DecodeError),
 }
@@ -84,6 +92,10 @@ impl std::fmt::Display for AbortReason {
             } => write!(
                 f,
                 "snapshot at {snapshot_pos} is older than the oldest accepted ({oldest_accepted}); retry"
+            ),
+            AbortReason::SnapshotUnavailable { snapshot_pos } => write!(
+                f,
+                "no committed state exists at snapshot position {snapshot_pos} (inside a group-meld pair); retry"
             ),
             AbortReason::Malformed(e) => write!(f, "malformed intention: {e}"),
         }
@@ -110,10 +122,15 @@ pub struct MeldStats {
 /// deleted a key its snapshot did not hold) change no node, so the
 /// structure versions that let meld graft unchanged subtrees cannot reveal
 /// them; they are also kept in `noop`, which meld consults before grafting.
+///
+/// The maps are persistent (cloning shares structure), so every retained
+/// state carries the tombstones as of its own position: premeld checks an
+/// intention against an older state with exactly that state's deletions,
+/// whatever final meld has done since.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Tombstones {
-    map: BTreeMap<Bytes, LogPos>,
-    noop: BTreeMap<Bytes, LogPos>,
+    map: OrdMap<Bytes, LogPos>,
+    noop: OrdMap<Bytes, LogPos>,
     noop_last: LogPos,
 }
 
@@ -127,8 +144,16 @@ impl Tombstones {
     }
     /// Drops entries at or before `pos`.
     pub(crate) fn prune(&mut self, pos: LogPos) {
-        self.map.retain(|_, p| *p > pos);
-        self.noop.retain(|_, p| *p > pos);
+        for m in [&mut self.map, &mut self.noop] {
+            let old: Vec<Bytes> = m
+                .iter()
+                .filter(|(_, p)| **p <= pos)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in old {
+                m.remove(&k);
+            }
+        }
     }
     fn noop_in(&self, r: RangeRef<'_>, pos: LogPos) -> bool {
         self.noop_last > pos && deleted_in(&self.noop, r, pos)
@@ -145,11 +170,11 @@ impl Tombstones {
 }
 
 /// Whether `map` records a deletion after `pos` of a key inside `r`.
-fn deleted_in(map: &BTreeMap<Bytes, LogPos>, r: RangeRef<'_>, pos: LogPos) -> bool {
+fn deleted_in(map: &OrdMap<Bytes, LogPos>, r: RangeRef<'_>, pos: LogPos) -> bool {
     !map.is_empty()
         && !r.is_empty()
         && map
-            .range::<[u8], (Bound<&[u8]>, Bound<&[u8]>)>((r.start, r.end))
+            .range::<(Bound<&[u8]>, Bound<&[u8]>), [u8]>((r.start, r.end))
             .any(|(_, p)| *p > pos)
 }
 

@@ -498,3 +498,77 @@ fn restructured(n: &mut Node) {
     n.flags |= DIRTY;
     fix_height(n);
 }
+
+// ------------------------------------------------------------ replaying
+
+/// The logical content of a decoded intention: what premeld and group meld
+/// replay on a newer state. Writes and deletes never share a key (a put
+/// after a delete turns back into an update).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Effects {
+    /// Altered nodes: key and new value, in key order.
+    pub(crate) writes: Vec<(Bytes, Bytes)>,
+    /// Unaltered nodes with DependsOn, in key order.
+    pub(crate) reads: Vec<Bytes>,
+    /// Dependency ranges (node ranges, then header ranges).
+    pub(crate) ranges: Vec<KeyRange>,
+    /// The delete list: key and content version read (0: absent).
+    pub(crate) deletes: Vec<(Bytes, Vn)>,
+}
+
+/// Why an intention could not be replayed on a state: the state disagrees
+/// with what the intention read. Premeld only replays after meld found no
+/// conflict, so this is a conflict that meld should have reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ReplayMismatch(pub(crate) Bytes);
+
+impl Transaction {
+    /// Re-executes `effects` on `base` and returns the intention record a
+    /// transaction with these effects would have produced there. The result
+    /// is a pure function of its inputs: keys are replayed in a fixed order
+    /// (deletes, then reads, then writes, each in key order).
+    pub(crate) fn replay(
+        base: &Snapshot,
+        isolation: Isolation,
+        effects: &Effects,
+    ) -> Result<Vec<u8>, ReplayMismatch> {
+        let mut tx = Transaction::begin(base, isolation);
+        for (k, scv) in &effects.deletes {
+            if *scv != 0 {
+                let root = tx.root.clone();
+                let (new_root, removed) = tx
+                    .remove(&root, k)
+                    .ok_or_else(|| ReplayMismatch(k.clone()))?;
+                if removed.ncv() != *scv {
+                    return Err(ReplayMismatch(k.clone()));
+                }
+                tx.root = new_root;
+                tx.widened = true;
+            } else if crate::node::find(&tx.root, k).is_some() {
+                return Err(ReplayMismatch(k.clone()));
+            }
+            tx.deleted.insert(k.clone(), *scv);
+            tx.wrote = true;
+        }
+        for k in &effects.reads {
+            if crate::node::find(&tx.root, k).is_none() {
+                return Err(ReplayMismatch(k.clone()));
+            }
+            tx.mark_read(k);
+        }
+        for (k, v) in &effects.writes {
+            let root = tx.root.clone();
+            tx.root = Some(tx.insert(&root, k, v).0);
+            tx.wrote = true;
+        }
+        tx.ranges.extend(effects.ranges.iter().cloned());
+        // Always logged: a replayed intention stands for a logged one.
+        tx.wrote = true;
+        match tx.finish() {
+            Ok(Finished::Intention(bytes)) => Ok(bytes),
+            // Unreachable: `wrote` is set, and the effects come from a
+            // decoded intention, which is within every size limit.
+            _ => Err(ReplayMismatch(Bytes::from(&b""[..]))),
+        }
+    }
+}

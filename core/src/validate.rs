@@ -65,6 +65,8 @@ pub enum BruteAbort {
     Phantom(KeyRange),
     /// The conflict zone is longer than the database allows.
     SnapshotTooOld,
+    /// The entry is not a valid intention.
+    Malformed,
 }
 
 /// The brute-force validator.
@@ -96,11 +98,63 @@ impl BruteForce {
         if verdict.is_ok() {
             self.committed.push_back((pos, sets.writes));
         }
+        self.trim(pos);
+        verdict
+    }
+
+    /// Decides a group-meld pair `a` (at `a.0`) and `b` (at `a.0 + 1`), each
+    /// `(pos, snapshot_pos, sets)`, `None` sets meaning the entry is not a
+    /// valid intention. `q` is the state both were brought to before
+    /// grouping ([`crate::pipeline::group_input`] after premeld). The rule
+    /// (docs/pipeline.md): conflicts up to `q` abort a member alone; a
+    /// conflict of `b` with `a` aborts `b` alone; a conflict in `(q, a)`
+    /// aborts both.
+    pub fn decide_pair(
+        &mut self,
+        a: (LogPos, LogPos, Option<IntentionSets>),
+        b: (LogPos, LogPos, Option<IntentionSets>),
+        q: LogPos,
+    ) -> (Result<(), BruteAbort>, Result<(), BruteAbort>) {
+        let (Some(sa), Some(sb)) = (&a.2, &b.2) else {
+            let ra = match a.2 {
+                Some(s) => self.decide(a.0, a.1, s),
+                None => Err(BruteAbort::Malformed),
+            };
+            let rb = match b.2 {
+                Some(s) => self.decide(b.0, b.1, s),
+                None => Err(BruteAbort::Malformed),
+            };
+            return (ra, rb);
+        };
+        let ia = self.check_between(a.0, a.1, q, sa);
+        let ib = self.check_between(b.0, b.1, q, sb);
+        if ia.is_err() || ib.is_err() {
+            // Decided alone, each over its whole zone (an aborted first
+            // member is not in the second's zone).
+            let ra = ia.and_then(|()| self.decide(a.0, a.1, sa.clone()));
+            let rb = ib.and_then(|()| self.decide(b.0, b.1, sb.clone()));
+            return (ra, rb);
+        }
+        if let Err(e) = conflict(sb, &sa.writes) {
+            let ra = self.decide(a.0, a.1, sa.clone());
+            return (ra, Err(e));
+        }
+        let shared = self
+            .check_between(a.0, q, a.0 - 1, sa)
+            .and_then(|()| self.check_between(a.0, q, a.0 - 1, sb));
+        if shared.is_ok() {
+            self.committed.push_back((a.0, sa.writes.clone()));
+            self.committed.push_back((b.0, sb.writes.clone()));
+        }
+        self.trim(b.0);
+        (shared.clone(), shared)
+    }
+
+    fn trim(&mut self, pos: LogPos) {
         let horizon = pos.saturating_sub(self.max_zone + 1);
         while self.committed.front().is_some_and(|(p, _)| *p < horizon) {
             self.committed.pop_front();
         }
-        verdict
     }
 
     fn check(
@@ -109,13 +163,35 @@ impl BruteForce {
         snapshot_pos: LogPos,
         sets: &IntentionSets,
     ) -> Result<(), BruteAbort> {
-        if pos - snapshot_pos - 1 > self.max_zone {
+        self.check_between(pos, snapshot_pos, pos - 1, sets)
+    }
+
+    /// Checks `sets` (of the entry at `pos`) against the writes committed
+    /// at positions in `(from, to]`.
+    fn check_between(
+        &self,
+        pos: LogPos,
+        from: LogPos,
+        to: LogPos,
+        sets: &IntentionSets,
+    ) -> Result<(), BruteAbort> {
+        if pos - from - 1 > self.max_zone {
             return Err(BruteAbort::SnapshotTooOld);
         }
         for (p, writes) in &self.committed {
-            if *p <= snapshot_pos || *p >= pos {
+            if *p <= from || *p > to {
                 continue;
             }
+            conflict(sets, writes)?;
+        }
+        Ok(())
+    }
+}
+
+/// The conflict predicates of `sets` against one committed write set.
+fn conflict(sets: &IntentionSets, writes: &[Bytes]) -> Result<(), BruteAbort> {
+    {
+        {
             for k in &sets.writes {
                 if writes.binary_search(k).is_ok() {
                     return Err(BruteAbort::WriteWrite(k.clone()));
@@ -134,8 +210,8 @@ impl BruteForce {
                 }
             }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 /// A violated tree invariant.

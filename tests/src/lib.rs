@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use melddb::validate::{check_tree, vns, BruteAbort, BruteForce, IntentionSets};
-use melddb::{Finished, Isolation, LogPos, Melder, Order, Outcome, Settings, Transaction};
+use melddb::{
+    pipeline, Finished, Isolation, LogPos, Melder, Order, Outcome, Settings, Transaction,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -161,6 +163,10 @@ pub struct Run {
     pub final_state: Vec<(Vec<u8>, Vec<u8>)>,
     /// Counters.
     pub counts: Counts,
+    /// Digest of the final state.
+    pub digest: String,
+    /// The log: the genesis record, then every entry in order.
+    pub log: Vec<Vec<u8>>,
 }
 
 /// A key as 8 big-endian bytes.
@@ -282,15 +288,192 @@ fn pairs(s: &melddb::Snapshot) -> Vec<(Vec<u8>, Vec<u8>)> {
         .collect()
 }
 
+/// Key-value pairs as owned byte vectors.
+type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// What the harness knows about a log entry until its outcome arrives.
+struct Pending {
+    /// Index into the records (`None` for the initial load and fillers).
+    record: Option<usize>,
+    snapshot_pos: LogPos,
+    /// Read/range/write sets of the decoded intention (`None`: undecodable).
+    sets: Option<IntentionSets>,
+}
+
+/// Checks outcomes against the brute-force validator (pairwise under group
+/// meld) and applies committed writes to the model.
+struct Checker {
+    settings: Settings,
+    brute: BruteForce,
+    pending: BTreeMap<LogPos, Pending>,
+    model: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Writes of the initial load, applied to the model when it commits.
+    load: BTreeMap<LogPos, Pairs>,
+}
+
+impl Checker {
+    /// The entry's base after premeld (the state it is re-expressed on).
+    fn base(&self, pos: LogPos, snap: LogPos) -> LogPos {
+        match pipeline::premeld_input(&self.settings, pos) {
+            Some(m) if m > snap => m,
+            _ => snap,
+        }
+    }
+
+    fn settle(
+        &mut self,
+        outcomes: &[Outcome],
+        records: &mut [Record],
+        counts: &mut Counts,
+    ) -> Result<(), String> {
+        let mut verdicts = Vec::new();
+        if outcomes.len() == 2 && self.settings.group_meld {
+            let (pa, pb) = (
+                outcomes[0].pos().unwrap_or(0),
+                outcomes[1].pos().unwrap_or(0),
+            );
+            let a = self.pending.remove(&pa).ok_or("unknown entry")?;
+            let b = self.pending.remove(&pb).ok_or("unknown entry")?;
+            let q = self
+                .base(pa, a.snapshot_pos)
+                .max(self.base(pb, b.snapshot_pos));
+            let (ra, rb) = self.brute.decide_pair(
+                (pa, a.snapshot_pos, a.sets.clone()),
+                (pb, b.snapshot_pos, b.sets.clone()),
+                q,
+            );
+            verdicts.push((a, ra));
+            verdicts.push((b, rb));
+        } else {
+            for o in outcomes {
+                let pos = o.pos().unwrap_or(0);
+                let e = self.pending.remove(&pos).ok_or("unknown entry")?;
+                let v = match &e.sets {
+                    Some(sets) => self.brute.decide(pos, e.snapshot_pos, sets.clone()),
+                    None => Err(BruteAbort::Malformed),
+                };
+                verdicts.push((e, v));
+            }
+        }
+        for (o, (e, verdict)) in outcomes.iter().zip(verdicts) {
+            let pos = o.pos().unwrap_or(0);
+            match brute_matches(o, &verdict) {
+                Some(true) => {}
+                Some(false) => counts.extra_aborts += 1,
+                None => {
+                    return Err(format!(
+                        "entry {pos} (snapshot {}): meld {o:?} but brute force {verdict:?}",
+                        e.snapshot_pos
+                    ))
+                }
+            }
+            if let Some(writes) = self.load.remove(&pos) {
+                if !o.is_committed() {
+                    return Err(format!("initial load at {pos} aborted: {o:?}"));
+                }
+                self.model.extend(writes);
+                continue;
+            }
+            let Some(ix) = e.record else { continue };
+            let rec = &mut records[ix];
+            rec.outcome = o.clone();
+            if o.is_committed() {
+                counts.committed += 1;
+                for op in &rec.ops {
+                    match op {
+                        Op::Put(k, v) => {
+                            self.model.insert(k.clone(), v.clone());
+                        }
+                        // Deleting a key absent from the snapshot writes nothing.
+                        Op::Del(k, true) => {
+                            self.model.remove(k);
+                        }
+                        _ => {}
+                    }
+                }
+            } else {
+                counts.aborted += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks the LCS against the model and the tree invariants.
+fn check_state(
+    melder: &Melder,
+    model: &BTreeMap<Vec<u8>, Vec<u8>>,
+    at: &str,
+) -> Result<(), String> {
+    check_tree(melder.lcs()).map_err(|e| format!("{at}: {e:?}"))?;
+    let now = pairs(melder.lcs());
+    let want: Vec<(Vec<u8>, Vec<u8>)> = model.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    if now != want {
+        return Err(format!(
+            "{at}: tree differs from the model\n tree  {now:?}\n model {want:?}"
+        ));
+    }
+    let mut v = vns(melder.lcs());
+    let n = v.len();
+    v.sort_unstable();
+    v.dedup();
+    if v.len() != n {
+        return Err(format!("{at}: duplicate VNs in the LCS"));
+    }
+    if v.last().is_some_and(|m| *m > melder.lcs().csn()) {
+        return Err(format!("{at}: VN beyond the CSN"));
+    }
+    Ok(())
+}
+
 /// Runs a workload, checking every step; `Err` describes the first violation.
+///
+/// Entries go through [`Melder::apply`], the single-threaded driver, so
+/// premeld and group meld run as the settings say. Outcomes may arrive one
+/// entry late (group meld decides pairs); each is checked when it arrives.
 pub fn run(cfg: &Config) -> Result<Run, String> {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let mut melder = Melder::new(cfg.settings);
     melder.set_keep_readset(cfg.keep_readset);
-    let mut brute = BruteForce::new(&cfg.settings);
-    let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let mut chk = Checker {
+        settings: cfg.settings,
+        brute: BruteForce::new(&cfg.settings),
+        pending: BTreeMap::new(),
+        model: BTreeMap::new(),
+        load: BTreeMap::new(),
+    };
+    let mut log: Vec<Vec<u8>> = vec![cfg.settings.encode()];
     let mut counts = Counts::default();
     let mut initial = Vec::new();
+    let mut records: Vec<Record> = Vec::with_capacity(cfg.txns);
+
+    // Appends one entry, feeds it to the melder and checks what got decided.
+    let mut append = |melder: &mut Melder,
+                      chk: &mut Checker,
+                      records: &mut Vec<Record>,
+                      counts: &mut Counts,
+                      bytes: Vec<u8>,
+                      record: Option<usize>|
+     -> Result<Vec<Outcome>, String> {
+        let pos = melder.next_pos();
+        let (snapshot_pos, sets) = match melder.decode(pos, &bytes) {
+            Ok(int) => (int.snapshot_pos, Some(IntentionSets::of(&int))),
+            Err(_) => (0, None),
+        };
+        chk.pending.insert(
+            pos,
+            Pending {
+                record,
+                snapshot_pos,
+                sets,
+            },
+        );
+        let outcomes = melder.apply(&bytes);
+        log.push(bytes);
+        counts.ephemeral += melder.last_stats().ephemeral_nodes;
+        chk.settle(&outcomes, records, counts)?;
+        Ok(outcomes)
+    };
 
     // Initial load, in serial batches.
     let stride = (cfg.keys / cfg.initial.max(1)).max(1);
@@ -300,30 +483,46 @@ pub fn run(cfg: &Config) -> Result<Run, String> {
         .collect();
     for chunk in load.chunks(512) {
         let mut tx = Transaction::begin(melder.lcs(), Isolation::SnapshotIsolation);
+        let mut writes = Vec::new();
         for k in chunk {
             let v = format!("init{k}").into_bytes();
             tx.put(&key(*k), &v).map_err(|e| e.to_string())?;
-            model.insert(key(*k), v.clone());
+            writes.push((key(*k), v.clone()));
             initial.push((key(*k), v));
         }
         let Finished::Intention(bytes) = tx.finish().map_err(|e| e.to_string())? else {
             return Err("initial load produced no intention".into());
         };
-        let pos = melder.next_pos();
-        let int = melder.decode(pos, &bytes).map_err(|e| e.to_string())?;
-        brute
-            .decide(pos, int.snapshot_pos, IntentionSets::of(&int))
-            .map_err(|e| format!("{e:?}"))?;
-        if !melder.apply_decoded(Ok(int)).is_committed() {
-            return Err("initial load aborted".into());
+        chk.load.insert(melder.next_pos(), writes);
+        append(
+            &mut melder,
+            &mut chk,
+            &mut records,
+            &mut counts,
+            bytes,
+            None,
+        )?;
+        if melder.next_pos() != melder.lcs().pos() + 1 {
+            // Group meld: close the pair with a filler (aborted as malformed).
+            append(
+                &mut melder,
+                &mut chk,
+                &mut records,
+                &mut counts,
+                Vec::new(),
+                None,
+            )?;
         }
     }
     let load_end = melder.lcs().pos();
 
-    let mut records = Vec::with_capacity(cfg.txns);
     for id in 0..cfg.txns {
         let delta = rng.random_range(0..=cfg.degree);
-        let snap_pos = melder.lcs().pos().saturating_sub(delta).max(load_end);
+        let mut snap_pos = melder.lcs().pos().saturating_sub(delta).max(load_end);
+        if melder.state_at(snap_pos).is_none() && snap_pos > load_end {
+            // Group meld: the first position of a pair is no state.
+            snap_pos -= 1;
+        }
         let snapshot = melder
             .state_at(snap_pos)
             .ok_or_else(|| format!("state {snap_pos} not retained"))?
@@ -345,86 +544,55 @@ pub fn run(cfg: &Config) -> Result<Run, String> {
             Finished::Intention(b) => b,
         };
         let pos = melder.next_pos();
-        let decoded = melder.decode(pos, &bytes);
-        let verdict = match &decoded {
-            Ok(int) => brute.decide(pos, int.snapshot_pos, IntentionSets::of(int)),
-            Err(e) => return Err(format!("txn {id}: own intention rejected: {e}")),
-        };
-        let outcome = melder.apply_decoded(decoded);
-        match brute_matches(&outcome, &verdict) {
-            Some(true) => {}
-            Some(false) => counts.extra_aborts += 1,
-            None => {
-                let zone: Vec<String> = records
-                    .iter()
-                    .filter(|r: &&Record| matches!(r.outcome, Outcome::Committed { pos: p, .. } if p > snap_pos))
-                    .map(|r| format!("{:?} snap {} {:?}", r.outcome, r.snapshot_pos, r.ops))
-                    .collect();
-                return Err(format!(
-                    "txn {id} at {pos} (snapshot {snap_pos}): meld {outcome:?} but brute force {verdict:?}; ops {ops:?}\nzone:\n{}",
-                    zone.join("\n")
-                ));
-            }
-        }
-        counts.ephemeral += melder.last_stats().ephemeral_nodes;
-        if outcome.is_committed() {
-            counts.committed += 1;
-            for op in &ops {
-                match op {
-                    Op::Put(k, v) => {
-                        model.insert(k.clone(), v.clone());
-                    }
-                    // Deleting a key absent from the snapshot writes nothing.
-                    Op::Del(k, true) => {
-                        model.remove(k);
-                    }
-                    _ => {}
-                }
-            }
-        } else {
-            counts.aborted += 1;
-        }
-        if cfg.check_every_meld || id + 1 == cfg.txns {
-            check_tree(melder.lcs()).map_err(|e| format!("txn {id} at {pos}: {e:?}"))?;
-            let now = pairs(melder.lcs());
-            let want: Vec<(Vec<u8>, Vec<u8>)> =
-                model.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            if now != want {
-                return Err(format!(
-                    "txn {id} at {pos} (snapshot {snap_pos}, {outcome:?}): tree differs from the model\n tree  {now:?}\n model {want:?}\n ops {ops:?}"
-                ));
-            }
-            let mut v = vns(melder.lcs());
-            let n = v.len();
-            v.sort_unstable();
-            v.dedup();
-            if v.len() != n {
-                return Err(format!("txn {id} at {pos}: duplicate VNs in the LCS"));
-            }
-            if v.last().is_some_and(|m| *m > melder.lcs().csn()) {
-                return Err(format!("txn {id} at {pos}: VN beyond the CSN"));
-            }
-        }
         records.push(Record {
             snapshot_pos: snap_pos,
             isolation,
             ops,
-            outcome,
+            // Replaced when meld decides.
+            outcome: Outcome::ReadOnly,
         });
+        if melder.decode(pos, &bytes).is_err() {
+            return Err(format!("txn {id}: own intention rejected"));
+        }
+        let ix = records.len() - 1;
+        let outcomes = append(
+            &mut melder,
+            &mut chk,
+            &mut records,
+            &mut counts,
+            bytes,
+            Some(ix),
+        )
+        .map_err(|e| format!("txn {id}: {e}"))?;
+        if !outcomes.is_empty() && (cfg.check_every_meld || id + 1 == cfg.txns) {
+            check_state(
+                &melder,
+                &chk.model,
+                &format!("txn {id} at {pos} (snapshot {snap_pos})"),
+            )?;
+        }
+    }
+    if melder.next_pos() != melder.lcs().pos() + 1 {
+        append(
+            &mut melder,
+            &mut chk,
+            &mut records,
+            &mut counts,
+            Vec::new(),
+            None,
+        )?;
+    }
+    check_state(&melder, &chk.model, "end")?;
+    if let Some(p) = chk.pending.keys().next() {
+        return Err(format!("entry {p} was never decided"));
     }
     let final_state = pairs(melder.lcs());
-    let model_state: Vec<(Vec<u8>, Vec<u8>)> = model.into_iter().collect();
-    if final_state != model_state {
-        return Err(format!(
-            "final tree ({} keys) differs from the model ({} keys)",
-            final_state.len(),
-            model_state.len()
-        ));
-    }
     Ok(Run {
         records,
         initial,
         final_state,
         counts,
+        digest: melder.lcs().digest_hex(),
+        log,
     })
 }

@@ -1,0 +1,311 @@
+//! The stages before final meld (Hyder II §3–4), as pure functions that
+//! hosts call on any thread: premeld and group meld. Each takes the log
+//! entry (or entries) and the one retained state it needs, and returns what
+//! final meld consumes ([`Prepared`]); which state that is follows from the
+//! log positions and the genesis settings alone ([`premeld_input`],
+//! [`group_input`]), so every node computes the same thing whatever its
+//! thread count or timing.
+//!
+//! **Premeld** checks an intention against the state `m = v - t*d - 1` with
+//! meld itself. If meld finds a conflict, the intention is aborted and final
+//! meld skips it. Otherwise the intention is re-expressed on `m`: its
+//! effects (writes, reads, ranges, delete list) are replayed on `m` exactly
+//! as a transaction would have produced them there. The result is the pair
+//! `<S_m, S_out>` with the original readset that Hyder II's modified meld
+//! yields (§3.3), written as an ordinary intention whose snapshot is `m`, so
+//! final meld only checks the short zone after `m`. Its nodes belong to the
+//! intention's log position, so their identities depend only on the log and
+//! the settings.
+//!
+//! **Group meld** takes the pair at positions `(2k-1, 2k)`. Both members
+//! are first brought to a common state `q` (the later of their two
+//! snapshots, after premeld), which checks the older one over the gap, like
+//! premeld. If the second member read, scanned or wrote a key the first one
+//! wrote, the second aborts and the first goes on alone. Otherwise their
+//! effects are replayed together on `q` into one group intention, which
+//! final meld melds once: both commit or both abort (fate sharing). See
+//! `docs/pipeline.md` for which decisions can differ from plain meld.
+
+use crate::codec::{parse, resolve, Intention};
+use crate::engine::MeldState;
+use crate::error::DecodeError;
+use crate::genesis::Settings;
+use crate::meld::{meld, AbortReason, MeldInput, MeldStats};
+use crate::node::{Link, LogPos, Node};
+use crate::range::KeyRange;
+use crate::txn::{Effects, Isolation, Transaction};
+
+/// A log entry (or a pair of them) ready for final meld.
+#[derive(Debug)]
+pub enum Prepared {
+    /// One entry: its intention (maybe premelded) or why it aborts.
+    One(LogPos, Result<Intention, AbortReason>),
+    /// The two entries of a group-meld pair, melded as one intention that
+    /// commits or aborts as a whole.
+    Group {
+        /// Position of the first member; the second is `first + 1`.
+        first: LogPos,
+        /// The group intention.
+        group: Intention,
+    },
+    /// The two entries of a group-meld pair that were not grouped because
+    /// one of them aborts before final meld; the other is melded alone.
+    Split(
+        (LogPos, Result<Intention, AbortReason>),
+        (LogPos, Result<Intention, AbortReason>),
+    ),
+}
+
+impl Prepared {
+    /// The first log position this covers.
+    pub fn first_pos(&self) -> LogPos {
+        match self {
+            Prepared::One(p, _) => *p,
+            Prepared::Group { first, .. } => *first,
+            Prepared::Split((p, _), _) => *p,
+        }
+    }
+    /// Number of log entries this covers (1 or 2).
+    pub fn len(&self) -> u64 {
+        match self {
+            Prepared::One(..) => 1,
+            _ => 2,
+        }
+    }
+    /// Never empty; present for API completeness.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+/// The state premeld melds the entry at `pos` against: `pos - t*d - 1`
+/// (Hyder II Algorithm 1), moved one back to an even position when group
+/// meld is on (odd positions are inside pairs and have no state of their
+/// own). `None` when premeld is off or the log is too short.
+pub fn premeld_input(settings: &Settings, pos: LogPos) -> Option<LogPos> {
+    if !settings.premeld() || pos <= settings.premeld_lag() {
+        return None;
+    }
+    let m = pos - settings.premeld_lag();
+    Some(if settings.group_meld && m % 2 == 1 {
+        m - 1
+    } else {
+        m
+    })
+}
+
+/// Whether the entry at `pos` is the first member of a group-meld pair.
+pub fn is_pair_head(settings: &Settings, pos: LogPos) -> bool {
+    settings.group_meld && pos % 2 == 1
+}
+
+/// The state group meld brings both members of a pair to: the later of
+/// their snapshots. `None` when a member already aborted (nothing to group).
+pub fn group_input(
+    a: &Result<Intention, AbortReason>,
+    b: &Result<Intention, AbortReason>,
+) -> Option<LogPos> {
+    match (a, b) {
+        (Ok(a), Ok(b)) => Some(a.snapshot_pos.max(b.snapshot_pos)),
+        _ => None,
+    }
+}
+
+/// Premeld (Hyder II Algorithm 1): checks `int` against `input` and, if it
+/// passes, re-expresses it on `input`. An input state that is not newer
+/// than the intention's snapshot leaves it unchanged.
+pub fn premeld(
+    int: Intention,
+    input: &MeldState,
+    stats: &mut MeldStats,
+) -> Result<Intention, AbortReason> {
+    if input.snapshot.pos <= int.snapshot_pos {
+        return Ok(int);
+    }
+    check(&int, input, stats)?;
+    let effects = effects_of(&int);
+    rebuild(&effects, int.isolation, int.pos, input)
+}
+
+/// Group meld of the pair `(a, b)` at positions `(first, first + 1)`;
+/// `input` is the state [`group_input`] named (unused if a member aborted).
+pub fn group(
+    first: LogPos,
+    a: Result<Intention, AbortReason>,
+    b: Result<Intention, AbortReason>,
+    input: Option<&MeldState>,
+    stats: &mut MeldStats,
+) -> Prepared {
+    let (a, b, q) = match (a, b, input) {
+        (Ok(a), Ok(b), Some(q)) => (a, b, q),
+        (a, b, _) => return Prepared::Split((first, a), (first + 1, b)),
+    };
+    // Bring both to `q`: this checks the member with the older snapshot
+    // over the entries between the two snapshots, exactly like premeld.
+    let (a, b) = match (premeld(a, q, stats), premeld(b, q, stats)) {
+        (Ok(a), Ok(b)) => (a, b),
+        (a, b) => return Prepared::Split((first, a), (first + 1, b)),
+    };
+    let ea = effects_of(&a);
+    let eb = effects_of(&b);
+    if let Some(reason) = conflicts_with_earlier(&eb, &ea) {
+        // The first member is in the second's conflict zone (Hyder II §4):
+        // the second aborts and the first goes on alone.
+        return Prepared::Split((first, Ok(a)), (first + 1, Err(reason)));
+    }
+    let isolation = stronger(a.isolation, b.isolation);
+    let combined = union(ea, eb);
+    match rebuild(&combined, isolation, first, q) {
+        Ok(group) => Prepared::Group { first, group },
+        // Cannot happen after the checks above (both replays succeeded on
+        // `q` and their keys are disjoint); kept as an abort, never a panic.
+        Err(e) => Prepared::Split((first, Err(e.clone())), (first + 1, Err(e))),
+    }
+}
+
+/// Meld of `int` into `input`, for its decision only.
+fn check(int: &Intention, input: &MeldState, stats: &mut MeldStats) -> Result<(), AbortReason> {
+    meld(
+        &MeldInput {
+            intention: int,
+            lcs_root: &input.snapshot.root,
+            lcs_csn: input.snapshot.csn,
+            snapshot_root: &int.snapshot_root,
+            tombstones: &input.tombs,
+            keep_readset: true,
+        },
+        stats,
+    )
+    .map(|_| ())
+    .map_err(|r| *r)
+}
+
+/// Replays `effects` on `input` as the intention at `pos`.
+fn rebuild(
+    effects: &Effects,
+    isolation: Isolation,
+    pos: LogPos,
+    input: &MeldState,
+) -> Result<Intention, AbortReason> {
+    let internal = |why: &'static str| {
+        AbortReason::Malformed(DecodeError::Invalid {
+            field: "premeld",
+            why,
+        })
+    };
+    let bytes = Transaction::replay(&input.snapshot, isolation, effects)
+        .map_err(|_| internal("replay disagrees with the state meld accepted"))?;
+    let parsed = parse(&bytes).map_err(AbortReason::Malformed)?;
+    resolve(&parsed, pos, &input.snapshot.root).map_err(AbortReason::Malformed)
+}
+
+/// The effects of a decoded intention.
+pub(crate) fn effects_of(int: &Intention) -> Effects {
+    fn walk(t: &Link, int: &Intention, e: &mut Effects) {
+        let Some(n) = t else { return };
+        if !int.owns(n) {
+            return;
+        }
+        walk(&n.left, int, e);
+        visit(n, e);
+        walk(&n.right, int, e);
+    }
+    fn visit(n: &Node, e: &mut Effects) {
+        if n.altered() {
+            e.writes.push((n.key.clone(), n.value.clone()));
+        } else if n.depends_on() {
+            e.reads.push(n.key.clone());
+        }
+        if let Some(rs) = &n.ranges {
+            e.ranges.extend(rs.iter().cloned());
+        }
+    }
+    let mut e = Effects::default();
+    walk(&int.root, int, &mut e);
+    e.ranges.extend(int.header_ranges.iter().cloned());
+    e.deletes = int.deletes.clone();
+    e
+}
+
+/// Whether `later` read, scanned or wrote something `earlier` wrote: the
+/// brute-force predicates of the conflict zone restricted to one entry.
+fn conflicts_with_earlier(later: &Effects, earlier: &Effects) -> Option<AbortReason> {
+    let mut written: Vec<&[u8]> = earlier
+        .writes
+        .iter()
+        .map(|(k, _)| &k[..])
+        .chain(earlier.deletes.iter().map(|(k, _)| &k[..]))
+        .collect();
+    written.sort_unstable();
+    let hit = |k: &[u8]| written.binary_search(&k).is_ok();
+    for k in later
+        .writes
+        .iter()
+        .map(|(k, _)| k)
+        .chain(later.deletes.iter().map(|(k, _)| k))
+    {
+        if hit(k) {
+            return Some(AbortReason::WriteWrite { key: k.clone() });
+        }
+    }
+    for k in &later.reads {
+        if hit(k) {
+            return Some(AbortReason::ReadWrite { key: k.clone() });
+        }
+    }
+    for r in &later.ranges {
+        if in_range(&written, r) {
+            return Some(AbortReason::Phantom { range: r.clone() });
+        }
+    }
+    None
+}
+
+fn in_range(sorted: &[&[u8]], r: &KeyRange) -> bool {
+    let rr = r.as_ref();
+    let from = sorted.partition_point(|w| !rr.above_start(w));
+    sorted.get(from).is_some_and(|w| rr.below_end(w))
+}
+
+/// The effects of both members of a group, which share no written key.
+fn union(a: Effects, b: Effects) -> Effects {
+    let mut writes = a.writes;
+    writes.extend(b.writes);
+    writes.sort_by(|x, y| x.0.cmp(&y.0));
+    let mut deletes = a.deletes;
+    deletes.extend(b.deletes);
+    deletes.sort_by(|x, y| x.0.cmp(&y.0));
+    let mut reads = a.reads;
+    reads.extend(b.reads);
+    reads.sort();
+    reads.dedup();
+    // A key one member read and the other wrote is covered by the write's
+    // content-version check, which is the same version (both on `q`).
+    // A read of a key the other member deleted is covered by the delete
+    // list's version check.
+    reads.retain(|k| {
+        writes.binary_search_by(|(w, _)| w.cmp(k)).is_err()
+            && deletes.binary_search_by(|(d, _)| d.cmp(k)).is_err()
+    });
+    let mut ranges = a.ranges;
+    ranges.extend(b.ranges);
+    Effects {
+        writes,
+        reads,
+        ranges,
+        deletes,
+    }
+}
+
+fn stronger(a: Isolation, b: Isolation) -> Isolation {
+    let rank = |i: Isolation| match i {
+        Isolation::SnapshotIsolation => 0,
+        Isolation::RepeatableRead => 1,
+        Isolation::Serializable => 2,
+    };
+    if rank(a) >= rank(b) {
+        a
+    } else {
+        b
+    }
+}
