@@ -11,7 +11,7 @@ use crate::error::DecodeError;
 use crate::genesis::Settings;
 use crate::meld::{meld, AbortReason, MeldInput, MeldStats, Tombstones};
 use crate::node::{Link, LogPos, Vn};
-use crate::pipeline::{group, group_input, is_pair_head, premeld, premeld_input, Prepared};
+use crate::pipeline::{group, is_pair_head, premeld, Prepared, StageError};
 use crate::snapshot::Snapshot;
 
 /// A retained committed state together with the deletions meld remembers
@@ -280,10 +280,22 @@ impl Melder {
         };
         let head = self.prepare_one(first, &head_bytes, &mut stats);
         let decoded = self.prepare_one(pos, bytes, &mut stats);
-        let input = group_input(&head, &decoded).and_then(|q| self.meld_state(q).cloned());
-        let prepared = group(first, head, decoded, input.as_ref(), &mut stats);
+        let prepared = group(first, head, decoded, |q| self.meld_state(q).cloned(), &mut stats);
         self.prep_stats = stats;
-        self.apply_prepared(prepared)
+        match prepared {
+            Ok(p) => self.apply_prepared(p),
+            // Unreachable: the window keeps every state a stage can name.
+            Err(e) => {
+                let reason = AbortReason::Malformed(DecodeError::Invalid {
+                    field: "group meld",
+                    why: stage_failure(&e),
+                });
+                vec![
+                    self.apply_decoded(Err(reason.clone())),
+                    self.apply_decoded(Err(reason)),
+                ]
+            }
+        }
     }
 
     /// Decode and premeld of one entry.
@@ -293,14 +305,14 @@ impl Melder {
         bytes: &[u8],
         stats: &mut MeldStats,
     ) -> Result<Intention, AbortReason> {
-        let decoded = self.decode(pos, bytes);
-        match (
-            decoded,
-            premeld_input(&self.settings, pos).and_then(|m| self.meld_state(m)),
-        ) {
-            (Ok(int), Some(input)) => premeld(int, input, stats),
-            (d, _) => d,
-        }
+        let int = self.decode(pos, bytes)?;
+        premeld(&self.settings, int, |m| self.meld_state(m).cloned(), stats).unwrap_or_else(|e| {
+            // Unreachable: the window keeps every state premeld can name.
+            Err(AbortReason::Malformed(DecodeError::Invalid {
+                field: "premeld",
+                why: stage_failure(&e),
+            }))
+        })
     }
 
     /// Final meld of one prepared entry or pair (from the stages in
@@ -457,6 +469,13 @@ impl Melder {
             },
             csn,
         ))
+    }
+}
+
+fn stage_failure(e: &StageError) -> &'static str {
+    match e {
+        StageError::Unavailable(_) => "input state not retained",
+        StageError::WrongState { .. } => "input state at the wrong position",
     }
 }
 

@@ -111,10 +111,65 @@ pub fn group_input(
     }
 }
 
-/// Premeld (Hyder II Algorithm 1): checks `int` against `input` and, if it
-/// passes, re-expresses it on `input`. An input state that is not newer
-/// than the intention's snapshot leaves it unchanged.
+/// A host handed a stage the wrong state: not the one the stage asked for.
+/// Premelding against a state of the host's choosing would give nodes
+/// different identities (Hyder II App. C), so the stages name the state
+/// they need and refuse any other.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StageError {
+    /// The lookup had no state at the position asked for.
+    #[error("no retained state at position {0}; keep states until the premelds that need them ran")]
+    Unavailable(LogPos),
+    /// The lookup returned a state at another position.
+    #[error("asked for the state at {wanted}, got the one at {got}")]
+    WrongState {
+        /// The position the stage asked for.
+        wanted: LogPos,
+        /// The position of the state it got.
+        got: LogPos,
+    },
+}
+
+/// Result of a stage: `Err` is a host error, `Ok(Err)` an abort decided
+/// the same way on every node.
+pub type StageResult<T> = Result<Result<T, AbortReason>, StageError>;
+
+fn fetch(
+    pos: LogPos,
+    lookup: impl FnOnce(LogPos) -> Option<MeldState>,
+) -> Result<MeldState, StageError> {
+    let s = lookup(pos).ok_or(StageError::Unavailable(pos))?;
+    if s.snapshot.pos != pos {
+        return Err(StageError::WrongState {
+            wanted: pos,
+            got: s.snapshot.pos,
+        });
+    }
+    Ok(s)
+}
+
+/// Premeld (Hyder II Algorithm 1) of the entry `int` decoded at `int.pos`:
+/// asks `lookup` for the state [`premeld_input`] names (a host may block
+/// there until final meld has produced it), checks `int` against it and,
+/// if it passes, re-expresses it there. Without premeld, or when that
+/// state is not newer than the intention's snapshot, `int` is returned
+/// unchanged without a lookup.
 pub fn premeld(
+    settings: &Settings,
+    int: Intention,
+    lookup: impl FnOnce(LogPos) -> Option<MeldState>,
+    stats: &mut MeldStats,
+) -> StageResult<Intention> {
+    match premeld_input(settings, int.pos) {
+        Some(m) if m > int.snapshot_pos => {
+            let input = fetch(m, lookup)?;
+            Ok(premeld_on(int, &input, stats))
+        }
+        _ => Ok(Ok(int)),
+    }
+}
+
+fn premeld_on(
     int: Intention,
     input: &MeldState,
     stats: &mut MeldStats,
@@ -127,22 +182,34 @@ pub fn premeld(
     rebuild(&effects, int.isolation, int.pos, input)
 }
 
-/// Group meld of the pair `(a, b)` at positions `(first, first + 1)`;
-/// `input` is the state [`group_input`] named (unused if a member aborted).
+/// Group meld of the pair `(a, b)` at positions `(first, first + 1)`
+/// (already decoded and premelded); asks `lookup` for the state
+/// [`group_input`] names when both members are alive.
 pub fn group(
     first: LogPos,
     a: Result<Intention, AbortReason>,
     b: Result<Intention, AbortReason>,
-    input: Option<&MeldState>,
+    lookup: impl FnOnce(LogPos) -> Option<MeldState>,
+    stats: &mut MeldStats,
+) -> Result<Prepared, StageError> {
+    let (a, b) = match (a, b) {
+        (Ok(a), Ok(b)) => (a, b),
+        (a, b) => return Ok(Prepared::Split((first, a), (first + 1, b))),
+    };
+    let q = fetch(a.snapshot_pos.max(b.snapshot_pos), lookup)?;
+    Ok(group_on(first, a, b, &q, stats))
+}
+
+fn group_on(
+    first: LogPos,
+    a: Intention,
+    b: Intention,
+    q: &MeldState,
     stats: &mut MeldStats,
 ) -> Prepared {
-    let (a, b, q) = match (a, b, input) {
-        (Ok(a), Ok(b), Some(q)) => (a, b, q),
-        (a, b, _) => return Prepared::Split((first, a), (first + 1, b)),
-    };
     // Bring both to `q`: this checks the member with the older snapshot
     // over the entries between the two snapshots, exactly like premeld.
-    let (a, b) = match (premeld(a, q, stats), premeld(b, q, stats)) {
+    let (a, b) = match (premeld_on(a, q, stats), premeld_on(b, q, stats)) {
         (Ok(a), Ok(b)) => (a, b),
         (a, b) => return Prepared::Split((first, a), (first + 1, b)),
     };

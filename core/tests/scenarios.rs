@@ -298,3 +298,44 @@ fn foreign_snapshot_is_refused() {
     t.put(b"x", b"y").unwrap();
     assert_eq!(a.commit(t), Err(melddb::CommitError::ForeignSnapshot));
 }
+
+#[test]
+fn genesis_records_the_pipeline_settings_and_rejects_bad_ones() {
+    let s = Settings {
+        db_id: 9,
+        max_conflict_zone: 100,
+        premeld_threads: 5,
+        premeld_distance: 10,
+        group_meld: true,
+    };
+    assert_eq!(Settings::decode(&s.encode()).unwrap(), s);
+    // A version-1 record (no pipeline settings) still opens, with both off.
+    let mut v1 = b"MLDG\x01".to_vec();
+    v1.extend_from_slice(&[7, 100]);
+    v1.extend_from_slice(&crc32fast::hash(&v1).to_le_bytes());
+    let old = Settings::decode(&v1).unwrap();
+    assert_eq!((old.db_id, old.premeld_threads, old.group_meld), (7, 0, false));
+    // t*d + 1 must stay inside the conflict-zone window.
+    let too_far = Settings { premeld_distance: 20, ..s };
+    assert!(too_far.validate().is_err());
+    assert!(Settings::decode(&too_far.encode()).is_err());
+    let no_distance = Settings { premeld_distance: 0, ..s };
+    assert!(no_distance.validate().is_err());
+}
+
+#[test]
+fn database_with_group_meld_decides_a_lone_commit_with_a_filler() {
+    let mut db = Database::create(Settings {
+        group_meld: true,
+        premeld_threads: 1,
+        premeld_distance: 1,
+        ..Settings::default()
+    })
+    .unwrap();
+    for i in 0..5u8 {
+        let mut tx = db.begin(Isolation::Serializable);
+        tx.put(&[i], b"v").unwrap();
+        assert!(db.commit(tx).unwrap().is_committed());
+    }
+    assert_eq!(db.snapshot().len(), 5);
+}

@@ -128,3 +128,115 @@ fn premeld_and_group_meld_actually_run_and_change_identities() {
         both.digest
     );
 }
+
+/// Outcomes of melding a log with the single-threaded driver.
+fn replay_outcomes(log: &[Vec<u8>]) -> Vec<melddb::Outcome> {
+    let mut m = Melder::from_genesis(&log[0]).expect("valid genesis");
+    log[1..].iter().flat_map(|e| m.apply(e)).collect()
+}
+
+#[test]
+fn threaded_pipeline_matches_the_single_threaded_driver_under_random_delays() {
+    use melddb_runtime::{run_log, Options};
+    for (i, &(t, d, group)) in CONFIGS.iter().chain(&[(0, 0, false)]).enumerate() {
+        let cfg = Config {
+            keys: 512,
+            initial: 256,
+            degree: 60,
+            ops: (1, 10),
+            txns: 300,
+            seed: 100 + i as u64,
+            check_every_meld: false,
+            settings: settings(t, d, group),
+            ..Config::default()
+        };
+        let r = run(&cfg).unwrap();
+        let want = replay_outcomes(&r.log);
+        for (workers, jitter) in [(1, None), (2, Some((i as u64, 200))), (5, Some((7 + i as u64, 50)))] {
+            let opts = Options {
+                workers: Some(workers),
+                queue: 4,
+                jitter,
+            };
+            let report = run_log(&r.log[0], &r.log[1..], &opts).unwrap();
+            assert_eq!(
+                report.melder.lcs().digest_hex(),
+                r.digest,
+                "config {:?}, {workers} workers, jitter {jitter:?}",
+                CONFIGS.get(i)
+            );
+            assert_eq!(report.outcomes, want, "config {:?}", CONFIGS.get(i));
+        }
+    }
+}
+
+/// Hyder II App. C: T1..T4 all run on S0 (T1 updates `b`, T2 updates `d`,
+/// T3 inserts `c`, T4 inserts `e`); nodes that premeld T4 against different
+/// states would give one ephemeral identity different contents. Here the
+/// stage names its input state itself, refuses any other, and every node
+/// (whatever its worker count or timing) ends with the same digest.
+#[test]
+fn appendix_c_two_nodes_cannot_premeld_one_intention_against_different_states() {
+    use melddb::pipeline::{premeld, premeld_input, StageError};
+    use melddb::{Finished, Isolation, MeldStats, Transaction};
+    use melddb_runtime::{run_log, Options};
+
+    let settings = settings(1, 1, false);
+    let mut node = Melder::new(settings);
+    let mut log = vec![settings.encode()];
+    let mut tx = Transaction::begin(node.lcs(), Isolation::Serializable);
+    for k in [b"a", b"b", b"d"] {
+        tx.put(k, b"0").unwrap();
+    }
+    let Finished::Intention(s0) = tx.finish().unwrap() else { panic!() };
+    node.apply(&s0);
+    log.push(s0);
+    let snapshot = node.lcs().clone();
+    let mut intentions = Vec::new();
+    for (k, v) in [(b"b", b"1"), (b"d", b"2"), (b"c", b"3"), (b"e", b"4")] {
+        let mut tx = Transaction::begin(&snapshot, Isolation::Serializable);
+        tx.put(k, v).unwrap();
+        let Finished::Intention(bytes) = tx.finish().unwrap() else { panic!() };
+        intentions.push(bytes);
+    }
+    // T1..T3 at positions 2..4; T4 at 5 is premelded against 5 - 1*1 - 1 = 3.
+    for b in &intentions[..3] {
+        assert!(node.apply(b)[0].is_committed());
+        log.push(b.clone());
+    }
+    assert_eq!(premeld_input(&settings, 5), Some(3));
+    let t4 = node.decode(5, &intentions[3]).unwrap();
+    let mut stats = MeldStats::default();
+    // Server Y of the paper would premeld against the state after T1:
+    // handing the stage any state but the one it asked for is refused.
+    let wrong = node.meld_state(2).cloned();
+    assert_eq!(
+        premeld(&settings, t4, |_| wrong, &mut stats).err(),
+        Some(StageError::WrongState { wanted: 3, got: 2 })
+    );
+    let mut asked = None;
+    let t4 = node.decode(5, &intentions[3]).unwrap();
+    let premelded = premeld(
+        &settings,
+        t4,
+        |p| {
+            asked = Some(p);
+            node.meld_state(p).cloned()
+        },
+        &mut stats,
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(asked, Some(3));
+    assert_eq!(premelded.snapshot_pos, 3, "re-expressed on the premeld input");
+    assert!(node.apply(&intentions[3])[0].is_committed());
+    log.push(intentions[3].clone());
+    // Servers X and Y: other worker counts and timings, same digest.
+    for (workers, jitter) in [(1, None), (3, Some((1, 300))), (8, Some((2, 100)))] {
+        let opts = Options { workers: Some(workers), queue: 1, jitter };
+        let r = run_log(&log[0], &log[1..], &opts).unwrap();
+        assert_eq!(r.melder.lcs().digest(), node.lcs().digest());
+    }
+    let keys: Vec<_> = node.lcs().to_vec().into_iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
+    assert_eq!(keys.len(), 5);
+}
