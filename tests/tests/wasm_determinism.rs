@@ -1,0 +1,101 @@
+//! The same logs melded by a wasm32 build of the engine (wasm32-wasip1 under
+//! Node's WASI) give the same state digests and outcomes as native, under
+//! every pipeline configuration. Needs `rustup target add wasm32-wasip1`
+//! and Node 20+ (`.ci/run` installs the target).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use melddb::Settings;
+use melddb_tests::{run, Config};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Builds melddb-replay for `target` (None: native) in a separate target
+/// directory, so the outer cargo's lock is not contended.
+fn build(target: Option<&str>) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("replay-build");
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.current_dir(workspace())
+        .args(["build", "--release", "-p", "melddb-replay", "--target-dir"])
+        .arg(&dir);
+    if let Some(t) = target {
+        cmd.args(["--target", t]);
+    }
+    let st = cmd.status().expect("cargo runs");
+    assert!(
+        st.success(),
+        "building melddb-replay for {target:?} failed; for wasm run `rustup target add wasm32-wasip1`"
+    );
+    match target {
+        Some(t) => dir.join(t).join("release").join("melddb-replay.wasm"),
+        None => dir.join("release").join("melddb-replay"),
+    }
+}
+
+fn write_log(path: &Path, log: &[Vec<u8>]) {
+    let mut out = Vec::new();
+    for e in log {
+        out.extend_from_slice(&(e.len() as u32).to_le_bytes());
+        out.extend_from_slice(e);
+    }
+    std::fs::write(path, out).expect("write log");
+}
+
+/// (digest, outcomes_hash) from a replay JSON line.
+fn fields(stdout: &[u8]) -> (String, String) {
+    let s = String::from_utf8_lossy(stdout);
+    let grab = |name: &str| {
+        let at = s.find(&format!("\"{name}\":\"")).unwrap_or_else(|| panic!("no {name} in {s}"));
+        let rest = &s[at + name.len() + 4..];
+        rest[..rest.find('"').expect("closing quote")].to_string()
+    };
+    (grab("digest"), grab("outcomes_hash"))
+}
+
+#[test]
+fn wasm_and_native_meld_the_same_logs_to_the_same_digests() {
+    let native = build(None);
+    let wasm = build(Some("wasm32-wasip1"));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-logs");
+    std::fs::create_dir_all(&dir).expect("log dir");
+    let configs = [(0, 0, false), (2, 10, false), (5, 1, false), (0, 0, true), (5, 10, true)];
+    for (i, (t, d, group)) in configs.into_iter().enumerate() {
+        let cfg = Config {
+            keys: 1024,
+            initial: 512,
+            degree: 80,
+            ops: (1, 12),
+            txns: 300,
+            seed: 40 + i as u64,
+            check_every_meld: false,
+            settings: Settings {
+                premeld_threads: t,
+                premeld_distance: d,
+                group_meld: group,
+                ..Settings::default()
+            },
+            ..Config::default()
+        };
+        let r = run(&cfg).expect("history checks pass");
+        let name = format!("log{i}.bin");
+        write_log(&dir.join(&name), &r.log);
+        let n = Command::new(&native).arg(dir.join(&name)).output().expect("native replay runs");
+        assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
+        let w = Command::new("node")
+            .arg(workspace().join("tests/wasm/run-wasi.mjs"))
+            .arg(&wasm)
+            .arg(&dir)
+            .arg(format!("/data/{name}"))
+            .output()
+            .expect("node runs (Node 20+ is needed)");
+        assert!(w.status.success(), "{}", String::from_utf8_lossy(&w.stderr));
+        let (nd, no) = fields(&n.stdout);
+        let (wd, wo) = fields(&w.stdout);
+        assert_eq!(nd, r.digest, "native replay vs the checked run, config {i}");
+        assert_eq!(wd, nd, "wasm vs native digest, config {i}");
+        assert_eq!(wo, no, "wasm vs native outcomes, config {i}");
+    }
+}
