@@ -1,3 +1,5 @@
 //! Workloads shared by the `melddb-bench` binary and the criterion benches.
 
+pub mod pipeline;
+pub mod wasm;
 pub mod workload;

@@ -25,6 +25,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 enum Suite {
     /// The meld paper's §8 and App. F experiments on the meld operator.
     Meld,
+    /// Hyder II's pipeline: premeld, group meld, end-to-end throughput.
+    Pipeline,
 }
 
 #[derive(Debug, Parser)]
@@ -57,6 +59,7 @@ fn main() {
     let args = Args::parse();
     let result = match args.suite {
         Suite::Meld => meld_suite(&args),
+        Suite::Pipeline => pipeline_suite(&args),
     };
     if let Err(e) = result {
         eprintln!("melddb-bench: {e}");
@@ -280,6 +283,187 @@ fn meld_suite(args: &Args) -> Result<(), String> {
         return Err(format!(
             "meld and the brute-force validator disagreed {disagreements} times"
         ));
+    }
+    Ok(())
+}
+
+fn pipeline_suite(args: &Args) -> Result<(), String> {
+    use melddb_bench::pipeline::{run_config, PipeConfig, PipeResult, Sizes};
+    let sizes = if args.quick {
+        Sizes {
+            keys: 100_000,
+            txns: args.txns.unwrap_or(6_000),
+            zone: 600,
+        }
+    } else {
+        Sizes {
+            keys: 1_000_000,
+            txns: args.txns.unwrap_or(40_000),
+            zone: 1_500,
+        }
+    };
+    let reps = if args.quick { 1 } else { 3 };
+    let main = [
+        PipeConfig {
+            name: "plain",
+            t: 0,
+            d: 0,
+            group: false,
+        },
+        PipeConfig {
+            name: "group",
+            t: 0,
+            d: 0,
+            group: true,
+        },
+        PipeConfig {
+            name: "premeld",
+            t: 2,
+            d: 5,
+            group: false,
+        },
+        PipeConfig {
+            name: "both",
+            t: 2,
+            d: 5,
+            group: true,
+        },
+    ];
+    let sweep: &[u32] = if args.quick {
+        &[1, 20]
+    } else {
+        &[1, 2, 5, 10, 20, 50, 100]
+    };
+    if std::env::var_os("MELDDB_BENCH_WASM_ONLY").is_some() {
+        let w = melddb_bench::wasm::ratio(args.quick, args.seed)?;
+        println!("{w:?}");
+        return Ok(());
+    }
+    let mut rows: Vec<PipeResult> = Vec::new();
+    let only = std::env::var("MELDDB_BENCH_ONLY").ok();
+    for c in main {
+        if only.as_deref().is_some_and(|o| o != c.name) {
+            continue;
+        }
+        eprintln!(
+            "pipeline: {} (t={}, d={}, group={}) ...",
+            c.name, c.t, c.d, c.group
+        );
+        rows.push(run_config(c, &sizes, args.seed, reps)?);
+    }
+    let mut sweep_rows = Vec::new();
+    for &d in sweep {
+        let c = PipeConfig {
+            name: "sweep",
+            t: 2,
+            d,
+            group: false,
+        };
+        eprintln!("pipeline: premeld distance sweep t=2 d={d} ...");
+        sweep_rows.push(run_config(c, &sizes, args.seed, 1)?);
+    }
+    eprintln!("pipeline: wasm vs native meld ...");
+    let wasm = melddb_bench::wasm::ratio(args.quick, args.seed)?;
+    println!(
+        "{:<10} {:>3} {:>4} {:>6} {:>12} {:>8} {:>14} {:>14} {:>10} {:>10} {:>11}",
+        "config",
+        "t",
+        "d",
+        "group",
+        "e2e tps",
+        "commit",
+        "final nodes/tx",
+        "prep nodes/tx",
+        "final zone",
+        "final busy",
+        "final us/tx"
+    );
+    for r in rows.iter().chain(&sweep_rows) {
+        println!(
+            "{:<10} {:>3} {:>4} {:>6} {:>12.0} {:>8.3} {:>14.1} {:>14.1} {:>10.1} {:>10.2} {:>11.2}",
+            r.config.name, r.config.t, r.config.d, r.config.group, r.tps, r.commit_rate,
+            r.final_nodes_per_txn, r.prep_nodes_per_txn, r.final_zone, r.final_busy, r.final_us_per_txn
+        );
+    }
+    println!(
+        "wasm meld: {:.0} intentions/s, native {:.0}/s, ratio {:.2}",
+        wasm.wasm_per_s, wasm.native_per_s, wasm.ratio
+    );
+    let by = |n: &str| {
+        rows.iter()
+            .find(|r| r.config.name == n)
+            .ok_or(format!("no {n} row"))
+    };
+    let (plain, premeld, group, both) = (by("plain")?, by("premeld")?, by("group")?, by("both")?);
+    let mut metrics = serde_json::Map::new();
+    let mut put = |k: &str, v: f64| {
+        metrics.insert(k.into(), serde_json::json!(round2(v)));
+    };
+    put("final_meld_nodes_per_txn_plain", plain.final_nodes_per_txn);
+    put(
+        "final_meld_nodes_per_txn_premeld",
+        premeld.final_nodes_per_txn,
+    );
+    put("final_meld_nodes_per_txn_group", group.final_nodes_per_txn);
+    put("final_meld_nodes_per_txn_both", both.final_nodes_per_txn);
+    put(
+        "final_meld_nodes_ratio_plain_to_premeld",
+        plain.final_nodes_per_txn / premeld.final_nodes_per_txn.max(1e-9),
+    );
+    put("e2e_tps_plain", plain.tps);
+    put("e2e_tps_premeld", premeld.tps);
+    put("e2e_tps_group", group.tps);
+    put("e2e_tps_both", both.tps);
+    put("e2e_speedup_premeld", premeld.tps / plain.tps);
+    put("e2e_speedup_both", both.tps / plain.tps);
+    put("final_meld_us_per_txn_plain", plain.final_us_per_txn);
+    put("final_meld_us_per_txn_premeld", premeld.final_us_per_txn);
+    put("final_meld_us_per_txn_both", both.final_us_per_txn);
+    put(
+        "final_meld_ceiling_tps_plain",
+        1e6 / plain.final_us_per_txn.max(1e-9),
+    );
+    put(
+        "final_meld_ceiling_tps_premeld",
+        1e6 / premeld.final_us_per_txn.max(1e-9),
+    );
+    put(
+        "final_meld_ceiling_tps_both",
+        1e6 / both.final_us_per_txn.max(1e-9),
+    );
+    put("final_zone_plain", plain.final_zone);
+    put("final_zone_premeld", premeld.final_zone);
+    put("wasm_to_native_meld_ratio", wasm.ratio);
+    let row_json = |r: &PipeResult| {
+        serde_json::json!({
+            "config": r.config.name, "t": r.config.t, "d": r.config.d, "group": r.config.group,
+            "tps": round2(r.tps), "commit_rate": round2(r.commit_rate),
+            "final_nodes_per_txn": round2(r.final_nodes_per_txn),
+            "prep_nodes_per_txn": round2(r.prep_nodes_per_txn),
+            "final_zone": round2(r.final_zone), "final_busy": round2(r.final_busy),
+            "final_us_per_txn": round2(r.final_us_per_txn), "digest": r.digest,
+        })
+    };
+    if let Some(dir) = &args.plots {
+        plot::pipeline_plots(dir, &rows, &sweep_rows).map_err(|e| format!("plots: {e}"))?;
+        eprintln!("plots written to {}", dir.display());
+    }
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({
+            "suite": "pipeline",
+            "metrics": metrics,
+            "config": {
+                "quick": args.quick, "seed": args.seed, "keys": sizes.keys, "txns": sizes.txns,
+                "zone": sizes.zone, "value_bytes": 100, "ops": "8 reads + 2 writes, serializable",
+                "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+                "wasm": {"native_per_s": wasm.native_per_s, "wasm_per_s": wasm.wasm_per_s, "runtime": "node WASI (wasm32-wasip1)"},
+            },
+            "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
+            "sweep": sweep_rows.iter().map(row_json).collect::<Vec<_>>(),
+        });
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        eprintln!("JSON written to {}", path.display());
     }
     Ok(())
 }

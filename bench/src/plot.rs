@@ -160,3 +160,50 @@ pub fn meld_plots(dir: &Path, rows: &[Measured]) -> Result<(), String> {
     )?;
     Ok(())
 }
+
+/// Pipeline plots: the premeld-distance sweep (Hyder II fig. 20 in shape)
+/// with plain, group and both as reference lines.
+pub fn pipeline_plots(
+    dir: &Path,
+    rows: &[melddb_bench::pipeline::PipeResult],
+    sweep: &[melddb_bench::pipeline::PipeResult],
+) -> Result<(), String> {
+    use melddb_bench::pipeline::PipeResult;
+    register_font()?;
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let (lo, hi) = sweep.iter().fold((f64::MAX, 0.0f64), |a, r| {
+        (a.0.min(r.config.d as f64), a.1.max(r.config.d as f64))
+    });
+    let chart = |file: &str, title: &str, ylabel: &str, y: &dyn Fn(&PipeResult) -> f64| {
+        let mut series: Vec<Series> = vec![(
+            "premeld t=2".into(),
+            sweep.iter().map(|r| (r.config.d as f64, y(r))).collect(),
+        )];
+        for r in rows.iter().filter(|r| r.config.name != "premeld") {
+            series.push((
+                format!("{} (reference)", r.config.name),
+                vec![(lo, y(r)), (hi, y(r))],
+            ));
+        }
+        line_chart(
+            &dir.join(file),
+            title,
+            "premeld distance d",
+            ylabel,
+            true,
+            &series,
+        )
+    };
+    chart(
+        "pipeline-tps.png",
+        "End-to-end committed tps vs premeld distance (8R/2W)",
+        "committed tps",
+        &|r| r.tps,
+    )?;
+    chart(
+        "pipeline-final-nodes.png",
+        "Final-meld nodes visited per transaction vs premeld distance",
+        "nodes per txn",
+        &|r| r.final_nodes_per_txn,
+    )
+}

@@ -551,8 +551,9 @@ pub fn parse(bytes: &[u8]) -> Result<ParsedIntention<'_>, DecodeError> {
 pub struct Intention {
     pub(crate) root: Link,
     pub(crate) owner: Arc<Owner>,
-    /// Smallest and largest key of each node's subtree, by `seq - 1`.
-    pub(crate) bounds: Vec<(Bytes, Bytes)>,
+    /// The open key interval each node's subtree lies in (from its
+    /// ancestors' keys; `None` is unbounded), by `seq - 1`.
+    pub(crate) bounds: Vec<Interval>,
     pub(crate) node_count: u32,
     pub(crate) deletes: Vec<(Bytes, Vn)>,
     pub(crate) header_ranges: Vec<KeyRange>,
@@ -584,35 +585,300 @@ impl Intention {
     }
 }
 
+/// Deepest intention tree accepted: an AVL tree of 4M nodes (the node
+/// limit) is at most 32 levels high, so anything deeper is hostile, and
+/// the bound keeps the recursion below shallow.
+const MAX_DEPTH: u32 = 96;
+
+/// An open key interval; `None` ends are unbounded.
+pub(crate) type Interval = (Option<Bytes>, Option<Bytes>);
+
+/// Whether every key of a subtree inside the open interval `inner` is
+/// inside `(lo, hi)` as well.
+fn within(inner: &Interval, lo: Option<&[u8]>, hi: Option<&[u8]>) -> bool {
+    lo.is_none_or(|l| inner.0.as_deref().is_some_and(|il| il >= l))
+        && hi.is_none_or(|h| inner.1.as_deref().is_some_and(|ih| ih <= h))
+}
+
+/// Where a node's snapshot twin probably is, and the open key interval of
+/// that snapshot node (from its snapshot ancestors).
+#[derive(Clone)]
+struct Hint<'s> {
+    node: &'s Arc<Node>,
+    interval: Interval,
+}
+
+/// A child of a parsed node: none, a node of the same intention (its
+/// index), or a pointer into the snapshot.
+#[derive(Clone, Copy)]
+enum Kid<'a> {
+    None,
+    Local(u32),
+    Cross(Option<(Vn, &'a [u8])>),
+}
+
 /// Builds tree nodes from a parsed intention, resolving pointers and the
 /// payloads of unaltered nodes in `snapshot` (the committed tree at
 /// `parsed.snapshot_pos`, whose CSN the caller has checked).
+///
+/// The intention copies paths of the snapshot, so the walk goes top-down
+/// along the snapshot at the same time: a node's snapshot twin is usually
+/// the hint handed down by its parent, and its pointers are usually the
+/// twin's children, which makes resolving O(1) per node instead of a
+/// lookup from the root. Where the shapes differ (rotations) it falls back
+/// to the lookup; either way every pointer's version is checked.
 pub(crate) fn resolve(
     parsed: &ParsedIntention<'_>,
     pos: LogPos,
     snapshot: &Link,
 ) -> Result<Intention, DecodeError> {
-    let owner = Owner::new(OwnerKind::Intention(pos), 0);
-    let mut stack: Vec<Arc<Node>> = Vec::with_capacity(64);
-    let mut bounds: Vec<(Bytes, Bytes)> = Vec::with_capacity(parsed.nodes.len());
+    let n = parsed.nodes.len();
+    let mut kids: Vec<[Kid<'_>; 2]> = Vec::with_capacity(n);
+    let mut stack: Vec<(u32, u32)> = Vec::with_capacity(64);
     for (idx, p) in parsed.nodes.iter().enumerate() {
-        let mut kids: [Link; 2] = [None, None];
+        let mut k = [Kid::None, Kid::None];
+        let mut depth = 0;
         for side in [1usize, 0] {
-            kids[side] = match p.kinds[side] {
-                CHILD_LOCAL => Some(stack.pop().ok_or(DecodeError::BadTree {
-                    why: "post-order child missing",
-                })?),
-                CHILD_CROSS => Some(resolve_pointer(p.cross[side], snapshot)?),
-                _ => None,
+            k[side] = match p.kinds[side] {
+                CHILD_LOCAL => {
+                    let (c, d) = stack.pop().ok_or(DecodeError::BadTree {
+                        why: "post-order child missing",
+                    })?;
+                    depth = depth.max(d);
+                    Kid::Local(c)
+                }
+                CHILD_CROSS => Kid::Cross(p.cross[side]),
+                _ => Kid::None,
             };
         }
-        let [left, right] = kids;
+        if depth + 1 > MAX_DEPTH {
+            return Err(DecodeError::BadTree {
+                why: "intention tree deeper than any balanced tree",
+            });
+        }
+        kids.push(k);
+        stack.push((idx as u32, depth + 1));
+    }
+    let owner = Owner::new(OwnerKind::Intention(pos), 0);
+    let mut b = Builder {
+        parsed,
+        kids: &kids,
+        snapshot,
+        owner: owner.clone(),
+        pos,
+        bounds: vec![(None, None); n],
+    };
+    let root = match (parsed.root, stack.pop(), stack.is_empty()) {
+        (CHILD_LOCAL, Some((r, _)), true) => {
+            let hint = snapshot.as_ref().map(|node| Hint {
+                node,
+                interval: (None, None),
+            });
+            Some(b.build(r, hint, (None, None))?)
+        }
+        (CHILD_CROSS, None, _) => Some(resolve_pointer(parsed.root_cross, snapshot, None)?),
+        (CHILD_NONE, None, _) => None,
+        _ => {
+            return Err(DecodeError::BadTree {
+                why: "nodes do not form exactly one tree",
+            })
+        }
+    };
+    Ok(Intention {
+        root,
+        owner,
+        bounds: b.bounds,
+        node_count: n as u32,
+        deletes: parsed
+            .deletes
+            .iter()
+            .map(|(k, v)| (Bytes::from(*k), *v))
+            .collect(),
+        header_ranges: parsed.header_ranges.clone(),
+        pos,
+        snapshot_pos: parsed.snapshot_pos,
+        snapshot_root: snapshot.clone(),
+        snapshot_csn: parsed.snapshot_csn,
+        isolation: parsed.isolation,
+    })
+}
+
+/// A transaction's local tree (already sealed) as the decoded intention at
+/// `pos`: the nodes, flags, numbering and intervals that encoding and
+/// resolving it would give, without the byte round trip. Premeld uses it.
+pub(crate) fn from_local(
+    root: &Link,
+    local: &Arc<Owner>,
+    pos: LogPos,
+    snapshot: &crate::snapshot::Snapshot,
+    isolation: Isolation,
+    deletes: Vec<(Bytes, Vn)>,
+    header_ranges: Vec<KeyRange>,
+) -> Intention {
+    struct Conv<'l> {
+        local: &'l Arc<Owner>,
+        owner: Arc<Owner>,
+        pos: LogPos,
+        bounds: Vec<Interval>,
+    }
+    impl Conv<'_> {
+        fn node(&mut self, n: &Arc<Node>, range: Interval) -> Arc<Node> {
+            let mut kids: [Link; 2] = [None, None];
+            let mut flags = 0u8;
+            for (side, c) in [&n.left, &n.right].into_iter().enumerate() {
+                kids[side] = match c {
+                    Some(c) if c.same_owner(self.local) => {
+                        flags |= if side == 0 { LEFT_OWNED } else { RIGHT_OWNED };
+                        let r = if side == 0 {
+                            (range.0.clone(), Some(n.key.clone()))
+                        } else {
+                            (Some(n.key.clone()), range.1.clone())
+                        };
+                        Some(self.node(c, r))
+                    }
+                    other => other.clone(),
+                };
+            }
+            if n.altered() {
+                flags |= ALTERED;
+            }
+            if n.depends_on() {
+                flags |= DEPENDS_ON;
+            }
+            let has_ranges = n.ranges.as_deref().is_some_and(|r| !r.is_empty());
+            if has_ranges {
+                flags |= DEPENDS_ON_TREE;
+            }
+            if !n.flag(crate::node::DIRTY) && !n.altered() {
+                flags |= SUBTREE_ONLY_READ;
+            }
+            self.bounds.push(range);
+            let [left, right] = kids;
+            let h = height(&left).max(height(&right)).saturating_add(1);
+            let oldest = oldest_from(&left, &right, self.pos);
+            Arc::new(Node {
+                key: n.key.clone(),
+                value: n.value.clone(),
+                left,
+                right,
+                owner: self.owner.clone(),
+                seq: self.bounds.len() as u32,
+                vn_cache: AtomicU64::new(0),
+                scv: n.scv,
+                ssv: n.ssv,
+                flags,
+                height: h,
+                ranges: if has_ranges { n.ranges.clone() } else { None },
+                oldest,
+            })
+        }
+    }
+    let mut c = Conv {
+        local,
+        owner: Owner::new(OwnerKind::Intention(pos), 0),
+        pos,
+        bounds: Vec::new(),
+    };
+    let root = match root {
+        Some(r) if r.same_owner(local) => Some(c.node(r, (None, None))),
+        other => other.clone(),
+    };
+    Intention {
+        root,
+        owner: c.owner,
+        node_count: c.bounds.len() as u32,
+        bounds: c.bounds,
+        deletes,
+        header_ranges,
+        pos,
+        snapshot_pos: snapshot.pos,
+        snapshot_root: snapshot.root.clone(),
+        snapshot_csn: snapshot.csn,
+        isolation,
+    }
+}
+
+struct Builder<'p, 'a> {
+    parsed: &'p ParsedIntention<'a>,
+    kids: &'p [[Kid<'a>; 2]],
+    snapshot: &'p Link,
+    owner: Arc<Owner>,
+    pos: LogPos,
+    bounds: Vec<Interval>,
+}
+
+impl<'s> Builder<'s, '_> {
+    /// Builds node `idx`, whose subtree must lie in the open interval
+    /// `range`; `hint` is where its snapshot twin probably is. Key order is
+    /// checked top-down: each key against its interval, each pointer's
+    /// subtree by its snapshot interval when it is the twin's own child
+    /// (a valid tree keeps it there), by its extreme keys otherwise.
+    fn build(
+        &mut self,
+        idx: u32,
+        hint: Option<Hint<'s>>,
+        range: Interval,
+    ) -> Result<Arc<Node>, DecodeError> {
+        let p = &self.parsed.nodes[idx as usize];
+        let out_of_order = DecodeError::BadTree {
+            why: "keys out of order",
+        };
+        if !in_interval(p.key, &range) {
+            return Err(out_of_order);
+        }
+        let key: Bytes = p.key.into();
+        let twin = hint.filter(|h| h.node.key[..] == *p.key);
+        let mut links: [Link; 2] = [None, None];
+        for side in [0usize, 1] {
+            let child_range: Interval = if side == 0 {
+                (range.0.clone(), Some(key.clone()))
+            } else {
+                (Some(key.clone()), range.1.clone())
+            };
+            let child_hint = twin.as_ref().and_then(|t| {
+                let (c, interval) = if side == 0 {
+                    (
+                        t.node.left.as_ref(),
+                        (t.interval.0.clone(), Some(t.node.key.clone())),
+                    )
+                } else {
+                    (
+                        t.node.right.as_ref(),
+                        (Some(t.node.key.clone()), t.interval.1.clone()),
+                    )
+                };
+                c.map(|node| Hint { node, interval })
+            });
+            links[side] = match self.kids[idx as usize][side] {
+                Kid::None => None,
+                Kid::Local(c) => Some(self.build(c, child_hint, child_range)?),
+                Kid::Cross(ptr) => {
+                    let x =
+                        resolve_pointer(ptr, self.snapshot, child_hint.as_ref().map(|h| h.node))?;
+                    let (lo, hi) = (child_range.0.as_deref(), child_range.1.as_deref());
+                    let fits = match &child_hint {
+                        Some(h) if Arc::ptr_eq(h.node, &x) && within(&h.interval, lo, hi) => true,
+                        _ => {
+                            lo.is_none_or(|l| min_key(&x) > l) && hi.is_none_or(|h| max_key(&x) < h)
+                        }
+                    };
+                    if !fits {
+                        return Err(out_of_order);
+                    }
+                    Some(x)
+                }
+            };
+        }
+        let [left, right] = links;
         let value: Bytes = match p.value {
             Some(v) => v.into(),
             None => {
-                let n = find(snapshot, p.key).ok_or(DecodeError::Unresolved {
-                    why: "unaltered node's key not in snapshot",
-                })?;
+                let n = match &twin {
+                    Some(t) => t.node,
+                    None => find(self.snapshot, p.key).ok_or(DecodeError::Unresolved {
+                        why: "unaltered node's key not in snapshot",
+                    })?,
+                };
                 if n.ncv() != p.scv {
                     return Err(DecodeError::Unresolved {
                         why: "unaltered node's content version does not match the snapshot",
@@ -621,23 +887,7 @@ pub(crate) fn resolve(
                 n.value.clone()
             }
         };
-        // Subtree bounds, checked bottom-up: everything left of the key is
-        // smaller, everything right of it larger (for pointers into the
-        // snapshot, their whole subtree).
-        let key: Bytes = p.key.into();
-        let lb = subtree_bounds(&left, &owner, &bounds);
-        let rb = subtree_bounds(&right, &owner, &bounds);
-        if lb.as_ref().is_some_and(|(_, lmax)| *lmax >= key)
-            || rb.as_ref().is_some_and(|(rmin, _)| *rmin <= key)
-        {
-            return Err(DecodeError::BadTree {
-                why: "keys out of order",
-            });
-        }
-        bounds.push((
-            lb.map_or_else(|| key.clone(), |b| b.0),
-            rb.map_or_else(|| key.clone(), |b| b.1),
-        ));
+        self.bounds[idx as usize] = range;
         let (hl, hr) = (height(&left), height(&right));
         if hl.abs_diff(hr) > 1 {
             return Err(DecodeError::BadTree {
@@ -661,14 +911,14 @@ pub(crate) fn resolve(
                 flags |= g;
             }
         }
-        let oldest = oldest_from(&left, &right, pos);
-        stack.push(Arc::new(Node {
+        let oldest = oldest_from(&left, &right, self.pos);
+        Ok(Arc::new(Node {
             key,
             value,
             left,
             right,
-            owner: owner.clone(),
-            seq: idx as u32 + 1,
+            owner: self.owner.clone(),
+            seq: idx + 1,
             vn_cache: AtomicU64::new(0),
             scv: p.scv,
             ssv: p.ssv,
@@ -680,41 +930,23 @@ pub(crate) fn resolve(
                 Some(p.ranges.clone().into_boxed_slice())
             },
             oldest,
-        }));
+        }))
     }
-    let root = match (parsed.root, stack.pop(), stack.is_empty()) {
-        (CHILD_LOCAL, Some(r), true) => Some(r),
-        (CHILD_CROSS, None, _) => Some(resolve_pointer(parsed.root_cross, snapshot)?),
-        (CHILD_NONE, None, _) => None,
-        _ => {
-            return Err(DecodeError::BadTree {
-                why: "nodes do not form exactly one tree",
-            })
-        }
-    };
-    Ok(Intention {
-        root,
-        owner,
-        bounds,
-        node_count: parsed.nodes.len() as u32,
-        deletes: parsed
-            .deletes
-            .iter()
-            .map(|(k, v)| (Bytes::from(*k), *v))
-            .collect(),
-        header_ranges: parsed.header_ranges.clone(),
-        pos,
-        snapshot_pos: parsed.snapshot_pos,
-        snapshot_root: snapshot.clone(),
-        snapshot_csn: parsed.snapshot_csn,
-        isolation: parsed.isolation,
-    })
 }
 
-fn resolve_pointer(p: Option<(Vn, &[u8])>, snapshot: &Link) -> Result<Arc<Node>, DecodeError> {
+fn resolve_pointer(
+    p: Option<(Vn, &[u8])>,
+    snapshot: &Link,
+    hint: Option<&Arc<Node>>,
+) -> Result<Arc<Node>, DecodeError> {
     let (vn, key) = p.ok_or(DecodeError::BadTree {
         why: "pointer missing",
     })?;
+    if let Some(h) = hint {
+        if h.key[..] == *key && h.vn() == vn {
+            return Ok(h.clone());
+        }
+    }
     let n = find(snapshot, key).ok_or(DecodeError::Unresolved {
         why: "pointer key not in snapshot",
     })?;
@@ -726,17 +958,6 @@ fn resolve_pointer(p: Option<(Vn, &[u8])>, snapshot: &Link) -> Result<Arc<Node>,
     Ok(n.clone())
 }
 
-/// The smallest and largest key below a child link: from the bounds table
-/// for this intention's nodes, by walking the pointed subtree otherwise.
-fn subtree_bounds(
-    c: &Link,
-    owner: &Arc<Owner>,
-    bounds: &[(Bytes, Bytes)],
-) -> Option<(Bytes, Bytes)> {
-    let n = c.as_ref()?;
-    if n.same_owner(owner) {
-        bounds.get(n.seq as usize - 1).cloned()
-    } else {
-        Some((min_key(n).into(), max_key(n).into()))
-    }
+fn in_interval(key: &[u8], r: &Interval) -> bool {
+    r.0.as_deref().is_none_or(|lo| key > lo) && r.1.as_deref().is_none_or(|hi| key < hi)
 }

@@ -280,7 +280,13 @@ impl Melder {
         };
         let head = self.prepare_one(first, &head_bytes, &mut stats);
         let decoded = self.prepare_one(pos, bytes, &mut stats);
-        let prepared = group(first, head, decoded, |q| self.meld_state(q).cloned(), &mut stats);
+        let prepared = group(
+            first,
+            head,
+            decoded,
+            |q| self.meld_state(q).cloned(),
+            &mut stats,
+        );
         self.prep_stats = stats;
         match prepared {
             Ok(p) => self.apply_prepared(p),

@@ -326,7 +326,9 @@ impl<'a> Cx<'a, '_> {
             .map(|ix| d[ix].1)
     }
 
-    /// Whether intention subtree `n` can replace an LCS subtree of `gap` as is.
+    /// Whether intention subtree `n` can replace an LCS subtree of `gap` as
+    /// is: no delete and no silent insert-then-delete inside, and all its
+    /// keys inside `gap` (its own interval is).
     fn graftable(&self, n: &Arc<Node>, gap: Gap<'_>) -> bool {
         self.deletes_in(gap).is_empty()
             && !self.tombs.noop_in(gap.as_range(), self.snap_pos)
@@ -334,8 +336,9 @@ impl<'a> Cx<'a, '_> {
                 .i
                 .bounds
                 .get(n.seq as usize - 1)
-                .is_some_and(|(min, max)| {
-                    gap.lo.is_none_or(|lo| &min[..] > lo) && gap.hi.is_none_or(|hi| &max[..] < hi)
+                .is_some_and(|(lo, hi)| {
+                    gap.lo.is_none_or(|g| lo.as_deref().is_some_and(|l| l >= g))
+                        && gap.hi.is_none_or(|g| hi.as_deref().is_some_and(|h| h <= g))
                 })
     }
 

@@ -26,7 +26,7 @@
 //! final meld melds once: both commit or both abort (fate sharing). See
 //! `docs/pipeline.md` for which decisions can differ from plain meld.
 
-use crate::codec::{parse, resolve, Intention};
+use crate::codec::Intention;
 use crate::engine::MeldState;
 use crate::error::DecodeError;
 use crate::genesis::Settings;
@@ -118,7 +118,9 @@ pub fn group_input(
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StageError {
     /// The lookup had no state at the position asked for.
-    #[error("no retained state at position {0}; keep states until the premelds that need them ran")]
+    #[error(
+        "no retained state at position {0}; keep states until the premelds that need them ran"
+    )]
     Unavailable(LogPos),
     /// The lookup returned a state at another position.
     #[error("asked for the state at {wanted}, got the one at {got}")]
@@ -260,10 +262,8 @@ fn rebuild(
             why,
         })
     };
-    let bytes = Transaction::replay(&input.snapshot, isolation, effects)
-        .map_err(|_| internal("replay disagrees with the state meld accepted"))?;
-    let parsed = parse(&bytes).map_err(AbortReason::Malformed)?;
-    resolve(&parsed, pos, &input.snapshot.root).map_err(AbortReason::Malformed)
+    Transaction::replay(&input.snapshot, isolation, effects, pos)
+        .map_err(|_| internal("replay disagrees with the state meld accepted"))
 }
 
 /// The effects of a decoded intention.

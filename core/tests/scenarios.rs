@@ -314,12 +314,21 @@ fn genesis_records_the_pipeline_settings_and_rejects_bad_ones() {
     v1.extend_from_slice(&[7, 100]);
     v1.extend_from_slice(&crc32fast::hash(&v1).to_le_bytes());
     let old = Settings::decode(&v1).unwrap();
-    assert_eq!((old.db_id, old.premeld_threads, old.group_meld), (7, 0, false));
+    assert_eq!(
+        (old.db_id, old.premeld_threads, old.group_meld),
+        (7, 0, false)
+    );
     // t*d + 1 must stay inside the conflict-zone window.
-    let too_far = Settings { premeld_distance: 20, ..s };
+    let too_far = Settings {
+        premeld_distance: 20,
+        ..s
+    };
     assert!(too_far.validate().is_err());
     assert!(Settings::decode(&too_far.encode()).is_err());
-    let no_distance = Settings { premeld_distance: 0, ..s };
+    let no_distance = Settings {
+        premeld_distance: 0,
+        ..s
+    };
     assert!(no_distance.validate().is_err());
 }
 

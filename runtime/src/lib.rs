@@ -42,7 +42,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use melddb::pipeline::{self, Prepared};
-use melddb::{decode_with, AbortReason, DecodeError, LogPos, MeldState, MeldStats, Melder, Outcome};
+use melddb::{
+    decode_with, AbortReason, DecodeError, LogPos, MeldState, MeldStats, Melder, Outcome,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -113,6 +115,8 @@ pub struct Report {
     pub final_zone_sum: u64,
     /// Number of intentions (or groups) that reached final meld.
     pub final_melds: u64,
+    /// Time final meld spent melding (the rest it waited for workers).
+    pub final_busy: Duration,
     /// Wall-clock time of the run.
     pub elapsed: Duration,
 }
@@ -152,7 +156,11 @@ impl Board {
         }
         g.done = to;
         let horizon = to.saturating_sub(keep);
-        while g.states.first_key_value().is_some_and(|(p, _)| *p < horizon) {
+        while g
+            .states
+            .first_key_value()
+            .is_some_and(|(p, _)| *p < horizon)
+        {
             g.states.pop_first();
         }
         drop(g);
@@ -178,8 +186,28 @@ struct Unit {
 /// `genesis` through the threaded pipeline and returns the final state and
 /// every outcome. Under group meld a last entry whose pair is incomplete is
 /// left undecided (it has no outcome), as with [`Melder::apply`].
-pub fn run_log(genesis: &[u8], entries: &[Vec<u8>], opts: &Options) -> Result<Report, PipelineError> {
-    let melder = Melder::from_genesis(genesis)?;
+pub fn run_log(
+    genesis: &[u8],
+    entries: &[Vec<u8>],
+    opts: &Options,
+) -> Result<Report, PipelineError> {
+    run_from(Melder::from_genesis(genesis)?, entries, opts)
+}
+
+/// Like [`run_log`], but continues from `melder` (for example a loaded
+/// database): `entries` are the log entries from `melder.next_pos()` on.
+/// A melder holding the first member of an unfinished pair is refused.
+pub fn run_from(
+    melder: Melder,
+    entries: &[Vec<u8>],
+    opts: &Options,
+) -> Result<Report, PipelineError> {
+    let base = melder.lcs().pos();
+    if melder.next_pos() != base + 1 {
+        return Err(PipelineError::Thread(
+            "the melder holds half a group-meld pair; feed it the next entry first".into(),
+        ));
+    }
     let settings = *melder.settings();
     let workers = opts
         .workers
@@ -194,7 +222,8 @@ pub fn run_log(genesis: &[u8], entries: &[Vec<u8>], opts: &Options) -> Result<Re
         }),
         cond: Condvar::new(),
     });
-    board.publish(&melder, 0, 0, u64::MAX);
+    let oldest = base.saturating_sub(settings.max_conflict_zone as u64 + 1);
+    board.publish(&melder, oldest, base, u64::MAX);
     let unit_len: u64 = if settings.group_meld { 2 } else { 1 };
     // Under group meld a last entry without its partner stays undecided,
     // as in the single-threaded driver.
@@ -209,15 +238,29 @@ pub fn run_log(genesis: &[u8], entries: &[Vec<u8>], opts: &Options) -> Result<Re
             queues.push(rx);
             let board = board.clone();
             let entries = entries.clone();
-            let jitter = opts.jitter.map(|(seed, max)| (ChaCha8Rng::seed_from_u64(seed ^ (w as u64 + 1)), max));
+            let jitter = opts
+                .jitter
+                .map(|(seed, max)| (ChaCha8Rng::seed_from_u64(seed ^ (w as u64 + 1)), max));
             scope.spawn(move || {
-                worker(w as u64, workers as u64, units, unit_len, &settings, &entries, &board, &tx, jitter)
+                worker(
+                    w as u64,
+                    workers as u64,
+                    units,
+                    unit_len,
+                    base,
+                    &settings,
+                    &entries,
+                    &board,
+                    &tx,
+                    jitter,
+                )
             });
         }
         let result = final_meld(melder, units, &queues, &board, keep, entries.len() as u64);
         board.close();
         drop(queues);
-        result.map(|(melder, outcomes, prep, fin, zone, count)| Report {
+        result.map(|(melder, outcomes, prep, fin, zone, count, busy)| Report {
+            final_busy: busy,
             melder,
             outcomes,
             prep,
@@ -229,7 +272,15 @@ pub fn run_log(genesis: &[u8], entries: &[Vec<u8>], opts: &Options) -> Result<Re
     })
 }
 
-type FinalResult = (Melder, Vec<Outcome>, StageStats, StageStats, u64, u64);
+type FinalResult = (
+    Melder,
+    Vec<Outcome>,
+    StageStats,
+    StageStats,
+    u64,
+    u64,
+    Duration,
+);
 
 fn final_meld(
     mut melder: Melder,
@@ -242,6 +293,7 @@ fn final_meld(
     let mut outcomes = Vec::with_capacity(total as usize);
     let (mut prep, mut fin) = (StageStats::default(), StageStats::default());
     let (mut zone, mut count) = (0u64, 0u64);
+    let mut busy = Duration::ZERO;
     for u in 0..units {
         let q = &queues[(u % queues.len() as u64) as usize];
         let unit = q
@@ -254,12 +306,14 @@ fn final_meld(
             zone += z;
             count += 1;
         }
+        let t0 = Instant::now();
         let out = melder.apply_prepared(unit.prepared);
+        busy += t0.elapsed();
         fin.add(&melder.last_stats());
         outcomes.extend(out);
         board.publish(&melder, from, from + n - 1, keep);
     }
-    Ok((melder, outcomes, prep, fin, zone, count))
+    Ok((melder, outcomes, prep, fin, zone, count, busy))
 }
 
 /// The conflict zone final meld covers for this unit, if it melds anything.
@@ -282,6 +336,7 @@ fn worker(
     workers: u64,
     units: u64,
     unit_len: u64,
+    base: LogPos,
     settings: &melddb::Settings,
     entries: &[Vec<u8>],
     board: &Board,
@@ -298,11 +353,15 @@ fn worker(
     let mut u = w;
     while u < units {
         let mut stats = MeldStats::default();
-        let first = u * unit_len + 1;
-        let prepare = |pos: LogPos, stats: &mut MeldStats| -> Result<Result<melddb::Intention, AbortReason>, PipelineError> {
-            let bytes = &entries[(pos - 1) as usize];
+        let first = base + u * unit_len + 1;
+        let prepare = |pos: LogPos,
+                       stats: &mut MeldStats|
+         -> Result<Result<melddb::Intention, AbortReason>, PipelineError> {
+            let bytes = &entries[(pos - base - 1) as usize];
             pause();
-            let int = match decode_with(settings, pos, bytes, |p| board.wait(p).map(|s| s.snapshot().clone())) {
+            let int = match decode_with(settings, pos, bytes, |p| {
+                board.wait(p).map(|s| s.snapshot().clone())
+            }) {
                 Ok(int) => int,
                 Err(e) => return Ok(Err(e)),
             };
@@ -320,7 +379,10 @@ fn worker(
             pipeline::group(first, a, b, |q| board.wait(q), &mut stats)
                 .map_err(|e| PipelineError::Thread(format!("group meld of {first}: {e}")))
         })();
-        if out.send(prepared.map(|prepared| Unit { prepared, stats })).is_err() {
+        if out
+            .send(prepared.map(|prepared| Unit { prepared, stats }))
+            .is_err()
+        {
             return;
         }
         u += workers;

@@ -152,7 +152,11 @@ fn threaded_pipeline_matches_the_single_threaded_driver_under_random_delays() {
         };
         let r = run(&cfg).unwrap();
         let want = replay_outcomes(&r.log);
-        for (workers, jitter) in [(1, None), (2, Some((i as u64, 200))), (5, Some((7 + i as u64, 50)))] {
+        for (workers, jitter) in [
+            (1, None),
+            (2, Some((i as u64, 200))),
+            (5, Some((7 + i as u64, 50))),
+        ] {
             let opts = Options {
                 workers: Some(workers),
                 queue: 4,
@@ -188,7 +192,9 @@ fn appendix_c_two_nodes_cannot_premeld_one_intention_against_different_states() 
     for k in [b"a", b"b", b"d"] {
         tx.put(k, b"0").unwrap();
     }
-    let Finished::Intention(s0) = tx.finish().unwrap() else { panic!() };
+    let Finished::Intention(s0) = tx.finish().unwrap() else {
+        panic!()
+    };
     node.apply(&s0);
     log.push(s0);
     let snapshot = node.lcs().clone();
@@ -196,7 +202,9 @@ fn appendix_c_two_nodes_cannot_premeld_one_intention_against_different_states() 
     for (k, v) in [(b"b", b"1"), (b"d", b"2"), (b"c", b"3"), (b"e", b"4")] {
         let mut tx = Transaction::begin(&snapshot, Isolation::Serializable);
         tx.put(k, v).unwrap();
-        let Finished::Intention(bytes) = tx.finish().unwrap() else { panic!() };
+        let Finished::Intention(bytes) = tx.finish().unwrap() else {
+            panic!()
+        };
         intentions.push(bytes);
     }
     // T1..T3 at positions 2..4; T4 at 5 is premelded against 5 - 1*1 - 1 = 3.
@@ -228,15 +236,27 @@ fn appendix_c_two_nodes_cannot_premeld_one_intention_against_different_states() 
     .unwrap()
     .unwrap();
     assert_eq!(asked, Some(3));
-    assert_eq!(premelded.snapshot_pos, 3, "re-expressed on the premeld input");
+    assert_eq!(
+        premelded.snapshot_pos, 3,
+        "re-expressed on the premeld input"
+    );
     assert!(node.apply(&intentions[3])[0].is_committed());
     log.push(intentions[3].clone());
     // Servers X and Y: other worker counts and timings, same digest.
     for (workers, jitter) in [(1, None), (3, Some((1, 300))), (8, Some((2, 100)))] {
-        let opts = Options { workers: Some(workers), queue: 1, jitter };
+        let opts = Options {
+            workers: Some(workers),
+            queue: 1,
+            jitter,
+        };
         let r = run_log(&log[0], &log[1..], &opts).unwrap();
         assert_eq!(r.melder.lcs().digest(), node.lcs().digest());
     }
-    let keys: Vec<_> = node.lcs().to_vec().into_iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect();
+    let keys: Vec<_> = node
+        .lcs()
+        .to_vec()
+        .into_iter()
+        .map(|(k, v)| (k.to_vec(), v.to_vec()))
+        .collect();
     assert_eq!(keys.len(), 5);
 }

@@ -48,7 +48,9 @@ fn write_log(path: &Path, log: &[Vec<u8>]) {
 fn fields(stdout: &[u8]) -> (String, String) {
     let s = String::from_utf8_lossy(stdout);
     let grab = |name: &str| {
-        let at = s.find(&format!("\"{name}\":\"")).unwrap_or_else(|| panic!("no {name} in {s}"));
+        let at = s
+            .find(&format!("\"{name}\":\""))
+            .unwrap_or_else(|| panic!("no {name} in {s}"));
         let rest = &s[at + name.len() + 4..];
         rest[..rest.find('"').expect("closing quote")].to_string()
     };
@@ -61,7 +63,13 @@ fn wasm_and_native_meld_the_same_logs_to_the_same_digests() {
     let wasm = build(Some("wasm32-wasip1"));
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-logs");
     std::fs::create_dir_all(&dir).expect("log dir");
-    let configs = [(0, 0, false), (2, 10, false), (5, 1, false), (0, 0, true), (5, 10, true)];
+    let configs = [
+        (0, 0, false),
+        (2, 10, false),
+        (5, 1, false),
+        (0, 0, true),
+        (5, 10, true),
+    ];
     for (i, (t, d, group)) in configs.into_iter().enumerate() {
         let cfg = Config {
             keys: 1024,
@@ -82,9 +90,13 @@ fn wasm_and_native_meld_the_same_logs_to_the_same_digests() {
         let r = run(&cfg).expect("history checks pass");
         let name = format!("log{i}.bin");
         write_log(&dir.join(&name), &r.log);
-        let n = Command::new(&native).arg(dir.join(&name)).output().expect("native replay runs");
+        let n = Command::new(&native)
+            .arg(dir.join(&name))
+            .output()
+            .expect("native replay runs");
         assert!(n.status.success(), "{}", String::from_utf8_lossy(&n.stderr));
         let w = Command::new("node")
+            .arg("--single-threaded")
             .arg(workspace().join("tests/wasm/run-wasi.mjs"))
             .arg(&wasm)
             .arg(&dir)
