@@ -319,13 +319,13 @@ fn pipeline_suite(args: &Args) -> Result<(), String> {
         PipeConfig {
             name: "premeld",
             t: 2,
-            d: 5,
+            d: 1,
             group: false,
         },
         PipeConfig {
             name: "both",
             t: 2,
-            d: 5,
+            d: 1,
             group: true,
         },
     ];

@@ -217,3 +217,57 @@ proptest! {
         }
     }
 }
+
+/// A checksummed intention whose nodes form one long chain (each node the
+/// left child of the next): deeper than any balanced tree. It must be
+/// rejected with a typed error before any recursion could overflow the
+/// stack, at every length from just over the limit to very long.
+#[test]
+fn degenerate_deep_chains_are_rejected_without_recursing() {
+    fn chain(n: u32) -> Vec<u8> {
+        let mut b = b"MLDI".to_vec();
+        b.push(1); // format version
+        b.push(2); // serializable
+        b.extend_from_slice(&[0, 0]); // snapshot position 0, csn 0
+        let mut count = Vec::new();
+        let mut c = n as u64;
+        loop {
+            let byte = (c & 0x7f) as u8;
+            c >>= 7;
+            if c == 0 {
+                count.push(byte);
+                break;
+            }
+            count.push(byte | 0x80);
+        }
+        b.extend_from_slice(&count);
+        for i in 0..n {
+            b.push(1); // altered (an insert)
+            b.push(if i == 0 { 0 } else { 1 }); // left child: the previous node
+            let key = (i as u32).to_be_bytes();
+            b.push(4);
+            b.extend_from_slice(&key);
+            b.push(1);
+            b.push(b'v');
+        }
+        b.push(1); // root: the last node
+        b.push(0); // no deletes
+        b.push(0); // no header ranges
+        let c = crc32fast_hash(&b);
+        b.extend_from_slice(&c.to_le_bytes());
+        b
+    }
+    let db = Database::create(Settings::default()).unwrap();
+    // A short chain parses and is rejected as unbalanced, not as deep.
+    assert!(parse(&chain(3)).is_ok());
+    for n in [97u32, 1_000, 200_000] {
+        let bytes = chain(n);
+        assert!(parse(&bytes).is_ok(), "well-framed chain of {n}");
+        match decode_at_tail(&db, &bytes) {
+            Err(AbortReason::Malformed(DecodeError::BadTree { why })) => {
+                assert!(why.contains("deeper"), "{n}: {why}")
+            }
+            other => panic!("chain of {n}: {other:?}"),
+        }
+    }
+}
