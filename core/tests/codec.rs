@@ -244,7 +244,7 @@ fn degenerate_deep_chains_are_rejected_without_recursing() {
         for i in 0..n {
             b.push(1); // altered (an insert)
             b.push(if i == 0 { 0 } else { 1 }); // left child: the previous node
-            let key = (i as u32).to_be_bytes();
+            let key = i.to_be_bytes();
             b.push(4);
             b.extend_from_slice(&key);
             b.push(1);
