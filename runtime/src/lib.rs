@@ -35,6 +35,11 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod embedded;
+pub mod filelog;
+
+pub use embedded::{Database, DbError, Durability, Options as DbOptions};
+
 use std::collections::BTreeMap;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};

@@ -1,0 +1,425 @@
+//! The embedded database: `Database::open(dir)`.
+//!
+//! A durable [`FileLog`] in `dir`, the melder, and one writer thread that
+//! owns both. Any number of threads run transactions on snapshots and hand
+//! their intentions to the writer through a bounded queue (admission
+//! control: when `max_in_flight` commits wait, the next `commit` blocks).
+//! The writer takes everything queued (up to a batch), appends it, syncs
+//! the log once for the whole batch (group commit), melds the new entries
+//! and only then answers each commit with its outcome and publishes the
+//! new state. Recovery on open replays the log from the genesis record.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use melddb::{
+    AbortReason, Bytes, Finished, Isolation, Log, LogPos, Melder, Outcome, Settings, Snapshot,
+    Transaction, TxnError,
+};
+
+use rand::Rng;
+
+use crate::filelog::{FileLog, FileLogError, OpenReport};
+
+/// When a commit is acknowledged relative to the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// After the batch holding it was written and `fdatasync`ed (default):
+    /// an acknowledged commit survives a crash or power loss.
+    Sync,
+    /// After the batch was handed to the OS: survives a process crash, not
+    /// a power loss. Faster on slow disks.
+    Buffered,
+}
+
+/// Options of [`Database::open_with`].
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Settings written into the genesis record when the directory holds
+    /// no database yet; ignored otherwise (the log's settings win).
+    pub settings: Settings,
+    /// Acknowledgement policy.
+    pub durability: Durability,
+    /// Commits that may wait for the writer before `commit` blocks.
+    pub max_in_flight: usize,
+    /// Largest number of intentions appended and synced together.
+    pub max_batch: usize,
+    /// Segment file size.
+    pub segment_bytes: u64,
+    /// Attempts [`Database::transact`] makes before giving up.
+    pub max_attempts: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            settings: Settings::default(),
+            durability: Durability::Sync,
+            max_in_flight: 1024,
+            max_batch: 256,
+            segment_bytes: crate::filelog::DEFAULT_SEGMENT_BYTES,
+            max_attempts: 16,
+        }
+    }
+}
+
+/// Errors of the embedded database.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// The log files could not be read or written.
+    #[error(transparent)]
+    Log(#[from] FileLogError),
+    /// The log's first record is not a valid genesis record.
+    #[error("{path}: not a MeldDB database (bad genesis record: {why})")]
+    NotADatabase {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// The options are invalid.
+    #[error("invalid option: {0}")]
+    Options(String),
+    /// The transaction itself failed (key or value too large, ...).
+    #[error(transparent)]
+    Txn(#[from] TxnError),
+    /// [`Database::transact`] kept conflicting.
+    #[error("transaction aborted {attempts} times; last: {last}")]
+    Conflict {
+        /// Attempts made.
+        attempts: u32,
+        /// Why the last one aborted.
+        last: AbortReason,
+    },
+    /// The writer thread stopped (after an I/O error it reported, or at
+    /// shutdown); reopen the database.
+    #[error("the database writer stopped: {0}")]
+    Stopped(String),
+}
+
+struct Request {
+    bytes: Vec<u8>,
+    reply: SyncSender<Result<Outcome, String>>,
+}
+
+struct Shared {
+    latest: RwLock<Snapshot>,
+    settings: Settings,
+    dir: PathBuf,
+}
+
+/// What opening the database found.
+#[derive(Debug, Clone)]
+pub struct Recovery {
+    /// Log records verified.
+    pub records: u64,
+    /// Bytes of an unacknowledged torn tail that were cut off.
+    pub torn_bytes: u64,
+    /// Time spent verifying and replaying the log.
+    pub elapsed: Duration,
+}
+
+/// An embedded MeldDB database in a directory. Cheap to share: wrap it in
+/// an `Arc` and call it from any number of threads.
+pub struct Database {
+    shared: Arc<Shared>,
+    queue: Option<SyncSender<Request>>,
+    writer: Option<JoinHandle<()>>,
+    max_attempts: u32,
+    recovery: Recovery,
+}
+
+impl std::fmt::Debug for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Database")
+            .field("dir", &self.shared.dir)
+            .finish()
+    }
+}
+
+/// An intention handed to the writer; [`CommitHandle::wait`] gives its outcome.
+#[derive(Debug)]
+pub struct CommitHandle {
+    rx: Option<Receiver<Result<Outcome, String>>>,
+}
+
+impl CommitHandle {
+    /// Blocks until the outcome is known.
+    pub fn wait(self) -> Result<Outcome, DbError> {
+        match self.rx {
+            None => Ok(Outcome::ReadOnly),
+            Some(rx) => match rx.recv() {
+                Ok(Ok(o)) => Ok(o),
+                Ok(Err(e)) => Err(DbError::Stopped(e)),
+                Err(_) => Err(DbError::Stopped("writer exited before answering".into())),
+            },
+        }
+    }
+}
+
+impl Database {
+    /// Opens the database in `dir`, creating it with default settings if
+    /// the directory is empty or missing.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Database, DbError> {
+        Database::open_with(dir, Options::default())
+    }
+
+    /// Opens (or creates) the database in `dir` with `opts`.
+    pub fn open_with(dir: impl AsRef<Path>, opts: Options) -> Result<Database, DbError> {
+        let dir = dir.as_ref().to_path_buf();
+        if opts.max_in_flight == 0 || opts.max_batch == 0 {
+            return Err(DbError::Options(
+                "max_in_flight and max_batch must be at least 1".into(),
+            ));
+        }
+        let started = Instant::now();
+        let (mut log, report): (FileLog, OpenReport) =
+            FileLog::open_with(&dir, opts.segment_bytes)?;
+        let not_db = |why: String| DbError::NotADatabase {
+            path: dir.clone(),
+            why,
+        };
+        if log.tail() == 0 {
+            opts.settings
+                .validate()
+                .map_err(|e| DbError::Options(e.to_string()))?;
+            log.append(&opts.settings.encode())
+                .map_err(|e| not_db(e.to_string()))?;
+            log.sync()?;
+        }
+        let genesis = log.read(0).map_err(|e| not_db(e.to_string()))?;
+        let mut melder = Melder::from_genesis(&genesis).map_err(|e| not_db(e.to_string()))?;
+        melder.set_deferred_reclaim(false);
+        for pos in 1..log.tail() {
+            let e = log.read(pos).map_err(|e| not_db(e.to_string()))?;
+            melder.apply(&e);
+        }
+        close_pair(&mut log, &mut melder)?;
+        log.sync()?;
+        let shared = Arc::new(Shared {
+            latest: RwLock::new(melder.lcs().clone()),
+            settings: *melder.settings(),
+            dir: dir.clone(),
+        });
+        let (tx, rx) = sync_channel::<Request>(opts.max_in_flight);
+        let w_shared = shared.clone();
+        let durability = opts.durability;
+        let max_batch = opts.max_batch;
+        let writer = thread::Builder::new()
+            .name("melddb-writer".into())
+            .spawn(move || writer_loop(log, melder, rx, w_shared, durability, max_batch))
+            .map_err(|e| DbError::Stopped(format!("cannot start the writer thread: {e}")))?;
+        Ok(Database {
+            shared,
+            queue: Some(tx),
+            writer: Some(writer),
+            max_attempts: opts.max_attempts.max(1),
+            recovery: Recovery {
+                records: report.records,
+                torn_bytes: report.torn_bytes,
+                elapsed: started.elapsed(),
+            },
+        })
+    }
+
+    /// What recovery found when the database was opened.
+    pub fn recovery(&self) -> &Recovery {
+        &self.recovery
+    }
+
+    /// The database settings (from its genesis record).
+    pub fn settings(&self) -> Settings {
+        self.shared.settings
+    }
+
+    /// The latest committed state.
+    pub fn snapshot(&self) -> Snapshot {
+        self.shared
+            .latest
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Reads one key of the latest committed state.
+    pub fn get(&self, key: &[u8]) -> Option<Bytes> {
+        self.snapshot().get(key)
+    }
+
+    /// Begins a transaction on the latest committed state.
+    pub fn begin(&self, isolation: Isolation) -> Transaction {
+        Transaction::begin(&self.snapshot(), isolation)
+    }
+
+    /// Finishes `tx` and hands its intention to the writer without waiting
+    /// (blocks only while `max_in_flight` commits are already queued).
+    pub fn submit(&self, tx: Transaction) -> Result<CommitHandle, DbError> {
+        let bytes = match tx.finish()? {
+            Finished::ReadOnly => return Ok(CommitHandle { rx: None }),
+            Finished::Intention(b) => b,
+        };
+        let (reply, rx) = sync_channel(1);
+        let q = self
+            .queue
+            .as_ref()
+            .ok_or_else(|| DbError::Stopped("database is closed".into()))?;
+        q.send(Request { bytes, reply })
+            .map_err(|_| DbError::Stopped("the writer thread has stopped".into()))?;
+        Ok(CommitHandle { rx: Some(rx) })
+    }
+
+    /// Commits `tx` and waits for its outcome.
+    pub fn commit(&self, tx: Transaction) -> Result<Outcome, DbError> {
+        self.submit(tx)?.wait()
+    }
+
+    /// Runs `f` in a transaction and commits it, retrying on conflicts with
+    /// exponential backoff (50 µs doubling to 10 ms, with jitter) up to
+    /// `max_attempts` times. Returns `f`'s result from the attempt that
+    /// committed (or was read-only).
+    pub fn transact<T>(
+        &self,
+        isolation: Isolation,
+        mut f: impl FnMut(&mut Transaction) -> Result<T, TxnError>,
+    ) -> Result<T, DbError> {
+        let mut delay = Duration::from_micros(50);
+        let mut last = None;
+        for attempt in 1..=self.max_attempts {
+            let mut tx = self.begin(isolation);
+            let value = f(&mut tx)?;
+            match self.commit(tx)? {
+                Outcome::Aborted { reason, .. } => {
+                    last = Some(reason);
+                    if attempt < self.max_attempts {
+                        thread::sleep(delay.mul_f64(rand::rng().random_range(0.5..1.5)));
+                        delay = (delay * 2).min(Duration::from_millis(10));
+                    }
+                }
+                _ => return Ok(value),
+            }
+        }
+        Err(DbError::Conflict {
+            attempts: self.max_attempts,
+            last: last.unwrap_or(AbortReason::SnapshotUnavailable { snapshot_pos: 0 }),
+        })
+    }
+
+    /// Stops the writer after it answered every queued commit.
+    pub fn close(mut self) -> Result<(), DbError> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<(), DbError> {
+        self.queue = None;
+        if let Some(w) = self.writer.take() {
+            w.join()
+                .map_err(|_| DbError::Stopped("the writer thread panicked".into()))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+/// With group meld on, an entry that ends the log in the middle of a pair
+/// is decided only with its partner: append an empty filler (rejected as
+/// malformed by every node) so it is decided now.
+fn close_pair(log: &mut FileLog, melder: &mut Melder) -> Result<Vec<Outcome>, DbError> {
+    if melder.next_pos() == melder.lcs().pos() + 1 {
+        return Ok(Vec::new());
+    }
+    log.append(&[])
+        .map_err(|e| DbError::Stopped(e.to_string()))?;
+    Ok(melder.apply(&[]))
+}
+
+fn writer_loop(
+    mut log: FileLog,
+    mut melder: Melder,
+    rx: Receiver<Request>,
+    shared: Arc<Shared>,
+    durability: Durability,
+    max_batch: usize,
+) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < max_batch {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        let result = write_batch(&mut log, &mut melder, &batch, durability);
+        match result {
+            Ok(outcomes) => {
+                *shared
+                    .latest
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner) = melder.lcs().clone();
+                for (req, pos) in batch.iter().zip(outcomes.0) {
+                    let o = outcomes
+                        .1
+                        .iter()
+                        .find(|o| o.pos() == Some(pos))
+                        .cloned()
+                        .ok_or_else(|| format!("entry {pos} was appended but not decided"));
+                    let _ = req.reply.send(o);
+                }
+            }
+            Err(e) => {
+                // The log may be damaged: answer everyone and stop; the
+                // next open verifies the files and recovers.
+                let msg = e.to_string();
+                for req in &batch {
+                    let _ = req.reply.send(Err(msg.clone()));
+                }
+                while let Ok(req) = rx.try_recv() {
+                    let _ = req.reply.send(Err(msg.clone()));
+                }
+                return;
+            }
+        }
+    }
+    let _ = log.sync();
+}
+
+type Written = (Vec<LogPos>, Vec<Outcome>);
+
+fn write_batch(
+    log: &mut FileLog,
+    melder: &mut Melder,
+    batch: &[Request],
+    durability: Durability,
+) -> Result<Written, DbError> {
+    let mut positions = Vec::with_capacity(batch.len());
+    for r in batch {
+        positions.push(
+            log.append(&r.bytes)
+                .map_err(|e| DbError::Stopped(e.to_string()))?,
+        );
+    }
+    // Fill a pair before syncing, so the filler is durable with the batch.
+    let needs_filler = melder.settings().group_meld && (log.tail() - 1) % 2 == 1;
+    if needs_filler {
+        log.append(&[])
+            .map_err(|e| DbError::Stopped(e.to_string()))?;
+    }
+    if durability == Durability::Sync {
+        log.sync()?;
+    }
+    let mut outcomes = Vec::with_capacity(batch.len() + 1);
+    for r in batch {
+        outcomes.extend(melder.apply(&r.bytes));
+    }
+    if needs_filler {
+        outcomes.extend(melder.apply(&[]));
+    }
+    Ok((positions, outcomes))
+}

@@ -1,0 +1,509 @@
+//! A durable log in segment files: the embedded database's log.
+//!
+//! Layout (documented in `docs/embedded.md`): a directory of segment files
+//! `<first position, 20 digits>.seg`. Each starts with an 8-byte header
+//! (`MLDS`, format version, three zero bytes) followed by records:
+//!
+//! ```text
+//! length u32 LE | crc32 u32 LE of (position ‖ payload) | position u64 LE | payload
+//! ```
+//!
+//! The position inside the checksum makes a record copied to the wrong
+//! place detectable. On open every segment is scanned: a record that is
+//! incomplete or fails its checksum *at the very end of the last segment*
+//! is a torn write of an append that was never acknowledged, and is cut
+//! off; anything else that does not verify is corruption of acknowledged
+//! data and is reported ([`FileLogError::Corrupt`]), never used.
+//!
+//! Durability: [`FileLog::sync`] makes every appended record durable
+//! (`fdatasync`); [`FileLog::append`] only writes to the OS. The embedded
+//! database appends a batch and syncs once (group commit) before it
+//! acknowledges any commit of the batch.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use melddb::{Entry, Log, LogError, LogPos};
+
+const MAGIC: &[u8; 4] = b"MLDS";
+const VERSION: u8 = 1;
+const HEADER: u64 = 8;
+const RECORD_HEADER: u64 = 16;
+/// Largest record payload accepted (the core's intention limit).
+pub const MAX_RECORD: u32 = 64 << 20;
+/// Default size after which a new segment file is started.
+pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
+
+/// Errors of the file log.
+#[derive(Debug, thiserror::Error)]
+pub enum FileLogError {
+    /// An operating-system error on a file of the log.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// Acknowledged data does not verify: the log is damaged. Nothing after
+    /// the damage is used; restore the directory from a copy.
+    #[error("log corrupt in {path} at byte {offset}: {why}")]
+    Corrupt {
+        /// The segment file.
+        path: PathBuf,
+        /// Byte offset of the bad record.
+        offset: u64,
+        /// What is wrong.
+        why: &'static str,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> FileLogError + '_ {
+    move |source| FileLogError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// What [`FileLog::open`] found and repaired.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpenReport {
+    /// Records found.
+    pub records: u64,
+    /// Bytes of a torn, unacknowledged tail that were cut off.
+    pub torn_bytes: u64,
+}
+
+struct Segment {
+    path: PathBuf,
+    first: LogPos,
+    /// Byte offset of each record, by `pos - first`.
+    offsets: Vec<u64>,
+    len: u64,
+}
+
+/// The segment-file log. Reads are served from the files (through the OS
+/// page cache) with an in-memory offset index.
+pub struct FileLog {
+    dir: PathBuf,
+    segments: Vec<Segment>,
+    /// The open last segment, for appending.
+    writer: File,
+    segment_bytes: u64,
+    first: LogPos,
+    tail: LogPos,
+    /// Position up to which everything is durable.
+    synced: LogPos,
+}
+
+impl std::fmt::Debug for FileLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileLog")
+            .field("dir", &self.dir)
+            .field("first", &self.first)
+            .field("tail", &self.tail)
+            .field("segments", &self.segments.len())
+            .finish()
+    }
+}
+
+fn segment_name(first: LogPos) -> String {
+    format!("{first:020}.seg")
+}
+
+impl FileLog {
+    /// Opens (or creates) the log in `dir`, verifying every record and
+    /// cutting off a torn tail.
+    pub fn open(dir: &Path) -> Result<(FileLog, OpenReport), FileLogError> {
+        Self::open_with(dir, DEFAULT_SEGMENT_BYTES)
+    }
+
+    /// Like [`FileLog::open`] with a custom segment size (tests use small
+    /// ones to exercise segment changes).
+    pub fn open_with(
+        dir: &Path,
+        segment_bytes: u64,
+    ) -> Result<(FileLog, OpenReport), FileLogError> {
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let mut names: Vec<(LogPos, PathBuf)> = Vec::new();
+        for e in fs::read_dir(dir).map_err(io_err(dir))? {
+            let e = e.map_err(io_err(dir))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(stem) = name.strip_suffix(".seg") {
+                if let Ok(first) = stem.parse::<LogPos>() {
+                    names.push((first, e.path()));
+                }
+            }
+        }
+        names.sort();
+        let mut report = OpenReport::default();
+        let mut segments = Vec::with_capacity(names.len());
+        let count = names.len();
+        for (i, (first, path)) in names.into_iter().enumerate() {
+            let last = i + 1 == count;
+            if let Some(prev) = segments.last() {
+                let prev: &Segment = prev;
+                if prev.first + prev.offsets.len() as u64 != first {
+                    return Err(FileLogError::Corrupt {
+                        path,
+                        offset: 0,
+                        why: "segment does not start where the previous one ends",
+                    });
+                }
+            }
+            let seg = scan(&path, first, last, &mut report)?;
+            segments.push(seg);
+        }
+        if segments.is_empty() {
+            segments.push(create_segment(dir, 0)?);
+        }
+        let first = segments[0].first.max(read_trim_point(dir)?);
+        let last = segments.last().expect("at least one segment");
+        let tail = last.first + last.offsets.len() as u64;
+        let writer = OpenOptions::new()
+            .append(true)
+            .open(&last.path)
+            .map_err(io_err(&last.path))?;
+        report.records = tail - first;
+        Ok((
+            FileLog {
+                dir: dir.to_path_buf(),
+                segments,
+                writer,
+                segment_bytes: segment_bytes.max(HEADER + RECORD_HEADER + 1),
+                first,
+                tail,
+                synced: tail,
+            },
+            report,
+        ))
+    }
+
+    /// Makes every appended record durable.
+    pub fn sync(&mut self) -> Result<(), FileLogError> {
+        if self.synced == self.tail {
+            return Ok(());
+        }
+        let path = &self.segments.last().expect("a segment").path;
+        self.writer.sync_data().map_err(io_err(path))?;
+        self.synced = self.tail;
+        Ok(())
+    }
+
+    /// Position up to which every record is durable.
+    pub fn synced(&self) -> LogPos {
+        self.synced
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Bytes in all segment files.
+    pub fn bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.len).sum()
+    }
+
+    fn append_record(&mut self, payload: &[u8]) -> Result<LogPos, FileLogError> {
+        let need = RECORD_HEADER + payload.len() as u64;
+        if self
+            .segments
+            .last()
+            .is_some_and(|s| s.len + need > self.segment_bytes && !s.offsets.is_empty())
+        {
+            // Start a new segment; the old one is synced first so a crash
+            // can only ever tear the last segment.
+            self.sync()?;
+            let seg = create_segment(&self.dir, self.tail)?;
+            self.writer = OpenOptions::new()
+                .append(true)
+                .open(&seg.path)
+                .map_err(io_err(&seg.path))?;
+            sync_dir(&self.dir)?;
+            self.segments.push(seg);
+        }
+        let pos = self.tail;
+        let mut rec = Vec::with_capacity(need as usize);
+        rec.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        rec.extend_from_slice(&checksum(pos, payload).to_le_bytes());
+        rec.extend_from_slice(&pos.to_le_bytes());
+        rec.extend_from_slice(payload);
+        let seg = self.segments.last_mut().expect("a segment");
+        self.writer.write_all(&rec).map_err(io_err(&seg.path))?;
+        seg.offsets.push(seg.len);
+        seg.len += need;
+        self.tail += 1;
+        Ok(pos)
+    }
+
+    fn read_record(&self, pos: LogPos) -> Result<Entry, FileLogError> {
+        let i = self.segments.partition_point(|s| s.first <= pos) - 1;
+        let seg = &self.segments[i];
+        let off = seg.offsets[(pos - seg.first) as usize];
+        let mut f = File::open(&seg.path).map_err(io_err(&seg.path))?;
+        f.seek(SeekFrom::Start(off)).map_err(io_err(&seg.path))?;
+        let mut head = [0u8; RECORD_HEADER as usize];
+        f.read_exact(&mut head).map_err(io_err(&seg.path))?;
+        let (len, crc, rpos) = header(&head);
+        let mut payload = vec![0u8; len as usize];
+        f.read_exact(&mut payload).map_err(io_err(&seg.path))?;
+        if rpos != pos || checksum(pos, &payload) != crc {
+            return Err(FileLogError::Corrupt {
+                path: seg.path.clone(),
+                offset: off,
+                why: "record changed on disk since it was verified",
+            });
+        }
+        Ok(payload.into())
+    }
+}
+
+fn header(h: &[u8; RECORD_HEADER as usize]) -> (u32, u32, u64) {
+    let mut a = [0u8; 4];
+    let mut b = [0u8; 4];
+    let mut c = [0u8; 8];
+    a.copy_from_slice(&h[0..4]);
+    b.copy_from_slice(&h[4..8]);
+    c.copy_from_slice(&h[8..16]);
+    (
+        u32::from_le_bytes(a),
+        u32::from_le_bytes(b),
+        u64::from_le_bytes(c),
+    )
+}
+
+fn checksum(pos: LogPos, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&pos.to_le_bytes());
+    h.update(payload);
+    h.finalize()
+}
+
+fn sync_dir(dir: &Path) -> Result<(), FileLogError> {
+    // Make a new segment's directory entry durable too.
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
+}
+
+fn create_segment(dir: &Path, first: LogPos) -> Result<Segment, FileLogError> {
+    let path = dir.join(segment_name(first));
+    let mut f = OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    let mut h = MAGIC.to_vec();
+    h.extend_from_slice(&[VERSION, 0, 0, 0]);
+    f.write_all(&h).map_err(io_err(&path))?;
+    f.sync_all().map_err(io_err(&path))?;
+    sync_dir(dir)?;
+    Ok(Segment {
+        path,
+        first,
+        offsets: Vec::new(),
+        len: HEADER,
+    })
+}
+
+/// Verifies a segment. In the last segment a bad record with nothing valid
+/// after it is a torn tail and is truncated away.
+fn scan(
+    path: &Path,
+    first: LogPos,
+    last: bool,
+    report: &mut OpenReport,
+) -> Result<Segment, FileLogError> {
+    let bytes = fs::read(path).map_err(io_err(path))?;
+    let corrupt = |offset: u64, why| FileLogError::Corrupt {
+        path: path.to_path_buf(),
+        offset,
+        why,
+    };
+    if bytes.len() < HEADER as usize {
+        if last
+            && (bytes.iter().all(|b| *b == 0) || MAGIC.starts_with(&bytes[..bytes.len().min(4)]))
+        {
+            // Created but its header never reached the disk: rewrite it.
+            fs::remove_file(path).map_err(io_err(path))?;
+            report.torn_bytes += bytes.len() as u64;
+            let dir = path.parent().unwrap_or(Path::new("."));
+            return create_segment(dir, first);
+        }
+        return Err(corrupt(0, "segment header truncated"));
+    }
+    if &bytes[..4] != MAGIC || bytes[4] != VERSION {
+        return Err(corrupt(0, "not a MeldDB log segment of a known version"));
+    }
+    let mut offsets = Vec::new();
+    let mut at = HEADER as usize;
+    let mut pos = first;
+    while at < bytes.len() {
+        let mut bad = |why| -> Result<Segment, FileLogError> {
+            if last && !valid_record_after(&bytes, at + 1) {
+                // A torn write at the end: never acknowledged, cut it off.
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map_err(io_err(path))?;
+                f.set_len(at as u64).map_err(io_err(path))?;
+                f.sync_all().map_err(io_err(path))?;
+                report.torn_bytes += (bytes.len() - at) as u64;
+                Ok(Segment {
+                    path: path.to_path_buf(),
+                    first,
+                    offsets: offsets.clone(),
+                    len: at as u64,
+                })
+            } else {
+                Err(corrupt(at as u64, why))
+            }
+        };
+        let Some(head) = bytes.get(at..at + RECORD_HEADER as usize) else {
+            return bad("record header truncated");
+        };
+        let mut h = [0u8; RECORD_HEADER as usize];
+        h.copy_from_slice(head);
+        let (len, crc, rpos) = header(&h);
+        if len > MAX_RECORD {
+            return bad("record length beyond the limit");
+        }
+        let end = at + RECORD_HEADER as usize + len as usize;
+        let Some(payload) = bytes.get(at + RECORD_HEADER as usize..end) else {
+            return bad("record payload truncated");
+        };
+        if rpos != pos || checksum(pos, payload) != crc {
+            return bad("record checksum or position mismatch");
+        }
+        offsets.push(at as u64);
+        at = end;
+        pos += 1;
+    }
+    Ok(Segment {
+        path: path.to_path_buf(),
+        first,
+        offsets,
+        len: at as u64,
+    })
+}
+
+/// Whether a complete, verifying record starts anywhere at or after `from`
+/// (then the damage is not a torn tail but corruption in the middle).
+fn valid_record_after(bytes: &[u8], from: usize) -> bool {
+    let mut at = from;
+    while at + RECORD_HEADER as usize <= bytes.len() {
+        let mut h = [0u8; RECORD_HEADER as usize];
+        h.copy_from_slice(&bytes[at..at + RECORD_HEADER as usize]);
+        let (len, crc, rpos) = header(&h);
+        let end = at + RECORD_HEADER as usize + len as usize;
+        if len > 0
+            && len <= MAX_RECORD
+            && end <= bytes.len()
+            && checksum(rpos, &bytes[at + 16..end]) == crc
+        {
+            return true;
+        }
+        at += 1;
+    }
+    false
+}
+
+fn to_log_error(e: FileLogError) -> LogError {
+    LogError::Backend(e.to_string())
+}
+
+impl Log for FileLog {
+    fn append(&mut self, entry: &[u8]) -> Result<LogPos, LogError> {
+        if entry.len() as u64 > MAX_RECORD as u64 {
+            return Err(LogError::Backend(format!(
+                "entry of {} bytes exceeds the {} byte record limit",
+                entry.len(),
+                MAX_RECORD
+            )));
+        }
+        self.append_record(entry).map_err(to_log_error)
+    }
+
+    fn read(&self, pos: LogPos) -> Result<Entry, LogError> {
+        if pos < self.first {
+            return Err(LogError::Trimmed {
+                pos,
+                first: self.first,
+            });
+        }
+        if pos >= self.tail {
+            return Err(LogError::NotYetWritten {
+                pos,
+                tail: self.tail,
+            });
+        }
+        self.read_record(pos).map_err(to_log_error)
+    }
+
+    fn tail(&self) -> LogPos {
+        self.tail
+    }
+
+    fn first(&self) -> LogPos {
+        self.first
+    }
+
+    /// Drops whole segments that end before `pos` (a segment holding any
+    /// position at or after `pos` is kept, so `first` may stay below `pos`).
+    fn trim(&mut self, pos: LogPos) -> Result<(), LogError> {
+        if pos > self.tail {
+            return Err(LogError::TrimBeyondTail {
+                pos,
+                tail: self.tail,
+            });
+        }
+        while self.segments.len() > 1 {
+            let s = &self.segments[0];
+            let end = s.first + s.offsets.len() as u64;
+            if end > pos {
+                break;
+            }
+            fs::remove_file(&s.path)
+                .map_err(|e| LogError::Backend(format!("{}: {e}", s.path.display())))?;
+            self.segments.remove(0);
+        }
+        // Positions before `pos` must stay unreadable after a restart too,
+        // even those still inside the kept segment: persist the trim point.
+        write_trim_point(&self.dir, pos).map_err(to_log_error)?;
+        self.first = pos.max(self.first);
+        Ok(())
+    }
+}
+
+const TRIM_FILE: &str = "trimmed-below";
+
+fn read_trim_point(dir: &Path) -> Result<LogPos, FileLogError> {
+    let path = dir.join(TRIM_FILE);
+    match fs::read_to_string(&path) {
+        Ok(s) => s.trim().parse().map_err(|_| FileLogError::Corrupt {
+            path,
+            offset: 0,
+            why: "trim point is not a number",
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(FileLogError::Io { path, source: e }),
+    }
+}
+
+fn write_trim_point(dir: &Path, pos: LogPos) -> Result<(), FileLogError> {
+    // Write-then-rename, so a crash leaves the old or the new point.
+    let tmp = dir.join(format!("{TRIM_FILE}.tmp"));
+    let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
+    f.write_all(pos.to_string().as_bytes())
+        .map_err(io_err(&tmp))?;
+    f.sync_all().map_err(io_err(&tmp))?;
+    fs::rename(&tmp, dir.join(TRIM_FILE)).map_err(io_err(dir))?;
+    sync_dir(dir)
+}
+
+/// Reads the whole log (for tools): every entry from `first` to the tail.
+pub fn read_all(log: &FileLog) -> Result<Vec<Entry>, LogError> {
+    (log.first()..log.tail()).map(|p| log.read(p)).collect()
+}
