@@ -1,0 +1,292 @@
+//! `melddb`: the command-line tool for an embedded MeldDB directory.
+//!
+//! ```text
+//! melddb [--dir DIR] put KEY VALUE | get KEY | del KEY
+//! melddb [--dir DIR] scan [--from K] [--to K] [--limit N] [--reverse] [--json]
+//! melddb [--dir DIR] check [--json]     verify every log record and the tree
+//! melddb [--dir DIR] stats [--json]     sizes, recovery time, state digest
+//! ```
+//! The directory defaults to `$MELDDB_DIR` or `./melddb-data`. Exit status:
+//! 0 success, 1 error, 2 usage, 3 `get` of an absent key.
+
+use std::io::Write as _;
+use std::ops::Bound;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use melddb::{Isolation, Order, Outcome};
+use melddb_runtime::{Database, DbOptions, Durability};
+use rand::{Rng, SeedableRng};
+
+#[derive(Debug, Parser)]
+#[command(version, about = "MeldDB embedded database tool")]
+struct Args {
+    /// Database directory (created if missing).
+    #[arg(long, env = "MELDDB_DIR", default_value = "melddb-data")]
+    dir: PathBuf,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Write KEY = VALUE (UTF-8).
+    Put { key: String, value: String },
+    /// Print the value of KEY.
+    Get { key: String },
+    /// Delete KEY.
+    Del { key: String },
+    /// Print pairs in key order, one `key<TAB>value` per line.
+    Scan {
+        /// First key (inclusive).
+        #[arg(long)]
+        from: Option<String>,
+        /// Last key (exclusive).
+        #[arg(long)]
+        to: Option<String>,
+        /// At most this many pairs.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Descending order.
+        #[arg(long)]
+        reverse: bool,
+        /// One JSON array instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Verify every log record's checksum and the tree invariants.
+    Check {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Database statistics.
+    Stats {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Test support: run money transfers between accounts forever,
+    /// printing `ack ID` after each commit is acknowledged (crash tests
+    /// kill this process at random moments).
+    #[command(hide = true)]
+    CrashChild {
+        #[arg(long, default_value_t = 16)]
+        accounts: u64,
+        #[arg(long, default_value_t = 0)]
+        first_id: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("melddb: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn run(args: Args) -> Result<ExitCode, String> {
+    let db = Database::open(&args.dir).map_err(|e| e.to_string())?;
+    match args.cmd {
+        Cmd::Put { key, value } => {
+            db.transact(Isolation::Serializable, |tx| {
+                tx.put(key.as_bytes(), value.as_bytes())
+            })
+            .map_err(|e| e.to_string())?;
+        }
+        Cmd::Get { key } => match db.get(key.as_bytes()) {
+            Some(v) => println!("{}", text(&v)),
+            None => {
+                eprintln!("melddb: key {key:?} not found");
+                return Ok(ExitCode::from(3));
+            }
+        },
+        Cmd::Del { key } => {
+            let existed = db
+                .transact(Isolation::Serializable, |tx| tx.delete(key.as_bytes()))
+                .map_err(|e| e.to_string())?;
+            if !existed {
+                eprintln!("melddb: key {key:?} was not present");
+            }
+        }
+        Cmd::Scan {
+            from,
+            to,
+            limit,
+            reverse,
+            json,
+        } => {
+            let start = from
+                .as_deref()
+                .map_or(Bound::Unbounded, |k| Bound::Included(k.as_bytes()));
+            let end = to
+                .as_deref()
+                .map_or(Bound::Unbounded, |k| Bound::Excluded(k.as_bytes()));
+            let order = if reverse {
+                Order::Reverse
+            } else {
+                Order::Forward
+            };
+            let pairs = db.snapshot().scan(start, end, order, limit);
+            if json {
+                let v: Vec<_> = pairs
+                    .iter()
+                    .map(|(k, v)| serde_json::json!({"key": text(k), "value": text(v)}))
+                    .collect();
+                println!("{}", serde_json::Value::Array(v));
+            } else {
+                let mut out = std::io::stdout().lock();
+                for (k, v) in pairs {
+                    let _ = writeln!(out, "{}\t{}", text(&k), text(&v));
+                }
+            }
+        }
+        Cmd::Check { json } => {
+            // Opening verified every record; now the tree.
+            let s = db.snapshot();
+            let tree = melddb::validate::check_tree(&s);
+            let ok = tree.is_ok();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "ok": ok,
+                        "records": db.recovery().records,
+                        "torn_bytes_dropped": db.recovery().torn_bytes,
+                        "tree": tree.as_ref().err().map(|e| e.0.clone()),
+                        "digest": s.digest_hex(),
+                    })
+                );
+            } else if let Err(e) = &tree {
+                println!("tree invariant violated: {}", e.0);
+            } else {
+                println!(
+                    "ok: {} log records verified, tree valid, digest {}",
+                    db.recovery().records,
+                    s.digest_hex()
+                );
+            }
+            if !ok {
+                return Ok(ExitCode::from(1));
+            }
+        }
+        Cmd::Stats { json } => {
+            let s = db.snapshot();
+            let r = db.recovery();
+            let settings = db.settings();
+            let v = serde_json::json!({
+                "dir": args.dir.display().to_string(),
+                "log_records": r.records,
+                "last_position": s.pos(),
+                "csn": s.csn(),
+                "keys": s.len(),
+                "tree_height": s.height(),
+                "recovery_seconds": r.elapsed.as_secs_f64(),
+                "torn_bytes_dropped": r.torn_bytes,
+                "premeld_threads": settings.premeld_threads,
+                "premeld_distance": settings.premeld_distance,
+                "group_meld": settings.group_meld,
+                "max_conflict_zone": settings.max_conflict_zone,
+                "digest": s.digest_hex(),
+            });
+            if json {
+                println!("{v}");
+            } else if let Some(m) = v.as_object() {
+                for (k, x) in m {
+                    println!("{k:<20} {x}");
+                }
+            }
+        }
+        Cmd::CrashChild {
+            accounts,
+            first_id,
+            seed,
+        } => {
+            drop(db);
+            crash_child(&args.dir, accounts, first_id, seed)?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Transfers between `accounts` accounts (each starting at 1000) from two
+/// threads; each transfer also writes a marker `x/ID`. Runs until killed.
+fn crash_child(
+    dir: &std::path::Path,
+    accounts: u64,
+    first_id: u64,
+    seed: u64,
+) -> Result<(), String> {
+    let db = std::sync::Arc::new(
+        Database::open_with(
+            dir,
+            DbOptions {
+                durability: Durability::Sync,
+                max_attempts: 1000,
+                ..DbOptions::default()
+            },
+        )
+        .map_err(|e| e.to_string())?,
+    );
+    let key = |i: u64| format!("acct/{i:04}").into_bytes();
+    if db.get(&key(0)).is_none() {
+        db.transact(Isolation::Serializable, |tx| {
+            for i in 0..accounts {
+                tx.put(&key(i), b"1000")?;
+            }
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    }
+    println!("ready");
+    let threads: Vec<_> = (0..2u64)
+        .map(|t| {
+            let db = db.clone();
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed * 2 + t);
+                let mut id = first_id + t;
+                loop {
+                    let a = rng.random_range(0..accounts);
+                    let b = (a + rng.random_range(1..accounts)) % accounts;
+                    let amount: i64 = rng.random_range(1..50);
+                    let mut tx = db.begin(Isolation::Serializable);
+                    let bal = |v: Option<melddb::Bytes>| -> i64 {
+                        v.and_then(|v| text(&v).parse().ok()).unwrap_or(0)
+                    };
+                    let x = bal(tx.get(&key(a)).map_err(|e| e.to_string())?);
+                    let y = bal(tx.get(&key(b)).map_err(|e| e.to_string())?);
+                    tx.put(&key(a), (x - amount).to_string().as_bytes())
+                        .map_err(|e| e.to_string())?;
+                    tx.put(&key(b), (y + amount).to_string().as_bytes())
+                        .map_err(|e| e.to_string())?;
+                    tx.put(
+                        format!("x/{id}").as_bytes(),
+                        format!("{a}>{b}:{amount}").as_bytes(),
+                    )
+                    .map_err(|e| e.to_string())?;
+                    if let Outcome::Committed { .. } = db.commit(tx).map_err(|e| e.to_string())? {
+                        let mut out = std::io::stdout().lock();
+                        let _ = writeln!(out, "ack {id}");
+                        let _ = out.flush();
+                    }
+                    id += 2;
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().map_err(|_| "worker panicked".to_string())??;
+    }
+    Ok(())
+}
