@@ -1,5 +1,6 @@
 //! Workloads shared by the `melddb-bench` binary and the criterion benches.
 
+pub mod embedded;
 pub mod pipeline;
 pub mod wasm;
 pub mod workload;

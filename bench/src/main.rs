@@ -27,6 +27,8 @@ enum Suite {
     Meld,
     /// Hyder II's pipeline: premeld, group meld, end-to-end throughput.
     Pipeline,
+    /// The embedded database against SQLite and redb.
+    Embedded,
 }
 
 #[derive(Debug, Parser)]
@@ -60,6 +62,7 @@ fn main() {
     let result = match args.suite {
         Suite::Meld => meld_suite(&args),
         Suite::Pipeline => pipeline_suite(&args),
+        Suite::Embedded => embedded_suite(&args),
     };
     if let Err(e) = result {
         eprintln!("melddb-bench: {e}");
@@ -460,6 +463,136 @@ fn pipeline_suite(args: &Args) -> Result<(), String> {
             },
             "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
             "sweep": sweep_rows.iter().map(row_json).collect::<Vec<_>>(),
+        });
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        eprintln!("JSON written to {}", path.display());
+    }
+    Ok(())
+}
+
+fn embedded_suite(args: &Args) -> Result<(), String> {
+    use melddb_bench::embedded::{recovery, run_cell, Engine, Mix};
+    use std::time::Duration;
+    let (keys, secs, threads): (u64, f64, &[usize]) = if args.quick {
+        (20_000, 0.6, &[1, 4])
+    } else {
+        (200_000, 3.0, &[1, 2, 4, 8])
+    };
+    let engines = [
+        Engine::MeldDb,
+        Engine::MeldDbBuffered,
+        Engine::SqliteFull,
+        Engine::SqliteNormal,
+        Engine::Redb,
+    ];
+    let mixes = [Mix::R8W2, Mix::Op2, Mix::ReadOnly];
+    let total = engines.len() * mixes.len() * threads.len();
+    let mut cells = Vec::new();
+    let started = Instant::now();
+    for mix in mixes {
+        for &t in threads {
+            for e in engines {
+                eprint!(
+                    "\r[{:>2}/{total}] {:<16} {:<5} threads={t} ({:.0}s)   ",
+                    cells.len() + 1,
+                    e.name(),
+                    mix.name(),
+                    started.elapsed().as_secs_f64()
+                );
+                cells.push(run_cell(
+                    e,
+                    mix,
+                    t,
+                    keys,
+                    Duration::from_secs_f64(secs),
+                    args.seed,
+                )?);
+            }
+        }
+    }
+    eprintln!();
+    eprintln!("recovery ...");
+    let (rec_s, rec_bytes) = recovery(if args.quick { 64 << 20 } else { 512 << 20 })?;
+    println!(
+        "{:<16} {:<10} {:<5} {:>3} {:>10} {:>9} {:>9} {:>12} {:>9}",
+        "engine", "durability", "mix", "thr", "tps", "p50 ms", "p99 ms", "bytes/txn", "retries"
+    );
+    for c in &cells {
+        println!(
+            "{:<16} {:<10} {:<5} {:>3} {:>10.0} {:>9.3} {:>9.3} {:>12.0} {:>9.3}",
+            c.engine.name(),
+            c.engine.durability(),
+            c.mix.name(),
+            c.threads,
+            c.tps,
+            c.p50_ms,
+            c.p99_ms,
+            c.bytes_per_txn,
+            c.retries_per_txn
+        );
+    }
+    let gib = rec_bytes as f64 / (1u64 << 30) as f64;
+    println!(
+        "recovery: {:.3} s for {:.1} MiB of log = {:.2} s/GiB",
+        rec_s,
+        rec_bytes as f64 / (1 << 20) as f64,
+        rec_s / gib
+    );
+    let mut metrics = serde_json::Map::new();
+    for c in &cells {
+        let base = format!("{}_tps_{}_t{}", c.engine.name(), c.mix.name(), c.threads);
+        metrics.insert(base, serde_json::json!(round2(c.tps)));
+        metrics.insert(
+            format!("{}_p99_ms_{}_t{}", c.engine.name(), c.mix.name(), c.threads),
+            serde_json::json!(round2(c.p99_ms * 1000.0) / 1000.0),
+        );
+    }
+    metrics.insert(
+        "recovery_s_per_gib".into(),
+        serde_json::json!(round2(rec_s / gib)),
+    );
+    let get = |k: &str| metrics.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+    let m4 = get("melddb_tps_8r2w_t4");
+    let ratio_full = m4 / get("sqlite_full_tps_8r2w_t4").max(1e-9);
+    let ratio_redb = m4 / get("redb_tps_8r2w_t4").max(1e-9);
+    let ratio_normal =
+        get("melddb_buffered_tps_8r2w_t4") / get("sqlite_normal_tps_8r2w_t4").max(1e-9);
+    println!(
+        "8r2w, 4 threads: MeldDB/SQLite FULL {ratio_full:.2}x, MeldDB/redb {ratio_redb:.2}x, MeldDB buffered/SQLite NORMAL {ratio_normal:.2}x"
+    );
+    metrics.insert(
+        "melddb_over_sqlite_full_8r2w_t4".into(),
+        serde_json::json!(round2(ratio_full)),
+    );
+    metrics.insert(
+        "melddb_over_redb_8r2w_t4".into(),
+        serde_json::json!(round2(ratio_redb)),
+    );
+    metrics.insert(
+        "melddb_buffered_over_sqlite_normal_8r2w_t4".into(),
+        serde_json::json!(round2(ratio_normal)),
+    );
+    if let Some(path) = &args.json {
+        let rows: Vec<_> = cells
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "engine": c.engine.name(), "durability": c.engine.durability(), "mix": c.mix.name(),
+                    "threads": c.threads, "tps": round2(c.tps), "p50_ms": c.p50_ms, "p99_ms": c.p99_ms,
+                    "bytes_per_txn": round2(c.bytes_per_txn), "retries_per_txn": c.retries_per_txn,
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "suite": "embedded",
+            "metrics": metrics,
+            "config": {
+                "quick": args.quick, "seed": args.seed, "keys": keys, "seconds_per_cell": secs,
+                "key_bytes": 8, "value_bytes": 100, "isolation": "serializable",
+                "recovery_log_bytes": rec_bytes,
+            },
+            "rows": rows,
         });
         let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
         std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
