@@ -348,7 +348,7 @@ pub fn run_cell(
             let stop = stop.clone();
             let barrier = barrier.clone();
             std::thread::spawn(move || -> Result<(Vec<f64>, u64), String> {
-                let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (t as u64 + 1) * 0x1234_5678);
+                let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((t as u64 + 1) * 0x1234_5678));
                 let (r, w) = mix.shape();
                 let mut lat = Vec::new();
                 let mut retries = 0u64;
