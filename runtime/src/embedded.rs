@@ -105,6 +105,12 @@ struct Request {
     reply: SyncSender<Result<Outcome, String>>,
 }
 
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Request({} bytes)", self.bytes.len())
+    }
+}
+
 struct Shared {
     latest: RwLock<Snapshot>,
     settings: Settings,
@@ -126,7 +132,7 @@ pub struct Recovery {
 /// an `Arc` and call it from any number of threads.
 pub struct Database {
     shared: Arc<Shared>,
-    queue: Option<SyncSender<Request>>,
+    queue: Option<SyncSender<Msg>>,
     writer: Option<JoinHandle<()>>,
     max_attempts: u32,
     recovery: Recovery,
@@ -204,13 +210,14 @@ impl Database {
             settings: *melder.settings(),
             dir: dir.clone(),
         });
-        let (tx, rx) = sync_channel::<Request>(opts.max_in_flight);
+        let (tx, rx) = sync_channel::<Msg>(opts.max_in_flight);
         let w_shared = shared.clone();
         let durability = opts.durability;
         let max_batch = opts.max_batch;
+        let to_writer = tx.clone();
         let writer = thread::Builder::new()
             .name("melddb-writer".into())
-            .spawn(move || writer_loop(log, melder, rx, w_shared, durability, max_batch))
+            .spawn(move || writer_loop(log, melder, rx, to_writer, w_shared, durability, max_batch))
             .map_err(|e| DbError::Stopped(format!("cannot start the writer thread: {e}")))?;
         Ok(Database {
             shared,
@@ -266,7 +273,7 @@ impl Database {
             .queue
             .as_ref()
             .ok_or_else(|| DbError::Stopped("database is closed".into()))?;
-        q.send(Request { bytes, reply })
+        q.send(Msg::Commit(Request { bytes, reply }))
             .map_err(|_| DbError::Stopped("the writer thread has stopped".into()))?;
         Ok(CommitHandle { rx: Some(rx) })
     }
@@ -313,7 +320,10 @@ impl Database {
     }
 
     fn shutdown(&mut self) -> Result<(), DbError> {
-        self.queue = None;
+        if let Some(q) = self.queue.take() {
+            // The sync thread holds a sender too, so say it explicitly.
+            let _ = q.send(Msg::Shutdown);
+        }
         if let Some(w) = self.writer.take() {
             w.join()
                 .map_err(|_| DbError::Stopped("the writer thread panicked".into()))?;
@@ -340,86 +350,215 @@ fn close_pair(log: &mut FileLog, melder: &mut Melder) -> Result<Vec<Outcome>, Db
     Ok(melder.apply(&[]))
 }
 
+/// Messages to the writer thread: commits from clients, flush results
+/// from the sync thread, and the shutdown request.
+enum Msg {
+    Commit(Request),
+    Synced(std::io::Result<()>),
+    Shutdown,
+}
+
+/// A thread that flushes segment files, so the writer keeps appending and
+/// melding the next commits while the disk flushes the previous ones
+/// (pipelined group commit). It reports back through the writer's queue.
+struct Syncer {
+    tx: SyncSender<std::fs::File>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Syncer {
+    fn start(report: SyncSender<Msg>) -> std::io::Result<Syncer> {
+        let (tx, rx) = sync_channel::<std::fs::File>(1);
+        let handle = thread::Builder::new()
+            .name("melddb-sync".into())
+            .spawn(move || {
+                while let Ok(f) = rx.recv() {
+                    if report.send(Msg::Synced(f.sync_data())).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(Syncer {
+            tx,
+            handle: Some(handle),
+        })
+    }
+}
+
+impl Drop for Syncer {
+    fn drop(&mut self) {
+        let (dead, _) = sync_channel(1);
+        drop(std::mem::replace(&mut self.tx, dead));
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// The writer's bookkeeping between messages.
+struct Writer {
+    log: FileLog,
+    melder: Melder,
+    shared: Arc<Shared>,
+    durability: Durability,
+    /// Outcomes decided but not yet answered, by position.
+    outcomes: std::collections::BTreeMap<LogPos, Outcome>,
+    /// Appended and melded, not covered by a flush yet.
+    unsynced: Vec<(Request, LogPos)>,
+    /// Covered by the flush in progress: (tail it covers, requests).
+    syncing: Option<(LogPos, Vec<(Request, LogPos)>)>,
+}
+
+impl Writer {
+    /// Appends and melds `batch` (closing a group-meld pair with a filler).
+    fn append(&mut self, batch: Vec<Request>) -> Result<(), DbError> {
+        for r in batch {
+            let pos = self
+                .log
+                .append(&r.bytes)
+                .map_err(|e| DbError::Stopped(e.to_string()))?;
+            for o in self.melder.apply(&r.bytes) {
+                if let Some(p) = o.pos() {
+                    self.outcomes.insert(p, o);
+                }
+            }
+            self.unsynced.push((r, pos));
+        }
+        for o in close_pair(&mut self.log, &mut self.melder)? {
+            if let Some(p) = o.pos() {
+                self.outcomes.insert(p, o);
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes the state up to `upto` (exclusive) and answers `done`.
+    fn release(&mut self, upto: LogPos, done: Vec<(Request, LogPos)>) {
+        let state = self
+            .melder
+            .meld_state(upto.saturating_sub(1))
+            .map(|s| s.snapshot().clone())
+            .unwrap_or_else(|| self.melder.lcs().clone());
+        *self
+            .shared
+            .latest
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = state;
+        for (req, pos) in done {
+            let o = self
+                .outcomes
+                .remove(&pos)
+                .ok_or_else(|| format!("entry {pos} was appended but not decided"));
+            let _ = req.reply.send(o);
+        }
+        // Fillers have outcomes nobody waits for.
+        while self
+            .outcomes
+            .first_key_value()
+            .is_some_and(|(p, _)| *p < upto)
+        {
+            self.outcomes.pop_first();
+        }
+    }
+
+    /// Starts a flush of everything unsynced (or releases it at once
+    /// without `Durability::Sync`).
+    fn flush(&mut self, syncer: Option<&Syncer>) -> Result<(), DbError> {
+        if self.syncing.is_some() || self.unsynced.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut self.unsynced);
+        let tail = self.log.tail();
+        match (self.durability, syncer) {
+            (Durability::Buffered, _) => self.release(tail, batch),
+            (Durability::Sync, Some(s)) => {
+                let (f, upto) = self.log.sync_handle()?;
+                s.tx.send(f)
+                    .map_err(|_| DbError::Stopped("the sync thread stopped".into()))?;
+                self.syncing = Some((upto, batch));
+            }
+            (Durability::Sync, None) => {
+                self.log.sync()?;
+                self.release(tail, batch);
+            }
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self, msg: &str, rx: &Receiver<Msg>) {
+        let mut all: Vec<Request> = self.unsynced.drain(..).map(|(r, _)| r).collect();
+        if let Some((_, b)) = self.syncing.take() {
+            all.extend(b.into_iter().map(|(r, _)| r));
+        }
+        for r in all {
+            let _ = r.reply.send(Err(msg.to_string()));
+        }
+        while let Ok(m) = rx.try_recv() {
+            if let Msg::Commit(r) = m {
+                let _ = r.reply.send(Err(msg.to_string()));
+            }
+        }
+    }
+}
+
 fn writer_loop(
-    mut log: FileLog,
-    mut melder: Melder,
-    rx: Receiver<Request>,
+    log: FileLog,
+    melder: Melder,
+    rx: Receiver<Msg>,
+    report: SyncSender<Msg>,
     shared: Arc<Shared>,
     durability: Durability,
     max_batch: usize,
 ) {
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        while batch.len() < max_batch {
-            match rx.try_recv() {
-                Ok(r) => batch.push(r),
-                Err(_) => break,
+    let syncer = if durability == Durability::Sync {
+        Syncer::start(report).ok()
+    } else {
+        drop(report);
+        None
+    };
+    let mut w = Writer {
+        log,
+        melder,
+        shared,
+        durability,
+        outcomes: Default::default(),
+        unsynced: Vec::new(),
+        syncing: None,
+    };
+    let mut shutting_down = false;
+    loop {
+        if shutting_down && w.syncing.is_none() && w.unsynced.is_empty() {
+            break;
+        }
+        let Ok(first) = rx.recv() else { break };
+        let mut batch = Vec::new();
+        let mut next = Some(first);
+        while let Some(m) = next.take() {
+            match m {
+                Msg::Commit(r) => batch.push(r),
+                Msg::Synced(Ok(())) => {
+                    if let Some((upto, done)) = w.syncing.take() {
+                        w.log.mark_synced(upto);
+                        w.release(upto, done);
+                    }
+                }
+                Msg::Synced(Err(e)) => {
+                    w.fail(&format!("fdatasync failed: {e}"), &rx);
+                    return;
+                }
+                Msg::Shutdown => shutting_down = true,
+            }
+            if batch.len() < max_batch {
+                next = rx.try_recv().ok();
             }
         }
-        let result = write_batch(&mut log, &mut melder, &batch, durability);
-        match result {
-            Ok(outcomes) => {
-                *shared
-                    .latest
-                    .write()
-                    .unwrap_or_else(PoisonError::into_inner) = melder.lcs().clone();
-                for (req, pos) in batch.iter().zip(outcomes.0) {
-                    let o = outcomes
-                        .1
-                        .iter()
-                        .find(|o| o.pos() == Some(pos))
-                        .cloned()
-                        .ok_or_else(|| format!("entry {pos} was appended but not decided"));
-                    let _ = req.reply.send(o);
-                }
-            }
-            Err(e) => {
-                // The log may be damaged: answer everyone and stop; the
-                // next open verifies the files and recovers.
-                let msg = e.to_string();
-                for req in &batch {
-                    let _ = req.reply.send(Err(msg.clone()));
-                }
-                while let Ok(req) = rx.try_recv() {
-                    let _ = req.reply.send(Err(msg.clone()));
-                }
-                return;
-            }
+        let step = w.append(batch).and_then(|()| w.flush(syncer.as_ref()));
+        if let Err(e) = step {
+            // The log may be damaged: answer everyone and stop; the next
+            // open verifies the files and recovers.
+            w.fail(&e.to_string(), &rx);
+            return;
         }
     }
-    let _ = log.sync();
-}
-
-type Written = (Vec<LogPos>, Vec<Outcome>);
-
-fn write_batch(
-    log: &mut FileLog,
-    melder: &mut Melder,
-    batch: &[Request],
-    durability: Durability,
-) -> Result<Written, DbError> {
-    let mut positions = Vec::with_capacity(batch.len());
-    for r in batch {
-        positions.push(
-            log.append(&r.bytes)
-                .map_err(|e| DbError::Stopped(e.to_string()))?,
-        );
-    }
-    // Fill a pair before syncing, so the filler is durable with the batch.
-    let needs_filler = melder.settings().group_meld && (log.tail() - 1) % 2 == 1;
-    if needs_filler {
-        log.append(&[])
-            .map_err(|e| DbError::Stopped(e.to_string()))?;
-    }
-    if durability == Durability::Sync {
-        log.sync()?;
-    }
-    let mut outcomes = Vec::with_capacity(batch.len() + 1);
-    for r in batch {
-        outcomes.extend(melder.apply(&r.bytes));
-    }
-    if needs_filler {
-        outcomes.extend(melder.apply(&[]));
-    }
-    Ok((positions, outcomes))
+    let _ = w.log.sync();
 }

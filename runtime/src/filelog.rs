@@ -191,6 +191,21 @@ impl FileLog {
         Ok(())
     }
 
+    /// A handle for syncing the current segment on another thread (the
+    /// caller then reports success with [`FileLog::mark_synced`]); lets a
+    /// host overlap the disk flush with other work.
+    pub fn sync_handle(&self) -> Result<(File, LogPos), FileLogError> {
+        let path = &self.segments.last().expect("a segment").path;
+        let f = self.writer.try_clone().map_err(io_err(path))?;
+        Ok((f, self.tail))
+    }
+
+    /// Records that everything before `pos` was synced through a handle
+    /// from [`FileLog::sync_handle`].
+    pub fn mark_synced(&mut self, pos: LogPos) {
+        self.synced = self.synced.max(pos.min(self.tail));
+    }
+
     /// Position up to which every record is durable.
     pub fn synced(&self) -> LogPos {
         self.synced
