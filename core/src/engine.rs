@@ -13,6 +13,7 @@ use crate::meld::{meld, AbortReason, MeldInput, MeldStats, Tombstones};
 use crate::node::{Link, LogPos, Vn};
 use crate::pipeline::{group, is_pair_head, premeld, Prepared, StageError};
 use crate::snapshot::Snapshot;
+use crate::txn::LocalIntention;
 
 /// A retained committed state together with the deletions meld remembers
 /// as of it: the input premeld and group meld need. Cheap to clone.
@@ -304,6 +305,22 @@ impl Melder {
         }
     }
 
+    /// [`Melder::apply`] for an entry this process created: `local` (from
+    /// [`crate::Transaction::finish_local`], for exactly these `bytes`)
+    /// replaces decoding the bytes, which gives the same intention. Falls
+    /// back to decoding when it cannot be used (another snapshot tree, or
+    /// the first member of a group-meld pair, which waits as bytes).
+    pub fn apply_local(&mut self, bytes: &[u8], local: LocalIntention) -> Vec<Outcome> {
+        if self.settings.group_meld {
+            return self.apply(bytes);
+        }
+        let pos = self.next_pos();
+        let mut stats = MeldStats::default();
+        let decoded = self.prepare(pos, bytes, Some(local), &mut stats);
+        self.prep_stats = stats;
+        vec![self.apply_decoded(decoded)]
+    }
+
     /// Decode and premeld of one entry.
     fn prepare_one(
         &self,
@@ -311,7 +328,31 @@ impl Melder {
         bytes: &[u8],
         stats: &mut MeldStats,
     ) -> Result<Intention, AbortReason> {
-        let int = self.decode(pos, bytes)?;
+        self.prepare(pos, bytes, None, stats)
+    }
+
+    fn prepare(
+        &self,
+        pos: LogPos,
+        bytes: &[u8],
+        local: Option<LocalIntention>,
+        stats: &mut MeldStats,
+    ) -> Result<Intention, AbortReason> {
+        let fast = local.and_then(|l| {
+            // The checks decoding does before resolving, then the
+            // in-memory conversion against the very same snapshot tree.
+            let snap = l.snapshot_pos();
+            let state = self.state_at(snap)?;
+            let oldest = pos.saturating_sub(self.settings.max_conflict_zone as u64 + 1);
+            if snap >= pos || snap < oldest {
+                return None;
+            }
+            l.at(pos, state)
+        });
+        let int = match fast {
+            Some(int) => int,
+            None => self.decode(pos, bytes)?,
+        };
         premeld(&self.settings, int, |m| self.meld_state(m).cloned(), stats).unwrap_or_else(|e| {
             // Unreachable: the window keeps every state premeld can name.
             Err(AbortReason::Malformed(DecodeError::Invalid {

@@ -49,4 +49,4 @@ pub use meld::{AbortReason, MeldStats};
 pub use node::{Bytes, LogPos, Node, Vn, NO_LOGGED_NODE};
 pub use range::KeyRange;
 pub use snapshot::{Digest, Order, Snapshot};
-pub use txn::{Finished, Isolation, Transaction};
+pub use txn::{Finished, Isolation, LocalIntention, Transaction};

@@ -73,6 +73,7 @@ pub enum Finished {
 }
 
 /// A finished transaction's tree and lists, before encoding.
+#[derive(Debug)]
 struct Sealed {
     root: Link,
     local: Arc<Owner>,
@@ -80,6 +81,48 @@ struct Sealed {
     snapshot: Snapshot,
     deletes: Vec<(Bytes, Vn)>,
     header_ranges: Vec<KeyRange>,
+}
+
+/// A finished transaction's intention as tree nodes, kept next to its bytes
+/// by a host that melds in the same process: [`crate::Melder::apply_local`]
+/// uses it instead of decoding the bytes again (the result is identical).
+#[derive(Debug)]
+pub struct LocalIntention {
+    sealed: Sealed,
+}
+
+impl LocalIntention {
+    /// Log position of the snapshot the transaction read.
+    pub fn snapshot_pos(&self) -> crate::node::LogPos {
+        self.sealed.snapshot.pos
+    }
+
+    /// The decoded intention at log position `pos`, if `snapshot_root` is
+    /// the very tree the transaction read (same nodes), else `None`.
+    pub(crate) fn at(
+        self,
+        pos: crate::node::LogPos,
+        snapshot: &Snapshot,
+    ) -> Option<crate::codec::Intention> {
+        let mine = &self.sealed.snapshot;
+        if !crate::node::same(&mine.root, &snapshot.root)
+            || mine.csn != snapshot.csn
+            || mine.pos != snapshot.pos
+            || mine.db != snapshot.db
+        {
+            return None;
+        }
+        let s = self.sealed;
+        Some(crate::codec::from_local(
+            &s.root,
+            &s.local,
+            pos,
+            &s.snapshot,
+            s.isolation,
+            s.deletes,
+            s.header_ranges,
+        ))
+    }
 }
 
 /// A transaction running on a snapshot. Sans-IO: it only computes.
@@ -265,6 +308,26 @@ impl Transaction {
             header_ranges: &sealed.header_ranges,
         })?;
         Ok(Finished::Intention(bytes))
+    }
+
+    /// Like [`Transaction::finish`], but also returns the intention as tree
+    /// nodes for a host that melds in this process
+    /// ([`crate::Melder::apply_local`]): the bytes still go to the log.
+    pub fn finish_local(self) -> Result<Option<(Vec<u8>, LocalIntention)>, TxnError> {
+        if !self.wrote {
+            return Ok(None);
+        }
+        let sealed = self.seal();
+        let bytes = encode(&EncodeInput {
+            root: &sealed.root,
+            local: &sealed.local,
+            isolation: sealed.isolation,
+            snapshot_pos: sealed.snapshot.pos,
+            snapshot_csn: sealed.snapshot.csn,
+            deletes: &sealed.deletes,
+            header_ranges: &sealed.header_ranges,
+        })?;
+        Ok(Some((bytes, LocalIntention { sealed })))
     }
 
     /// The final local tree, delete list and header ranges.

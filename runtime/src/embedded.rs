@@ -16,8 +16,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use melddb::{
-    AbortReason, Bytes, Finished, Isolation, Log, LogPos, Melder, Outcome, Settings, Snapshot,
-    Transaction, TxnError,
+    AbortReason, Bytes, Isolation, Log, LogPos, Melder, Outcome, Settings, Snapshot, Transaction,
+    TxnError,
 };
 
 use rand::Rng;
@@ -102,6 +102,9 @@ pub enum DbError {
 
 struct Request {
     bytes: Vec<u8>,
+    /// The same intention as tree nodes: the writer melds it without
+    /// decoding the bytes (identical result, much less work).
+    local: Option<melddb::LocalIntention>,
     reply: SyncSender<Result<Outcome, String>>,
 }
 
@@ -264,17 +267,20 @@ impl Database {
     /// Finishes `tx` and hands its intention to the writer without waiting
     /// (blocks only while `max_in_flight` commits are already queued).
     pub fn submit(&self, tx: Transaction) -> Result<CommitHandle, DbError> {
-        let bytes = match tx.finish()? {
-            Finished::ReadOnly => return Ok(CommitHandle { rx: None }),
-            Finished::Intention(b) => b,
+        let Some((bytes, local)) = tx.finish_local()? else {
+            return Ok(CommitHandle { rx: None });
         };
         let (reply, rx) = sync_channel(1);
         let q = self
             .queue
             .as_ref()
             .ok_or_else(|| DbError::Stopped("database is closed".into()))?;
-        q.send(Msg::Commit(Request { bytes, reply }))
-            .map_err(|_| DbError::Stopped("the writer thread has stopped".into()))?;
+        q.send(Msg::Commit(Request {
+            bytes,
+            local: Some(local),
+            reply,
+        }))
+        .map_err(|_| DbError::Stopped("the writer thread has stopped".into()))?;
         Ok(CommitHandle { rx: Some(rx) })
     }
 
@@ -412,12 +418,16 @@ struct Writer {
 impl Writer {
     /// Appends and melds `batch` (closing a group-meld pair with a filler).
     fn append(&mut self, batch: Vec<Request>) -> Result<(), DbError> {
-        for r in batch {
+        for mut r in batch {
             let pos = self
                 .log
                 .append(&r.bytes)
                 .map_err(|e| DbError::Stopped(e.to_string()))?;
-            for o in self.melder.apply(&r.bytes) {
+            let outcomes = match r.local.take() {
+                Some(l) => self.melder.apply_local(&r.bytes, l),
+                None => self.melder.apply(&r.bytes),
+            };
+            for o in outcomes {
                 if let Some(p) = o.pos() {
                     self.outcomes.insert(p, o);
                 }
