@@ -165,7 +165,7 @@ impl Client for Meld {
                 tx.put(k, value).map_err(|e| e.to_string())?;
             }
             match self.0.commit(tx).map_err(|e| e.to_string())? {
-                melddb::Outcome::Aborted { .. } => {
+                melddb::Outcome::Aborted { .. } | melddb::Outcome::Rejected { .. } => {
                     aborted += 1;
                     if aborted > 1000 {
                         return Err("1000 aborts in a row".into());

@@ -67,6 +67,25 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Run a workload against the database and print a results table.
+    Bench {
+        /// Transaction shape: 8r2w (8 reads, 2 writes), 2op (1 read,
+        /// 1 write) or ro (10 reads).
+        #[arg(long, default_value = "8r2w")]
+        mix: String,
+        /// Client threads.
+        #[arg(long, default_value_t = 4)]
+        threads: usize,
+        /// Seconds to run.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// Keys (`bench/NNNNNNNNNN`, 100-byte values), loaded if missing.
+        #[arg(long, default_value_t = 100_000)]
+        keys: u64,
+        /// Machine-readable output (no progress bar).
+        #[arg(long)]
+        json: bool,
+    },
     /// Test support: run money transfers between accounts forever,
     /// printing `ack ID` after each commit is acknowledged (crash tests
     /// kill this process at random moments).
@@ -208,6 +227,13 @@ fn run(args: Args) -> Result<ExitCode, String> {
                 }
             }
         }
+        Cmd::Bench {
+            mix,
+            threads,
+            seconds,
+            keys,
+            json,
+        } => bench(db, &mix, threads, seconds, keys, json)?,
         Cmd::CrashChild {
             accounts,
             first_id,
@@ -218,6 +244,158 @@ fn run(args: Args) -> Result<ExitCode, String> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn bench_key(i: u64) -> Vec<u8> {
+    format!("bench/{i:010}").into_bytes()
+}
+
+/// `melddb bench`: loads `keys` keys if needed, runs `threads` clients for
+/// `seconds` with a progress bar, then prints tps and latency percentiles.
+fn bench(
+    db: Database,
+    mix: &str,
+    threads: usize,
+    seconds: f64,
+    keys: u64,
+    json: bool,
+) -> Result<(), String> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    let (reads, writes) = match mix {
+        "8r2w" => (8, 2),
+        "2op" => (1, 1),
+        "ro" => (10, 0),
+        other => return Err(format!("unknown mix {other:?}: use 8r2w, 2op or ro")),
+    };
+    if threads == 0 || keys == 0 || !(seconds > 0.0) {
+        return Err("threads, keys and seconds must be positive".into());
+    }
+    let db = Arc::new(db);
+    if db.get(&bench_key(keys - 1)).is_none() {
+        let bar = (!json).then(|| indicatif::ProgressBar::new(keys).with_message("loading"));
+        let mut i = 0;
+        while i < keys {
+            let end = (i + 5_000).min(keys);
+            db.transact(Isolation::SnapshotIsolation, |tx| {
+                for j in i..end {
+                    tx.put(&bench_key(j), &[b'v'; 100])?;
+                }
+                Ok(())
+            })
+            .map_err(|e| e.to_string())?;
+            i = end;
+            if let Some(b) = &bar {
+                b.set_position(i);
+            }
+        }
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (db, stop, done) = (db.clone(), stop.clone(), done.clone());
+            std::thread::spawn(move || -> Result<(Vec<f64>, u64), String> {
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(t as u64 + 1);
+                let mut lat = Vec::new();
+                let mut aborts = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let t0 = Instant::now();
+                    loop {
+                        let mut tx = db.begin(Isolation::Serializable);
+                        for _ in 0..reads {
+                            tx.get(&bench_key(rng.random_range(0..keys)))
+                                .map_err(|e| e.to_string())?;
+                        }
+                        let mut v = [b'v'; 100];
+                        v[..8].copy_from_slice(&rng.random::<u64>().to_le_bytes());
+                        for _ in 0..writes {
+                            tx.put(&bench_key(rng.random_range(0..keys)), &v)
+                                .map_err(|e| e.to_string())?;
+                        }
+                        if db.commit(tx).map_err(|e| e.to_string())?.is_committed() {
+                            break;
+                        }
+                        aborts += 1;
+                    }
+                    lat.push(t0.elapsed().as_secs_f64() * 1e3);
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok((lat, aborts))
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    let total = Duration::from_secs_f64(seconds);
+    let bar = (!json).then(|| {
+        let b = indicatif::ProgressBar::new(total.as_millis() as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {elapsed_precise} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    while start.elapsed() < total {
+        std::thread::sleep(Duration::from_millis(100));
+        if let Some(b) = &bar {
+            b.set_position(start.elapsed().as_millis() as u64);
+            let n = done.load(Ordering::Relaxed);
+            b.set_message(format!(
+                "{n} committed, {:.0} tps",
+                n as f64 / start.elapsed().as_secs_f64()
+            ));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut lat = Vec::new();
+    let mut aborts = 0;
+    for h in handles {
+        let (l, a) = h
+            .join()
+            .map_err(|_| "client thread panicked".to_string())??;
+        lat.extend(l);
+        aborts += a;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    lat.sort_by(f64::total_cmp);
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 - 1.0) * p) as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let tps = lat.len() as f64 / elapsed;
+    let v = serde_json::json!({
+        "mix": mix, "threads": threads, "seconds": elapsed, "keys": keys,
+        "committed": lat.len(), "aborted_attempts": aborts, "tps": tps,
+        "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": lat.last().copied().unwrap_or(0.0),
+        "durability": "sync (fdatasync per group commit)",
+    });
+    if json {
+        println!("{v}");
+    } else {
+        println!(
+            "{:<8} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9}",
+            "mix", "threads", "committed", "tps", "p50 ms", "p99 ms", "aborts"
+        );
+        println!(
+            "{:<8} {:>7} {:>10} {:>10.0} {:>9.3} {:>9.3} {:>9}",
+            mix,
+            threads,
+            lat.len(),
+            tps,
+            pct(0.5),
+            pct(0.99),
+            aborts
+        );
+    }
+    Ok(())
 }
 
 /// Transfers between `accounts` accounts (each starting at 1000) from two

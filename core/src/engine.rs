@@ -42,6 +42,13 @@ pub enum Outcome {
         /// CSN of the resulting committed state.
         csn: Vn,
     },
+    /// Aborted by a trial meld before it was appended (it already
+    /// conflicted with the host's latest state, so it would abort on every
+    /// node); it never reached the log.
+    Rejected {
+        /// Why.
+        reason: AbortReason,
+    },
     /// Aborted; nothing of it is visible anywhere.
     Aborted {
         /// Log position of the intention.
@@ -54,13 +61,13 @@ pub enum Outcome {
 impl Outcome {
     /// Whether the transaction committed (or was read-only).
     pub fn is_committed(&self) -> bool {
-        !matches!(self, Outcome::Aborted { .. })
+        !matches!(self, Outcome::Aborted { .. } | Outcome::Rejected { .. })
     }
 
     /// The log position of the entry (`None` for a read-only transaction).
     pub fn pos(&self) -> Option<LogPos> {
         match self {
-            Outcome::ReadOnly => None,
+            Outcome::ReadOnly | Outcome::Rejected { .. } => None,
             Outcome::Committed { pos, .. } | Outcome::Aborted { pos, .. } => Some(*pos),
         }
     }

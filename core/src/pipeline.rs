@@ -232,6 +232,36 @@ fn group_on(
     }
 }
 
+/// Trial meld (Hyder §5): would `local`, appended now, abort against
+/// `latest` (the host's newest state)? Its conflict zone up to `latest` is
+/// checked exactly as meld would; `Err` means it aborts on every node, so
+/// the host may skip the append. `Ok` promises nothing about entries
+/// appended after `latest`.
+pub fn trial_meld(
+    settings: &Settings,
+    local: &crate::txn::LocalIntention,
+    latest: &MeldState,
+    stats: &mut MeldStats,
+) -> Result<(), AbortReason> {
+    let snap = local.snapshot();
+    let pos = latest.snapshot.pos + 1;
+    let oldest = pos.saturating_sub(settings.max_conflict_zone as u64 + 1);
+    if snap.pos < oldest {
+        return Err(AbortReason::SnapshotTooOld {
+            snapshot_pos: snap.pos,
+            oldest_accepted: oldest,
+        });
+    }
+    if snap.pos >= latest.snapshot.pos {
+        // Nothing committed since its snapshot: no conflict possible.
+        return Ok(());
+    }
+    match local.at(pos, snap) {
+        Some(int) => check(&int, latest, stats),
+        None => Ok(()),
+    }
+}
+
 /// Meld of `int` into `input`, for its decision only.
 fn check(int: &Intention, input: &MeldState, stats: &mut MeldStats) -> Result<(), AbortReason> {
     meld(

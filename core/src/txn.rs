@@ -97,10 +97,15 @@ impl LocalIntention {
         self.sealed.snapshot.pos
     }
 
+    /// The snapshot the transaction read.
+    pub(crate) fn snapshot(&self) -> &Snapshot {
+        &self.sealed.snapshot
+    }
+
     /// The decoded intention at log position `pos`, if `snapshot_root` is
     /// the very tree the transaction read (same nodes), else `None`.
     pub(crate) fn at(
-        self,
+        &self,
         pos: crate::node::LogPos,
         snapshot: &Snapshot,
     ) -> Option<crate::codec::Intention> {
@@ -112,15 +117,15 @@ impl LocalIntention {
         {
             return None;
         }
-        let s = self.sealed;
+        let s = &self.sealed;
         Some(crate::codec::from_local(
             &s.root,
             &s.local,
             pos,
             &s.snapshot,
             s.isolation,
-            s.deletes,
-            s.header_ranges,
+            s.deletes.clone(),
+            s.header_ranges.clone(),
         ))
     }
 }

@@ -34,6 +34,7 @@ fn outcome_line(o: &Outcome) -> String {
         Outcome::ReadOnly => "r".into(),
         Outcome::Committed { pos, csn } => format!("c{pos}:{csn}"),
         Outcome::Aborted { pos, reason } => format!("a{pos}:{reason}"),
+        Outcome::Rejected { reason } => format!("x:{reason}"),
     }
 }
 

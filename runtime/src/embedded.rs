@@ -15,9 +15,10 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use melddb::pipeline::trial_meld;
 use melddb::{
-    AbortReason, Bytes, Isolation, Log, LogPos, Melder, Outcome, Settings, Snapshot, Transaction,
-    TxnError,
+    AbortReason, Bytes, Isolation, Log, LogPos, MeldState, Melder, Outcome, Settings, Snapshot,
+    Transaction, TxnError,
 };
 
 use rand::Rng;
@@ -51,6 +52,10 @@ pub struct Options {
     pub segment_bytes: u64,
     /// Attempts [`Database::transact`] makes before giving up.
     pub max_attempts: u32,
+    /// Trial meld (Hyder §5): before queuing a commit, check it against the
+    /// latest state on the committing thread; one that already conflicts
+    /// is answered [`Outcome::Rejected`] and never appended.
+    pub trial_meld: bool,
 }
 
 impl Default for Options {
@@ -62,6 +67,7 @@ impl Default for Options {
             max_batch: 256,
             segment_bytes: crate::filelog::DEFAULT_SEGMENT_BYTES,
             max_attempts: 16,
+            trial_meld: true,
         }
     }
 }
@@ -115,7 +121,7 @@ impl std::fmt::Debug for Request {
 }
 
 struct Shared {
-    latest: RwLock<Snapshot>,
+    latest: RwLock<MeldState>,
     settings: Settings,
     dir: PathBuf,
 }
@@ -138,6 +144,7 @@ pub struct Database {
     queue: Option<SyncSender<Msg>>,
     writer: Option<JoinHandle<()>>,
     max_attempts: u32,
+    trial_meld: bool,
     recovery: Recovery,
 }
 
@@ -209,7 +216,12 @@ impl Database {
         close_pair(&mut log, &mut melder)?;
         log.sync()?;
         let shared = Arc::new(Shared {
-            latest: RwLock::new(melder.lcs().clone()),
+            latest: RwLock::new(
+                melder
+                    .meld_state(melder.lcs().pos())
+                    .cloned()
+                    .ok_or_else(|| not_db("no state after recovery".into()))?,
+            ),
             settings: *melder.settings(),
             dir: dir.clone(),
         });
@@ -227,6 +239,7 @@ impl Database {
             queue: Some(tx),
             writer: Some(writer),
             max_attempts: opts.max_attempts.max(1),
+            trial_meld: opts.trial_meld,
             recovery: Recovery {
                 records: report.records,
                 torn_bytes: report.torn_bytes,
@@ -251,6 +264,15 @@ impl Database {
             .latest
             .read()
             .unwrap_or_else(PoisonError::into_inner)
+            .snapshot()
+            .clone()
+    }
+
+    fn latest(&self) -> MeldState {
+        self.shared
+            .latest
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
 
@@ -270,6 +292,15 @@ impl Database {
         let Some((bytes, local)) = tx.finish_local()? else {
             return Ok(CommitHandle { rx: None });
         };
+        if self.trial_meld {
+            let mut stats = melddb::MeldStats::default();
+            let latest = self.latest();
+            if let Err(reason) = trial_meld(&self.shared.settings, &local, &latest, &mut stats) {
+                let (reply, rx) = sync_channel(1);
+                let _ = reply.send(Ok(Outcome::Rejected { reason }));
+                return Ok(CommitHandle { rx: Some(rx) });
+            }
+        }
         let (reply, rx) = sync_channel(1);
         let q = self
             .queue
@@ -304,7 +335,7 @@ impl Database {
             let mut tx = self.begin(isolation);
             let value = f(&mut tx)?;
             match self.commit(tx)? {
-                Outcome::Aborted { reason, .. } => {
+                Outcome::Aborted { reason, .. } | Outcome::Rejected { reason } => {
                     last = Some(reason);
                     if attempt < self.max_attempts {
                         thread::sleep(delay.mul_f64(rand::rng().random_range(0.5..1.5)));
@@ -444,11 +475,15 @@ impl Writer {
 
     /// Publishes the state up to `upto` (exclusive) and answers `done`.
     fn release(&mut self, upto: LogPos, done: Vec<(Request, LogPos)>) {
-        let state = self
+        let lcs = self.melder.lcs().pos();
+        let Some(state) = self
             .melder
             .meld_state(upto.saturating_sub(1))
-            .map(|s| s.snapshot().clone())
-            .unwrap_or_else(|| self.melder.lcs().clone());
+            .or_else(|| self.melder.meld_state(lcs))
+            .cloned()
+        else {
+            return;
+        };
         *self
             .shared
             .latest

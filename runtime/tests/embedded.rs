@@ -151,3 +151,35 @@ fn a_directory_that_is_not_a_database_is_refused() {
     .unwrap();
     assert!(matches!(Database::open(d.path()), Err(DbError::Log(_))));
 }
+
+#[test]
+fn trial_meld_rejects_a_doomed_commit_without_appending_it() {
+    let d = tempfile::tempdir().unwrap();
+    for trial in [true, false] {
+        let dir = d.path().join(format!("trial-{trial}"));
+        let db = Database::open_with(
+            &dir,
+            DbOptions {
+                trial_meld: trial,
+                ..DbOptions::default()
+            },
+        )
+        .unwrap();
+        let mut late = db.begin(Isolation::Serializable);
+        late.get(b"k").unwrap();
+        late.put(b"other", b"x").unwrap();
+        let mut first = db.begin(Isolation::Serializable);
+        first.put(b"k", b"1").unwrap();
+        assert!(db.commit(first).unwrap().is_committed());
+        let records_before = db.snapshot().pos();
+        let outcome = db.commit(late).unwrap();
+        match (trial, &outcome) {
+            (true, Outcome::Rejected { .. }) => {
+                assert_eq!(db.snapshot().pos(), records_before, "nothing appended")
+            }
+            (false, Outcome::Aborted { pos, .. }) => assert_eq!(*pos, records_before + 1),
+            _ => panic!("trial {trial}: {outcome:?}"),
+        }
+        assert!(!outcome.is_committed());
+    }
+}
