@@ -269,7 +269,7 @@ fn bench(
         "ro" => (10, 0),
         other => return Err(format!("unknown mix {other:?}: use 8r2w, 2op or ro")),
     };
-    if threads == 0 || keys == 0 || !(seconds > 0.0) {
+    if threads == 0 || keys == 0 || seconds.is_nan() || seconds <= 0.0 {
         return Err("threads, keys and seconds must be positive".into());
     }
     let db = Arc::new(db);
