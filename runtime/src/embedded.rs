@@ -54,7 +54,9 @@ pub struct Options {
     pub max_attempts: u32,
     /// Trial meld (Hyder §5): before queuing a commit, check it against the
     /// latest state on the committing thread; one that already conflicts
-    /// is answered [`Outcome::Rejected`] and never appended.
+    /// is answered [`Outcome::Rejected`] and never appended. Off by
+    /// default: it costs one meld per commit on the client thread and only
+    /// pays off under contention (measured in docs/benchmarks.md).
     pub trial_meld: bool,
 }
 
@@ -67,7 +69,7 @@ impl Default for Options {
             max_batch: 256,
             segment_bytes: crate::filelog::DEFAULT_SEGMENT_BYTES,
             max_attempts: 16,
-            trial_meld: true,
+            trial_meld: false,
         }
     }
 }
