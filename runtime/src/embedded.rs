@@ -573,19 +573,36 @@ fn writer_loop(
         syncing: None,
     };
     let mut shutting_down = false;
+    // Adaptive group commit: clients just answered usually commit again
+    // within microseconds, so the next flush waits briefly (at most
+    // GATHER) until as many commits are queued as were just answered.
+    const GATHER: Duration = Duration::from_micros(200);
+    let mut expect = 0usize;
+    let mut deadline: Option<Instant> = None;
     loop {
         if shutting_down && w.syncing.is_none() && w.unsynced.is_empty() {
             break;
         }
-        let Ok(first) = rx.recv() else { break };
+        let first = match deadline {
+            None => match rx.recv() {
+                Ok(m) => Some(m),
+                Err(_) => break,
+            },
+            Some(d) => match rx.recv_timeout(d.saturating_duration_since(Instant::now())) {
+                Ok(m) => Some(m),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            },
+        };
         let mut batch = Vec::new();
-        let mut next = Some(first);
+        let mut next = first;
         while let Some(m) = next.take() {
             match m {
                 Msg::Commit(r) => batch.push(r),
                 Msg::Synced(Ok(())) => {
                     if let Some((upto, done)) = w.syncing.take() {
                         w.log.mark_synced(upto);
+                        expect = done.len();
                         w.release(upto, done);
                     }
                 }
@@ -599,7 +616,21 @@ fn writer_loop(
                 next = rx.try_recv().ok();
             }
         }
-        let step = w.append(batch).and_then(|()| w.flush(syncer.as_ref()));
+        let mut step = w.append(batch);
+        if step.is_ok() && w.syncing.is_none() && !w.unsynced.is_empty() {
+            let now = Instant::now();
+            let waited_enough = deadline.is_some_and(|d| now >= d);
+            if shutting_down
+                || durability == Durability::Buffered
+                || w.unsynced.len() >= expect
+                || waited_enough
+            {
+                deadline = None;
+                step = w.flush(syncer.as_ref());
+            } else if deadline.is_none() {
+                deadline = Some(now + GATHER);
+            }
+        }
         if let Err(e) = step {
             // The log may be damaged: answer everyone and stop; the next
             // open verifies the files and recovers.
