@@ -712,8 +712,8 @@ pub(crate) fn from_local(
     pos: LogPos,
     snapshot: &crate::snapshot::Snapshot,
     isolation: Isolation,
-    deletes: Vec<(Bytes, Vn)>,
-    header_ranges: Vec<KeyRange>,
+    deletes: &[(Bytes, Vn)],
+    header_ranges: &[KeyRange],
 ) -> Intention {
     struct Conv<'l> {
         local: &'l Arc<Owner>,
@@ -788,8 +788,8 @@ pub(crate) fn from_local(
         owner: c.owner,
         node_count: c.bounds.len() as u32,
         bounds: c.bounds,
-        deletes,
-        header_ranges,
+        deletes: deletes.to_vec(),
+        header_ranges: header_ranges.to_vec(),
         pos,
         snapshot_pos: snapshot.pos,
         snapshot_root: snapshot.root.clone(),

@@ -347,14 +347,11 @@ impl Melder {
     ) -> Result<Intention, AbortReason> {
         let fast = local.and_then(|l| {
             // The checks decoding does before resolving, then the
-            // in-memory conversion against the very same snapshot tree.
+            // in-memory conversion against the very same snapshot tree;
+            // on any doubt, decoding decides (and names the error).
             let snap = l.snapshot_pos();
-            let state = self.state_at(snap)?;
-            let oldest = pos.saturating_sub(self.settings.max_conflict_zone as u64 + 1);
-            if snap >= pos || snap < oldest {
-                return None;
-            }
-            l.at(pos, state)
+            admit_snapshot(&self.settings, pos, snap).ok()?;
+            l.at(pos, self.state_at(snap)?)
         });
         let int = match fast {
             Some(int) => int,
@@ -533,6 +530,33 @@ fn stage_failure(e: &StageError) -> &'static str {
     }
 }
 
+/// Whether an intention at `pos` may name the state after `snapshot_pos`
+/// as its snapshot: before it, inside the conflict-zone bound (App. B), and
+/// not the first position of a group-meld pair (which has no state).
+pub(crate) fn admit_snapshot(
+    settings: &Settings,
+    pos: LogPos,
+    snapshot_pos: LogPos,
+) -> Result<(), AbortReason> {
+    if snapshot_pos >= pos {
+        return Err(AbortReason::Malformed(DecodeError::Invalid {
+            field: "snapshot position",
+            why: "not before the intention",
+        }));
+    }
+    let oldest_accepted = pos.saturating_sub(settings.max_conflict_zone as u64 + 1);
+    if snapshot_pos < oldest_accepted {
+        return Err(AbortReason::SnapshotTooOld {
+            snapshot_pos,
+            oldest_accepted,
+        });
+    }
+    if is_pair_head(settings, snapshot_pos) {
+        return Err(AbortReason::SnapshotUnavailable { snapshot_pos });
+    }
+    Ok(())
+}
+
 /// Decodes the log entry at `pos` against its snapshot, which `snapshot`
 /// looks up (a host may block there until final meld has produced it).
 /// Checks the conflict-zone bound and the snapshot's CSN.
@@ -543,24 +567,7 @@ pub fn decode_with(
     snapshot: impl FnOnce(LogPos) -> Option<Snapshot>,
 ) -> Result<Intention, AbortReason> {
     let parsed = parse(bytes).map_err(AbortReason::Malformed)?;
-    if parsed.snapshot_pos >= pos {
-        return Err(AbortReason::Malformed(DecodeError::Invalid {
-            field: "snapshot position",
-            why: "not before the intention",
-        }));
-    }
-    let oldest_accepted = pos.saturating_sub(settings.max_conflict_zone as u64 + 1);
-    if parsed.snapshot_pos < oldest_accepted {
-        return Err(AbortReason::SnapshotTooOld {
-            snapshot_pos: parsed.snapshot_pos,
-            oldest_accepted,
-        });
-    }
-    if is_pair_head(settings, parsed.snapshot_pos) {
-        return Err(AbortReason::SnapshotUnavailable {
-            snapshot_pos: parsed.snapshot_pos,
-        });
-    }
+    admit_snapshot(settings, pos, parsed.snapshot_pos)?;
     let state = snapshot(parsed.snapshot_pos).ok_or(AbortReason::SnapshotUnavailable {
         snapshot_pos: parsed.snapshot_pos,
     })?;

@@ -162,12 +162,21 @@ pub fn premeld(
     lookup: impl FnOnce(LogPos) -> Option<MeldState>,
     stats: &mut MeldStats,
 ) -> StageResult<Intention> {
-    match premeld_input(settings, int.pos) {
-        Some(m) if m > int.snapshot_pos => {
-            let input = fetch(m, lookup)?;
-            Ok(premeld_on(int, &input, stats))
-        }
-        _ => Ok(Ok(int)),
+    let base = premeld_base(settings, int.pos, int.snapshot_pos);
+    if base == int.snapshot_pos {
+        return Ok(Ok(int));
+    }
+    let input = fetch(base, lookup)?;
+    Ok(premeld_on(int, &input, stats))
+}
+
+/// The state the entry at `pos`, written on the snapshot at
+/// `snapshot_pos`, is expressed on after premeld: the premeld input if it
+/// is newer than the snapshot, else the snapshot itself.
+pub fn premeld_base(settings: &Settings, pos: LogPos, snapshot_pos: LogPos) -> LogPos {
+    match premeld_input(settings, pos) {
+        Some(m) if m > snapshot_pos => m,
+        _ => snapshot_pos,
     }
 }
 
@@ -245,14 +254,8 @@ pub fn trial_meld(
 ) -> Result<(), AbortReason> {
     let snap = local.snapshot();
     let pos = latest.snapshot.pos + 1;
-    let oldest = pos.saturating_sub(settings.max_conflict_zone as u64 + 1);
-    if snap.pos < oldest {
-        return Err(AbortReason::SnapshotTooOld {
-            snapshot_pos: snap.pos,
-            oldest_accepted: oldest,
-        });
-    }
-    if snap.pos >= latest.snapshot.pos {
+    crate::engine::admit_snapshot(settings, pos, snap.pos)?;
+    if snap.pos == latest.snapshot.pos {
         // Nothing committed since its snapshot: no conflict possible.
         return Ok(());
     }

@@ -83,6 +83,35 @@ struct Sealed {
     header_ranges: Vec<KeyRange>,
 }
 
+impl Sealed {
+    /// The intention record to append to the log.
+    fn encode(&self) -> Result<Vec<u8>, TxnError> {
+        encode(&EncodeInput {
+            root: &self.root,
+            local: &self.local,
+            isolation: self.isolation,
+            snapshot_pos: self.snapshot.pos,
+            snapshot_csn: self.snapshot.csn,
+            deletes: &self.deletes,
+            header_ranges: &self.header_ranges,
+        })
+    }
+
+    /// The same intention as decoded tree nodes at log position `pos`
+    /// (what resolving [`Sealed::encode`]'s bytes there would give).
+    fn intention(&self, pos: crate::node::LogPos) -> crate::codec::Intention {
+        crate::codec::from_local(
+            &self.root,
+            &self.local,
+            pos,
+            &self.snapshot,
+            self.isolation,
+            &self.deletes,
+            &self.header_ranges,
+        )
+    }
+}
+
 /// A finished transaction's intention as tree nodes, kept next to its bytes
 /// by a host that melds in the same process: [`crate::Melder::apply_local`]
 /// uses it instead of decoding the bytes again (the result is identical).
@@ -117,16 +146,7 @@ impl LocalIntention {
         {
             return None;
         }
-        let s = &self.sealed;
-        Some(crate::codec::from_local(
-            &s.root,
-            &s.local,
-            pos,
-            &s.snapshot,
-            s.isolation,
-            s.deletes.clone(),
-            s.header_ranges.clone(),
-        ))
+        Some(self.sealed.intention(pos))
     }
 }
 
@@ -299,20 +319,10 @@ impl Transaction {
     /// Finishes the transaction: read-only transactions are done; others
     /// yield the intention to append to the log.
     pub fn finish(self) -> Result<Finished, TxnError> {
-        if !self.wrote {
-            return Ok(Finished::ReadOnly);
-        }
-        let sealed = self.seal();
-        let bytes = encode(&EncodeInput {
-            root: &sealed.root,
-            local: &sealed.local,
-            isolation: sealed.isolation,
-            snapshot_pos: sealed.snapshot.pos,
-            snapshot_csn: sealed.snapshot.csn,
-            deletes: &sealed.deletes,
-            header_ranges: &sealed.header_ranges,
-        })?;
-        Ok(Finished::Intention(bytes))
+        Ok(match self.finish_local()? {
+            None => Finished::ReadOnly,
+            Some((bytes, _)) => Finished::Intention(bytes),
+        })
     }
 
     /// Like [`Transaction::finish`], but also returns the intention as tree
@@ -323,15 +333,7 @@ impl Transaction {
             return Ok(None);
         }
         let sealed = self.seal();
-        let bytes = encode(&EncodeInput {
-            root: &sealed.root,
-            local: &sealed.local,
-            isolation: sealed.isolation,
-            snapshot_pos: sealed.snapshot.pos,
-            snapshot_csn: sealed.snapshot.csn,
-            deletes: &sealed.deletes,
-            header_ranges: &sealed.header_ranges,
-        })?;
+        let bytes = sealed.encode()?;
         Ok(Some((bytes, LocalIntention { sealed })))
     }
 
@@ -655,23 +657,14 @@ impl Transaction {
             tx.wrote = true;
         }
         tx.ranges.extend(effects.ranges.iter().cloned());
-        let s = tx.seal();
-        Ok(crate::codec::from_local(
-            &s.root,
-            &s.local,
-            pos,
-            &s.snapshot,
-            s.isolation,
-            s.deletes,
-            s.header_ranges,
-        ))
+        Ok(tx.seal().intention(pos))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::{from_local, parse, resolve, Intention};
+    use crate::codec::{parse, resolve, Intention};
     use crate::engine::Melder;
     use crate::genesis::Settings;
 
@@ -760,25 +753,8 @@ mod tests {
             }
             let pos = snap.pos + 1;
             let s = tx.seal();
-            let direct = from_local(
-                &s.root,
-                &s.local,
-                pos,
-                &s.snapshot,
-                s.isolation,
-                s.deletes.clone(),
-                s.header_ranges.clone(),
-            );
-            let bytes = encode(&EncodeInput {
-                root: &s.root,
-                local: &s.local,
-                isolation: s.isolation,
-                snapshot_pos: s.snapshot.pos,
-                snapshot_csn: s.snapshot.csn,
-                deletes: &s.deletes,
-                header_ranges: &s.header_ranges,
-            })
-            .unwrap();
+            let direct = s.intention(pos);
+            let bytes = s.encode().unwrap();
             let decoded = resolve(&parse(&bytes).unwrap(), pos, &snap.root).unwrap();
             assert_eq!(shape(&direct), shape(&decoded), "round {round}");
         }

@@ -169,6 +169,16 @@ pub struct Run {
     pub log: Vec<Vec<u8>>,
 }
 
+/// Default settings with premeld threads `t`, distance `d` and group meld.
+pub fn pipeline_settings(t: u32, d: u32, group: bool) -> Settings {
+    Settings {
+        premeld_threads: t,
+        premeld_distance: d,
+        group_meld: group,
+        ..Settings::default()
+    }
+}
+
 /// A key as 8 big-endian bytes.
 pub fn key(i: u64) -> Vec<u8> {
     i.to_be_bytes().to_vec()
@@ -300,10 +310,15 @@ struct Pending {
     sets: Option<IntentionSets>,
 }
 
-/// Checks outcomes against the brute-force validator (pairwise under group
-/// meld) and applies committed writes to the model.
-struct Checker {
+/// The melder under test, its log, and the checks of every outcome against
+/// the brute-force validator (pairwise under group meld) and the model.
+struct Harness {
     settings: Settings,
+    melder: Melder,
+    /// The genesis record, then every entry in order.
+    log: Vec<Vec<u8>>,
+    records: Vec<Record>,
+    counts: Counts,
     brute: BruteForce,
     pending: BTreeMap<LogPos, Pending>,
     model: BTreeMap<Vec<u8>, Vec<u8>>,
@@ -311,21 +326,41 @@ struct Checker {
     load: BTreeMap<LogPos, Pairs>,
 }
 
-impl Checker {
-    /// The entry's base after premeld (the state it is re-expressed on).
-    fn base(&self, pos: LogPos, snap: LogPos) -> LogPos {
-        match pipeline::premeld_input(&self.settings, pos) {
-            Some(m) if m > snap => m,
-            _ => snap,
-        }
+impl Harness {
+    /// Appends one entry, feeds it to the melder and checks what got
+    /// decided.
+    fn append(&mut self, bytes: Vec<u8>, record: Option<usize>) -> Result<Vec<Outcome>, String> {
+        let pos = self.melder.next_pos();
+        let (snapshot_pos, sets) = match self.melder.decode(pos, &bytes) {
+            Ok(int) => (int.snapshot_pos, Some(IntentionSets::of(&int))),
+            Err(e) if record.is_some() => return Err(format!("own intention rejected: {e}")),
+            Err(_) => (0, None),
+        };
+        self.pending.insert(
+            pos,
+            Pending {
+                record,
+                snapshot_pos,
+                sets,
+            },
+        );
+        let outcomes = self.melder.apply(&bytes);
+        self.log.push(bytes);
+        self.counts.ephemeral += self.melder.last_stats().ephemeral_nodes;
+        self.settle(&outcomes)?;
+        Ok(outcomes)
     }
 
-    fn settle(
-        &mut self,
-        outcomes: &[Outcome],
-        records: &mut [Record],
-        counts: &mut Counts,
-    ) -> Result<(), String> {
+    /// Group meld: closes a pending pair with a filler (aborted as
+    /// malformed), so every entry so far is decided.
+    fn close_pair(&mut self) -> Result<(), String> {
+        if self.melder.next_pos() != self.melder.lcs().pos() + 1 {
+            self.append(Vec::new(), None)?;
+        }
+        Ok(())
+    }
+
+    fn settle(&mut self, outcomes: &[Outcome]) -> Result<(), String> {
         let mut verdicts = Vec::new();
         if outcomes.len() == 2 && self.settings.group_meld {
             let (pa, pb) = (
@@ -334,9 +369,9 @@ impl Checker {
             );
             let a = self.pending.remove(&pa).ok_or("unknown entry")?;
             let b = self.pending.remove(&pb).ok_or("unknown entry")?;
-            let q = self
-                .base(pa, a.snapshot_pos)
-                .max(self.base(pb, b.snapshot_pos));
+            // Both members are brought to the later of their premeld bases.
+            let base = |pos, snap| pipeline::premeld_base(&self.settings, pos, snap);
+            let q = base(pa, a.snapshot_pos).max(base(pb, b.snapshot_pos));
             let (ra, rb) = self.brute.decide_pair(
                 (pa, a.snapshot_pos, a.sets.clone()),
                 (pb, b.snapshot_pos, b.sets.clone()),
@@ -359,7 +394,7 @@ impl Checker {
             let pos = o.pos().unwrap_or(0);
             match brute_matches(o, &verdict) {
                 Some(true) => {}
-                Some(false) => counts.extra_aborts += 1,
+                Some(false) => self.counts.extra_aborts += 1,
                 None => {
                     return Err(format!(
                         "entry {pos} (snapshot {}): meld {o:?} but brute force {verdict:?}",
@@ -375,10 +410,10 @@ impl Checker {
                 continue;
             }
             let Some(ix) = e.record else { continue };
-            let rec = &mut records[ix];
+            let rec = &mut self.records[ix];
             rec.outcome = o.clone();
             if o.is_committed() {
-                counts.committed += 1;
+                self.counts.committed += 1;
                 for op in &rec.ops {
                     match op {
                         Op::Put(k, v) => {
@@ -392,7 +427,7 @@ impl Checker {
                     }
                 }
             } else {
-                counts.aborted += 1;
+                self.counts.aborted += 1;
             }
         }
         Ok(())
@@ -435,45 +470,18 @@ pub fn run(cfg: &Config) -> Result<Run, String> {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let mut melder = Melder::new(cfg.settings);
     melder.set_keep_readset(cfg.keep_readset);
-    let mut chk = Checker {
+    let mut h = Harness {
         settings: cfg.settings,
+        melder,
+        log: vec![cfg.settings.encode()],
+        records: Vec::with_capacity(cfg.txns),
+        counts: Counts::default(),
         brute: BruteForce::new(&cfg.settings),
         pending: BTreeMap::new(),
         model: BTreeMap::new(),
         load: BTreeMap::new(),
     };
-    let mut log: Vec<Vec<u8>> = vec![cfg.settings.encode()];
-    let mut counts = Counts::default();
     let mut initial = Vec::new();
-    let mut records: Vec<Record> = Vec::with_capacity(cfg.txns);
-
-    // Appends one entry, feeds it to the melder and checks what got decided.
-    let mut append = |melder: &mut Melder,
-                      chk: &mut Checker,
-                      records: &mut Vec<Record>,
-                      counts: &mut Counts,
-                      bytes: Vec<u8>,
-                      record: Option<usize>|
-     -> Result<Vec<Outcome>, String> {
-        let pos = melder.next_pos();
-        let (snapshot_pos, sets) = match melder.decode(pos, &bytes) {
-            Ok(int) => (int.snapshot_pos, Some(IntentionSets::of(&int))),
-            Err(_) => (0, None),
-        };
-        chk.pending.insert(
-            pos,
-            Pending {
-                record,
-                snapshot_pos,
-                sets,
-            },
-        );
-        let outcomes = melder.apply(&bytes);
-        log.push(bytes);
-        counts.ephemeral += melder.last_stats().ephemeral_nodes;
-        chk.settle(&outcomes, records, counts)?;
-        Ok(outcomes)
-    };
 
     // Initial load, in serial batches.
     let stride = (cfg.keys / cfg.initial.max(1)).max(1);
@@ -482,7 +490,7 @@ pub fn run(cfg: &Config) -> Result<Run, String> {
         .take(cfg.initial as usize)
         .collect();
     for chunk in load.chunks(512) {
-        let mut tx = Transaction::begin(melder.lcs(), Isolation::SnapshotIsolation);
+        let mut tx = Transaction::begin(h.melder.lcs(), Isolation::SnapshotIsolation);
         let mut writes = Vec::new();
         for k in chunk {
             let v = format!("init{k}").into_bytes();
@@ -493,106 +501,64 @@ pub fn run(cfg: &Config) -> Result<Run, String> {
         let Finished::Intention(bytes) = tx.finish().map_err(|e| e.to_string())? else {
             return Err("initial load produced no intention".into());
         };
-        chk.load.insert(melder.next_pos(), writes);
-        append(
-            &mut melder,
-            &mut chk,
-            &mut records,
-            &mut counts,
-            bytes,
-            None,
-        )?;
-        if melder.next_pos() != melder.lcs().pos() + 1 {
-            // Group meld: close the pair with a filler (aborted as malformed).
-            append(
-                &mut melder,
-                &mut chk,
-                &mut records,
-                &mut counts,
-                Vec::new(),
-                None,
-            )?;
-        }
+        h.load.insert(h.melder.next_pos(), writes);
+        h.append(bytes, None)?;
+        h.close_pair()?;
     }
-    let load_end = melder.lcs().pos();
+    let load_end = h.melder.lcs().pos();
 
     for id in 0..cfg.txns {
         let delta = rng.random_range(0..=cfg.degree);
-        let mut snap_pos = melder.lcs().pos().saturating_sub(delta).max(load_end);
-        if melder.state_at(snap_pos).is_none() && snap_pos > load_end {
+        let mut snap_pos = h.melder.lcs().pos().saturating_sub(delta).max(load_end);
+        if h.melder.state_at(snap_pos).is_none() && snap_pos > load_end {
             // Group meld: the first position of a pair is no state.
             snap_pos -= 1;
         }
-        let snapshot = melder
+        let snapshot = h
+            .melder
             .state_at(snap_pos)
             .ok_or_else(|| format!("state {snap_pos} not retained"))?
             .clone();
         let isolation = random_isolation(&mut rng, cfg);
         let mut tx = Transaction::begin(&snapshot, isolation);
         let ops = run_ops(&mut tx, &mut rng, cfg, id);
-        let bytes = match tx.finish().map_err(|e| e.to_string())? {
-            Finished::ReadOnly => {
-                counts.read_only += 1;
-                records.push(Record {
-                    snapshot_pos: snap_pos,
-                    isolation,
-                    ops,
-                    outcome: Outcome::ReadOnly,
-                });
-                continue;
-            }
-            Finished::Intention(b) => b,
-        };
-        let pos = melder.next_pos();
-        records.push(Record {
+        let finished = tx.finish().map_err(|e| e.to_string())?;
+        h.records.push(Record {
             snapshot_pos: snap_pos,
             isolation,
             ops,
-            // Replaced when meld decides.
+            // Replaced when meld decides an intention.
             outcome: Outcome::ReadOnly,
         });
-        if melder.decode(pos, &bytes).is_err() {
-            return Err(format!("txn {id}: own intention rejected"));
-        }
-        let ix = records.len() - 1;
-        let outcomes = append(
-            &mut melder,
-            &mut chk,
-            &mut records,
-            &mut counts,
-            bytes,
-            Some(ix),
-        )
-        .map_err(|e| format!("txn {id}: {e}"))?;
+        let Finished::Intention(bytes) = finished else {
+            h.counts.read_only += 1;
+            continue;
+        };
+        let pos = h.melder.next_pos();
+        let ix = h.records.len() - 1;
+        let outcomes = h
+            .append(bytes, Some(ix))
+            .map_err(|e| format!("txn {id}: {e}"))?;
         if !outcomes.is_empty() && (cfg.check_every_meld || id + 1 == cfg.txns) {
             check_state(
-                &melder,
-                &chk.model,
+                &h.melder,
+                &h.model,
                 &format!("txn {id} at {pos} (snapshot {snap_pos})"),
             )?;
         }
     }
-    if melder.next_pos() != melder.lcs().pos() + 1 {
-        append(
-            &mut melder,
-            &mut chk,
-            &mut records,
-            &mut counts,
-            Vec::new(),
-            None,
-        )?;
-    }
-    check_state(&melder, &chk.model, "end")?;
-    if let Some(p) = chk.pending.keys().next() {
+    h.close_pair()?;
+    check_state(&h.melder, &h.model, "end")?;
+    if let Some(p) = h.pending.keys().next() {
         return Err(format!("entry {p} was never decided"));
     }
-    let final_state = pairs(melder.lcs());
+    let final_state = pairs(h.melder.lcs());
     Ok(Run {
-        records,
+        records: h.records,
         initial,
         final_state,
-        counts,
-        digest: melder.lcs().digest_hex(),
-        log,
+        counts: h.counts,
+        digest: h.melder.lcs().digest_hex(),
+        log: h.log,
     })
 }

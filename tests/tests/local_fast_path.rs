@@ -3,19 +3,14 @@
 //! same state digests, under every pipeline configuration but group meld
 //! (which falls back to decoding).
 
-use melddb::{Isolation, Melder, Order, Settings, Transaction};
+use melddb::{Isolation, Melder, Order, Transaction};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 #[test]
 fn local_intentions_meld_exactly_like_their_bytes() {
     for (t, d, group) in [(0, 0, false), (2, 1, false), (1, 10, false), (2, 1, true)] {
-        let settings = Settings {
-            premeld_threads: t,
-            premeld_distance: d,
-            group_meld: group,
-            ..Settings::default()
-        };
+        let settings = melddb_tests::pipeline_settings(t, d, group);
         let mut fast = Melder::new(settings);
         let mut slow = Melder::new(settings);
         let mut rng = ChaCha8Rng::seed_from_u64(9 + t as u64);

@@ -4,7 +4,7 @@
 //! reproducible (equal digests when the log is melded again).
 
 use melddb::{Melder, Settings};
-use melddb_tests::{run, Config, Mix, Run};
+use melddb_tests::{pipeline_settings, run, Config, Mix, Run};
 use proptest::prelude::*;
 
 /// The configurations the issue asks for: (t, d, group meld).
@@ -21,22 +21,12 @@ const CONFIGS: &[(u32, u32, bool)] = &[
     (5, 10, true),
 ];
 
-fn settings(t: u32, d: u32, group: bool) -> Settings {
-    Settings {
-        premeld_threads: t,
-        premeld_distance: d,
-        group_meld: group,
-        ..Settings::default()
-    }
-}
-
-/// Melds a recorded log again with a fresh melder; returns the final digest.
-fn replay(log: &[Vec<u8>]) -> String {
+/// Melds a recorded log again with a fresh single-threaded melder; returns
+/// every outcome and the final digest.
+fn replay(log: &[Vec<u8>]) -> (Vec<melddb::Outcome>, String) {
     let mut m = Melder::from_genesis(&log[0]).expect("valid genesis");
-    for e in &log[1..] {
-        m.apply(e);
-    }
-    m.lcs().digest_hex()
+    let outcomes = log[1..].iter().flat_map(|e| m.apply(e)).collect();
+    (outcomes, m.lcs().digest_hex())
 }
 
 fn committed_flags(r: &Run) -> Vec<(u64, bool)> {
@@ -69,13 +59,13 @@ proptest! {
             skew,
             txns: 200,
             seed,
-            settings: settings(t, d, group),
+            settings: pipeline_settings(t, d, group),
             ..Config::default()
         };
         let r = run(&cfg).map_err(TestCaseError::fail)?;
         prop_assert_eq!(r.counts.extra_aborts, 0);
         // The log alone fixes the state: melding it again gives the same digest.
-        prop_assert_eq!(replay(&r.log), r.digest.clone());
+        prop_assert_eq!(replay(&r.log).1, r.digest.clone());
         if !group {
             // Premeld changes no decision and no content, only node identities.
             let plain = run(&Config { settings: Settings::default(), ..cfg.clone() })
@@ -102,12 +92,12 @@ fn premeld_and_group_meld_actually_run_and_change_identities() {
     };
     let plain = run(&base).unwrap();
     let pre = run(&Config {
-        settings: settings(2, 10, false),
+        settings: pipeline_settings(2, 10, false),
         ..base.clone()
     })
     .unwrap();
     let both = run(&Config {
-        settings: settings(2, 10, true),
+        settings: pipeline_settings(2, 10, true),
         ..base.clone()
     })
     .unwrap();
@@ -120,19 +110,13 @@ fn premeld_and_group_meld_actually_run_and_change_identities() {
     assert!(plain.counts.committed > 250, "{:?}", plain.counts);
     assert_eq!(
         run(&Config {
-            settings: settings(2, 10, true),
+            settings: pipeline_settings(2, 10, true),
             ..base
         })
         .unwrap()
         .digest,
         both.digest
     );
-}
-
-/// Outcomes of melding a log with the single-threaded driver.
-fn replay_outcomes(log: &[Vec<u8>]) -> Vec<melddb::Outcome> {
-    let mut m = Melder::from_genesis(&log[0]).expect("valid genesis");
-    log[1..].iter().flat_map(|e| m.apply(e)).collect()
 }
 
 #[test]
@@ -147,11 +131,11 @@ fn threaded_pipeline_matches_the_single_threaded_driver_under_random_delays() {
             txns: 300,
             seed: 100 + i as u64,
             check_every_meld: false,
-            settings: settings(t, d, group),
+            settings: pipeline_settings(t, d, group),
             ..Config::default()
         };
         let r = run(&cfg).unwrap();
-        let want = replay_outcomes(&r.log);
+        let (want, _) = replay(&r.log);
         for (workers, jitter) in [
             (1, None),
             (2, Some((i as u64, 200))),
@@ -185,7 +169,7 @@ fn appendix_c_two_nodes_cannot_premeld_one_intention_against_different_states() 
     use melddb::{Finished, Isolation, MeldStats, Transaction};
     use melddb_runtime::{run_log, Options};
 
-    let settings = settings(1, 1, false);
+    let settings = pipeline_settings(1, 1, false);
     let mut node = Melder::new(settings);
     let mut log = vec![settings.encode()];
     let mut tx = Transaction::begin(node.lcs(), Isolation::Serializable);

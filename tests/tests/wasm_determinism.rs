@@ -6,8 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use melddb::Settings;
-use melddb_tests::{run, Config};
+use melddb_tests::{pipeline_settings, run, Config};
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -79,12 +78,7 @@ fn wasm_and_native_meld_the_same_logs_to_the_same_digests() {
             txns: 300,
             seed: 40 + i as u64,
             check_every_meld: false,
-            settings: Settings {
-                premeld_threads: t,
-                premeld_distance: d,
-                group_meld: group,
-                ..Settings::default()
-            },
+            settings: pipeline_settings(t, d, group),
             ..Config::default()
         };
         let r = run(&cfg).expect("history checks pass");
