@@ -211,10 +211,9 @@ impl Database {
         let genesis = log.read(0).map_err(|e| not_db(e.to_string()))?;
         let mut melder = Melder::from_genesis(&genesis).map_err(|e| not_db(e.to_string()))?;
         melder.set_deferred_reclaim(false);
-        for pos in 1..log.tail() {
-            let e = log.read(pos).map_err(|e| not_db(e.to_string()))?;
-            melder.apply(&e);
-        }
+        log.replay(1, |_, e| {
+            melder.apply(e);
+        })?;
         close_pair(&mut log, &mut melder)?;
         log.sync()?;
         let shared = Arc::new(Shared {
