@@ -278,9 +278,7 @@ fn meld_suite(args: &Args) -> Result<(), String> {
             },
             "rows": rows,
         });
-        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
-        std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
-        eprintln!("JSON written to {}", path.display());
+        write_json(path, &doc)?;
     }
     if disagreements > 0 {
         return Err(format!(
@@ -464,9 +462,7 @@ fn pipeline_suite(args: &Args) -> Result<(), String> {
             "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
             "sweep": sweep_rows.iter().map(row_json).collect::<Vec<_>>(),
         });
-        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
-        std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
-        eprintln!("JSON written to {}", path.display());
+        write_json(path, &doc)?;
     }
     Ok(())
 }
@@ -594,10 +590,16 @@ fn embedded_suite(args: &Args) -> Result<(), String> {
             },
             "rows": rows,
         });
-        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
-        std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
-        eprintln!("JSON written to {}", path.display());
+        write_json(path, &doc)?;
     }
+    Ok(())
+}
+
+/// Writes a suite's JSON document (`--json FILE`).
+fn write_json(path: &std::path::Path, doc: &serde_json::Value) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(doc).map_err(|e| e.to_string())?;
+    std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    eprintln!("JSON written to {}", path.display());
     Ok(())
 }
 

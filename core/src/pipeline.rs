@@ -66,15 +66,11 @@ impl Prepared {
         }
     }
     /// Number of log entries this covers (1 or 2).
-    pub fn len(&self) -> u64 {
+    pub fn entries(&self) -> u64 {
         match self {
             Prepared::One(..) => 1,
             _ => 2,
         }
-    }
-    /// Never empty; present for API completeness.
-    pub fn is_empty(&self) -> bool {
-        false
     }
 }
 

@@ -400,7 +400,8 @@ enum Msg {
 /// melding the next commits while the disk flushes the previous ones
 /// (pipelined group commit). It reports back through the writer's queue.
 struct Syncer {
-    tx: SyncSender<std::fs::File>,
+    /// `None` once closing: dropping the sender ends the thread's loop.
+    tx: Option<SyncSender<std::fs::File>>,
     handle: Option<JoinHandle<()>>,
 }
 
@@ -417,7 +418,7 @@ impl Syncer {
                 }
             })?;
         Ok(Syncer {
-            tx,
+            tx: Some(tx),
             handle: Some(handle),
         })
     }
@@ -425,8 +426,7 @@ impl Syncer {
 
 impl Drop for Syncer {
     fn drop(&mut self) {
-        let (dead, _) = sync_channel(1);
-        drop(std::mem::replace(&mut self.tx, dead));
+        self.tx = None;
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
@@ -519,8 +519,9 @@ impl Writer {
             (Durability::Buffered, _) => self.release(tail, batch),
             (Durability::Sync, Some(s)) => {
                 let (f, upto) = self.log.sync_handle()?;
-                s.tx.send(f)
-                    .map_err(|_| DbError::Stopped("the sync thread stopped".into()))?;
+                s.tx.as_ref()
+                    .and_then(|tx| tx.send(f).ok())
+                    .ok_or_else(|| DbError::Stopped("the sync thread stopped".into()))?;
                 self.syncing = Some((upto, batch));
             }
             (Durability::Sync, None) => {

@@ -306,7 +306,7 @@ fn final_meld(
             .map_err(|_| PipelineError::Thread(format!("worker for unit {u} stopped")))??;
         prep.add(&unit.stats);
         let from = unit.prepared.first_pos();
-        let n = unit.prepared.len();
+        let n = unit.prepared.entries();
         if let Some(z) = final_zone(&unit.prepared) {
             zone += z;
             count += 1;
