@@ -1,0 +1,283 @@
+//! Service configuration: failure zones, segment geometry, parity, limits
+//! and tokens. Read from TOML by `melddb-log serve --config FILE`; every
+//! field but `zones` has a default.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConfigError;
+
+/// Number of segments that hold each end-write record (§2.1 of the Hyder
+/// log paper: three copies).
+pub const END_WRITE_COPIES: usize = 3;
+
+/// Largest page header plus shard the service accepts, whatever the config.
+pub const MAX_PAGE_BYTES: u32 = 16 << 20;
+
+/// The whole service configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// One directory per failure zone. Segment `s` lives in zone
+    /// `s % zones.len()`, so any `zones.len()` consecutive segments are in
+    /// different zones.
+    pub zones: Vec<PathBuf>,
+    /// Data pages per stripe (Reed-Solomon data shards).
+    #[serde(default = "defaults::data_shards")]
+    pub data_shards: usize,
+    /// Parity pages per stripe; any `parity_shards` lost or corrupt pages
+    /// of a stripe are rebuilt.
+    #[serde(default = "defaults::parity_shards")]
+    pub parity_shards: usize,
+    /// Largest page (header + shard) in bytes. A stripe carries at most
+    /// `data_shards * (page_bytes - header)` bytes; larger records span
+    /// several stripes.
+    #[serde(default = "defaults::page_bytes")]
+    pub page_bytes: u32,
+    /// Size at which a segment is considered full and the windows slide.
+    #[serde(default = "defaults::segment_bytes")]
+    pub segment_bytes: u64,
+    /// Most segment files that may exist at once (trim frees them).
+    #[serde(default = "defaults::max_segments")]
+    pub max_segments: u64,
+    /// fsync data and end-write segments before acknowledging (default
+    /// true). Turning it off keeps acknowledged appends only across a
+    /// process crash, not a power loss.
+    #[serde(default = "defaults::fsync")]
+    pub fsync: bool,
+    /// Largest single record accepted.
+    #[serde(default = "defaults::max_record_bytes")]
+    pub max_record_bytes: u32,
+    /// How many recent (client, request) ids are remembered for idempotent
+    /// appends.
+    #[serde(default = "defaults::dedup_window")]
+    pub dedup_window: usize,
+    /// Decoded stripes kept in memory for reads (0 turns the cache off).
+    #[serde(default = "defaults::read_cache_stripes")]
+    pub read_cache_stripes: usize,
+    /// Network limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Listen addresses.
+    #[serde(default)]
+    pub listen: Listen,
+    /// Bearer tokens and their rights. Empty means no authentication
+    /// (only sensible on loopback).
+    #[serde(default)]
+    pub tokens: BTreeMap<String, Rights>,
+}
+
+/// Network limits; every one is checked before memory is committed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Largest frame (binary protocol and WebSocket) in bytes.
+    #[serde(default = "defaults::max_frame_bytes")]
+    pub max_frame_bytes: u32,
+    /// Most open client connections; more are refused.
+    #[serde(default = "defaults::max_connections")]
+    pub max_connections: usize,
+    /// Most requests one connection may have in flight; the server stops
+    /// reading from a connection that reaches it (back-pressure).
+    #[serde(default = "defaults::max_in_flight")]
+    pub max_in_flight: usize,
+    /// Appends queued for the storage writer across all connections.
+    #[serde(default = "defaults::append_queue")]
+    pub append_queue: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_frame_bytes: defaults::max_frame_bytes(),
+            max_connections: defaults::max_connections(),
+            max_in_flight: defaults::max_in_flight(),
+            append_queue: defaults::append_queue(),
+        }
+    }
+}
+
+/// Where the service listens. Both default to loopback.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Listen {
+    /// Binary protocol over TCP.
+    #[serde(default = "defaults::tcp")]
+    pub tcp: String,
+    /// HTTP: health, metrics, JSON append/read/tail and the WebSocket.
+    #[serde(default = "defaults::http")]
+    pub http: String,
+}
+
+impl Default for Listen {
+    fn default() -> Self {
+        Listen {
+            tcp: defaults::tcp(),
+            http: defaults::http(),
+        }
+    }
+}
+
+/// What one bearer token may do.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Rights {
+    /// Log names the token may use; `"*"` means all.
+    pub logs: Vec<String>,
+    /// May read, tail and subscribe.
+    #[serde(default)]
+    pub read: bool,
+    /// May append and trim.
+    #[serde(default)]
+    pub append: bool,
+}
+
+impl Rights {
+    /// Whether these rights cover `log`.
+    pub fn covers(&self, log: &str) -> bool {
+        self.logs.iter().any(|l| l == "*" || l == log)
+    }
+}
+
+mod defaults {
+    pub fn data_shards() -> usize {
+        2
+    }
+    pub fn parity_shards() -> usize {
+        1
+    }
+    pub fn page_bytes() -> u32 {
+        128 << 10
+    }
+    pub fn segment_bytes() -> u64 {
+        256 << 20
+    }
+    pub fn max_segments() -> u64 {
+        4096
+    }
+    pub fn fsync() -> bool {
+        true
+    }
+    pub fn max_record_bytes() -> u32 {
+        64 << 20
+    }
+    pub fn read_cache_stripes() -> usize {
+        128
+    }
+    pub fn dedup_window() -> usize {
+        1 << 20
+    }
+    pub fn max_frame_bytes() -> u32 {
+        (64 << 20) + 4096
+    }
+    pub fn max_connections() -> usize {
+        1024
+    }
+    pub fn max_in_flight() -> usize {
+        256
+    }
+    pub fn append_queue() -> usize {
+        16384
+    }
+    pub fn tcp() -> String {
+        "127.0.0.1:7431".into()
+    }
+    pub fn http() -> String {
+        "127.0.0.1:7432".into()
+    }
+}
+
+impl Config {
+    /// A configuration with defaults for everything but the zones.
+    pub fn with_zones(zones: Vec<PathBuf>) -> Config {
+        Config {
+            zones,
+            data_shards: defaults::data_shards(),
+            parity_shards: defaults::parity_shards(),
+            page_bytes: defaults::page_bytes(),
+            segment_bytes: defaults::segment_bytes(),
+            max_segments: defaults::max_segments(),
+            fsync: defaults::fsync(),
+            max_record_bytes: defaults::max_record_bytes(),
+            dedup_window: defaults::dedup_window(),
+            read_cache_stripes: defaults::read_cache_stripes(),
+            limits: Limits::default(),
+            listen: Listen::default(),
+            tokens: BTreeMap::new(),
+        }
+    }
+
+    /// Parses and validates a TOML configuration.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let config: Config =
+            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Pages per stripe.
+    pub fn stripe_width(&self) -> usize {
+        self.data_shards + self.parity_shards
+    }
+
+    /// Checks the geometry: stripes and end-write copies must fall in
+    /// different zones, pages must fit segments, parity must exist.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |why: String| Err(ConfigError::Invalid(why));
+        if self.data_shards == 0 || self.parity_shards == 0 {
+            return bad("data_shards and parity_shards must both be at least 1 (parity is what rebuilds a lost page)".into());
+        }
+        if self.stripe_width() > 255 {
+            return bad("data_shards + parity_shards must be at most 255".into());
+        }
+        let need = self.stripe_width().max(END_WRITE_COPIES);
+        if self.zones.len() < need {
+            return bad(format!(
+                "{} zones configured but a stripe of {} pages and {} end-write copies need at least {} zones, one page per zone",
+                self.zones.len(),
+                self.stripe_width(),
+                END_WRITE_COPIES,
+                need
+            ));
+        }
+        if self.page_bytes < 4096 || self.page_bytes > MAX_PAGE_BYTES {
+            return bad(format!(
+                "page_bytes must be between 4096 and {MAX_PAGE_BYTES}"
+            ));
+        }
+        if self.segment_bytes < 4 * self.page_bytes as u64 {
+            return bad("segment_bytes must hold at least four pages".into());
+        }
+        let window = (END_WRITE_COPIES + 2 * self.stripe_width()) as u64;
+        if self.max_segments < window + 1 {
+            return bad(format!(
+                "max_segments must exceed the {window} segments the three windows occupy"
+            ));
+        }
+        if self.max_record_bytes == 0 || self.max_record_bytes as usize > melddb::error::MAX_INTENTION_BYTES {
+            return bad(format!(
+                "max_record_bytes must be between 1 and {}",
+                melddb::error::MAX_INTENTION_BYTES
+            ));
+        }
+        // A record bigger than a stripe keeps its last quarter-stripe in the
+        // root and lists its fragment stripes there: the list must fit too.
+        let cap = self.data_shards as u64 * (self.page_bytes as u64 - crate::page::HEADER as u64);
+        let frags = (self.max_record_bytes as u64).div_ceil(cap);
+        if frags * 8 + 128 + cap / 4 > cap {
+            return bad(format!(
+                "max_record_bytes {} needs {frags} stripes of {cap} bytes, more than one root stripe can list; raise page_bytes or data_shards, or lower max_record_bytes",
+                self.max_record_bytes
+            ));
+        }
+        if self.limits.max_frame_bytes < 64 {
+            return bad("limits.max_frame_bytes must be at least 64".into());
+        }
+        if self.limits.max_in_flight == 0 || self.limits.max_connections == 0 || self.limits.append_queue == 0 {
+            return bad("limits must be positive".into());
+        }
+        Ok(())
+    }
+}

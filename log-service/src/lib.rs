@@ -1,0 +1,26 @@
+//! MeldDB's log service: the shared log every node appends intentions to
+//! and reads back in order.
+//!
+//! The storage engine follows §2 of the Hyder shared-flash-log paper: a
+//! record is a stripe of pages on segments in different failure zones with
+//! Reed-Solomon parity; an end-write record on three segments says a stripe
+//! is complete; segment classes and sliding windows decide which segment
+//! takes what. One service instance sequences appends into positions of
+//! several independent logs, pushes new entries to subscribers, and serves
+//! a binary protocol over TCP and WebSocket plus HTTP/JSON for tools.
+//! See `docs/log-service.md` for the on-disk layout and the protocol.
+
+pub mod config;
+pub mod error;
+pub mod meta;
+pub mod page;
+mod recovery;
+pub mod segment;
+pub mod store;
+pub mod stripe;
+mod writer;
+
+pub use config::{Config, Limits, Listen, Rights};
+pub use error::{ConfigError, OpenError, StoreError};
+pub use segment::Faults;
+pub use store::{RecoveryReport, ScrubReport, SegmentInfo, Stats, Store};

@@ -1,0 +1,392 @@
+//! Opening the store: scan every segment (headers only, except end-write
+//! and class pages), cut torn tails, take the union of the three
+//! end-write copies, drop any stripe above a hole (never acknowledged),
+//! rebuild the index and the request-id table, slide the windows back
+//! into place, and rebuild segment files that are missing or damaged.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fs::File;
+use std::io::{BufReader, Read, Seek};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+use crate::error::{ConfigError, OpenError};
+use crate::meta::Meta;
+use crate::page::{self, class, Kind, HEADER};
+use crate::segment;
+use crate::store::{Loc, LogIndex, RecoveryReport, Shared};
+use crate::stripe::{self, EndWrite};
+use crate::writer::{Cmd, SegState, Writer};
+
+/// What a segment scan found.
+#[derive(Debug, Default)]
+pub(crate) struct Scan {
+    pub len: u64,
+    pub torn: u64,
+    pub markers: Vec<(u64, u8)>,
+    pub ews: Vec<(u64, EndWrite)>,
+    pub corrupt: u64,
+    pub damaged_at: Option<u64>,
+}
+
+fn all_zero(r: &mut impl Read) -> std::io::Result<bool> {
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            return Ok(true);
+        }
+        if buf[..n].iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+    }
+}
+
+/// Walks a segment's pages. A page that runs past the end of the file, or
+/// garbage that is zeros to the end, is a torn tail and is cut off; a bad
+/// page with more data after it is damage: the scan stops there and the
+/// segment is marked for repair.
+pub(crate) fn scan(path: &Path, file: &File) -> std::io::Result<Scan> {
+    let len = file.metadata()?.len();
+    let mut r = BufReader::with_capacity(1 << 20, file);
+    r.rewind()?;
+    let mut s = Scan::default();
+    let mut off = 0u64;
+    let mut hdr = [0u8; HEADER];
+    let mut cut: Option<u64> = None;
+    while off < len {
+        if len - off < HEADER as u64 {
+            cut = Some(off);
+            break;
+        }
+        r.read_exact(&mut hdr)?;
+        let h = match page::header(&hdr) {
+            Ok(h) => h,
+            Err(_) => {
+                if all_zero(&mut r)? && hdr.iter().all(|&b| b == 0) {
+                    cut = Some(off);
+                } else {
+                    tracing::warn!(path = %path.display(), offset = off, "unreadable page header; segment will be rebuilt");
+                    s.damaged_at = Some(off);
+                }
+                break;
+            }
+        };
+        let end = off + h.page_len();
+        if end > len {
+            cut = Some(off);
+            break;
+        }
+        let last = end == len;
+        let needs_body = matches!(h.kind, Kind::EndWrite | Kind::Class) || last;
+        if needs_body {
+            let mut page = Vec::with_capacity(h.page_len() as usize);
+            page.extend_from_slice(&hdr);
+            page.resize(h.page_len() as usize, 0);
+            r.read_exact(&mut page[HEADER..])?;
+            match page::decode(&page) {
+                Ok((h, body)) => match h.kind {
+                    Kind::EndWrite => match stripe::decode_end_write(body) {
+                        Ok(ew) if ew.stripe.seq == h.stripe => s.ews.push((off, ew)),
+                        _ => s.corrupt += 1,
+                    },
+                    Kind::Class => {
+                        if let Some(&c) = body.first() {
+                            s.markers.push((off, c));
+                        }
+                    }
+                    _ => {}
+                },
+                Err(_) if last => {
+                    cut = Some(off);
+                    break;
+                }
+                Err(_) => {
+                    tracing::warn!(path = %path.display(), offset = off, "page fails its checksum");
+                    s.corrupt += 1;
+                }
+            }
+        } else {
+            r.seek_relative(h.body_len as i64)?;
+        }
+        off = end;
+    }
+    if let Some(at) = cut {
+        tracing::warn!(path = %path.display(), offset = at, bytes = len - at, "cutting torn tail");
+        file.set_len(at)?;
+        file.sync_all()?;
+        s.torn = len - at;
+        s.len = at;
+    } else {
+        s.len = len;
+    }
+    Ok(s)
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> OpenError + '_ {
+    move |source| OpenError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+pub(crate) fn recover(
+    shared: Arc<Shared>,
+    rx: mpsc::Receiver<Cmd>,
+) -> Result<(Writer, RecoveryReport), OpenError> {
+    let t0 = Instant::now();
+    let config = shared.config.clone();
+    let zones = config.zones.clone();
+    let nz = zones.len() as u64;
+    let mut report = RecoveryReport::default();
+    for z in &zones {
+        std::fs::create_dir_all(z).map_err(io(z))?;
+    }
+    let mut meta = Meta::load(&zones).map_err(OpenError::Meta)?.unwrap_or_default();
+
+    // Segments.
+    let mut segs: BTreeMap<u64, SegState> = BTreeMap::new();
+    let mut copies: BTreeMap<u64, EndWrite> = BTreeMap::new();
+    for (zi, z) in zones.iter().enumerate() {
+        for entry in std::fs::read_dir(z).map_err(io(z))? {
+            let entry = entry.map_err(io(z))?;
+            let name = entry.file_name();
+            let Some(id) = name.to_str().and_then(segment::parse_name) else {
+                continue;
+            };
+            if id % nz != zi as u64 {
+                return Err(OpenError::Config(ConfigError::Invalid(format!(
+                    "segment file {} is in zone {zi} but belongs to zone {}: the zones list changed order or a file was moved",
+                    entry.path().display(),
+                    id % nz
+                ))));
+            }
+            let path = entry.path();
+            let file = segment::open(&path, false).map_err(io(&path))?;
+            let s = scan(&path, &file).map_err(io(&path))?;
+            report.segments += 1;
+            report.bytes += s.len;
+            report.torn_bytes += s.torn;
+            report.corrupt_pages += s.corrupt;
+            report.end_writes += s.ews.len() as u64;
+            let mut max_seq = 0;
+            let mut ew_pages = Vec::with_capacity(s.ews.len());
+            for (off, ew) in s.ews {
+                max_seq = max_seq.max(ew.stripe.seq);
+                ew_pages.push((off, ew.stripe.seq));
+                copies.entry(ew.stripe.seq).or_insert(ew);
+            }
+            let file = Arc::new(file);
+            shared
+                .files
+                .write()
+                .expect("files lock")
+                .insert(id, file.clone());
+            segs.insert(
+                id,
+                SegState {
+                    file,
+                    len: s.len,
+                    class: s.markers.iter().map(|m| m.1).max().unwrap_or(class::EMPTY),
+                    markers: s.markers,
+                    ew_pages,
+                    max_seq,
+                    damaged_at: s.damaged_at,
+                },
+            );
+        }
+    }
+
+    // Stripes: everything up to the first hole above the stable point.
+    let max_present = copies.keys().next_back().copied().unwrap_or(0);
+    let mut hole = None;
+    let mut s = meta.stable_seq + 1;
+    while s <= max_present {
+        if !copies.contains_key(&s) && !meta.is_discarded(s) {
+            hole = Some(s);
+            break;
+        }
+        s += 1;
+    }
+    if let Some(h) = hole {
+        let dropped = copies.split_off(&h);
+        report.dropped_stripes = dropped.len() as u64;
+        if !dropped.is_empty() {
+            tracing::warn!(
+                from = h,
+                count = dropped.len(),
+                "dropping stripes above an incomplete one (never acknowledged)"
+            );
+            meta.discarded.push((h, max_present));
+        }
+    }
+    let discarded_max = meta.discarded.iter().map(|d| d.1).max().unwrap_or(0);
+    let next_seq = max_present
+        .max(discarded_max)
+        .max(meta.next_seq_floor.saturating_sub(1))
+        + 1;
+    meta.next_seq_floor = next_seq;
+
+    // Data pages count toward their segment's highest stripe.
+    for ew in copies.values() {
+        for (seg, _) in &ew.stripe.pages {
+            if let Some(st) = segs.get_mut(seg) {
+                st.max_seq = st.max_seq.max(ew.stripe.seq);
+            }
+        }
+    }
+
+    // Index and request ids.
+    let mut logs: BTreeMap<String, LogIndex> = BTreeMap::new();
+    for (name, lm) in &meta.logs {
+        logs.insert(
+            name.clone(),
+            LogIndex {
+                first: lm.first,
+                locs: VecDeque::new(),
+            },
+        );
+    }
+    let mut dedup = HashMap::new();
+    let mut dedup_order = VecDeque::new();
+    for ew in copies.values() {
+        for (i, e) in ew.entries.iter().enumerate() {
+            let l = logs.entry(e.log.clone()).or_insert_with(|| LogIndex {
+                first: e.pos,
+                locs: VecDeque::new(),
+            });
+            if e.pos < l.first {
+                continue; // trimmed
+            }
+            if e.pos != l.tail() {
+                return Err(OpenError::Unrecoverable {
+                    stripe: ew.stripe.seq,
+                    why: format!(
+                        "log {:?} jumps from position {} to {}: end-writes are missing from all three copies",
+                        e.log,
+                        l.tail(),
+                        e.pos
+                    ),
+                });
+            }
+            l.locs.push_back(Loc {
+                stripe: ew.stripe.seq,
+                idx: i as u32,
+                len: e.len,
+                batch_seq: ew.batch_seq,
+            });
+            report.records += 1;
+            if e.client != 0 {
+                let key = (e.client, e.request);
+                dedup.insert(key, e.pos);
+                dedup_order.push_back(key);
+                if dedup_order.len() > config.dedup_window {
+                    if let Some(old) = dedup_order.pop_front() {
+                        dedup.remove(&old);
+                    }
+                }
+            }
+        }
+    }
+    for (name, lm) in &meta.logs {
+        let l = logs.get_mut(name).expect("inserted above");
+        if l.tail() < lm.tail_floor {
+            if l.locs.is_empty() && l.first >= lm.first {
+                // Trimmed empty: nothing to read, but the tail must not
+                // fall back.
+                l.first = lm.tail_floor;
+            } else {
+                return Err(OpenError::Unrecoverable {
+                    stripe: 0,
+                    why: format!(
+                        "log {name:?} ends at {} but positions up to {} were handed out",
+                        l.tail(),
+                        lm.tail_floor
+                    ),
+                });
+            }
+        }
+    }
+    {
+        let mut idx = shared.index.write().expect("index lock");
+        idx.stripes = copies.iter().map(|(&s, ew)| (s, ew.stripe.clone())).collect();
+        idx.logs = logs;
+    }
+    report.stripes = copies.len() as u64;
+
+    // Windows: the base is the lowest segment not sealed.
+    let base = segs
+        .iter()
+        .find(|(_, s)| s.class < class::SEALED)
+        .map(|(&id, _)| id)
+        .or_else(|| segs.keys().next_back().map(|&m| m + 1))
+        .unwrap_or(0);
+    let mut writer = Writer {
+        shared: shared.clone(),
+        rx,
+        segs,
+        base,
+        next_seq,
+        meta,
+        ews: copies,
+        dedup,
+        dedup_order,
+        failed: None,
+    };
+    // Forget what trim made unreachable before deciding what is missing.
+    let floor = writer.live_floor();
+    writer.ews = writer.ews.split_off(&floor);
+    {
+        let mut idx = shared.index.write().expect("index lock");
+        idx.stripes = idx.stripes.split_off(&floor);
+    }
+    writer
+        .meta
+        .store(&zones)
+        .map_err(io(&zones[0]))?;
+
+    // Repair what is missing or damaged.
+    let mut wanted: Vec<u64> = writer
+        .segs
+        .iter()
+        .filter(|(_, s)| s.damaged_at.is_some())
+        .map(|(&id, _)| id)
+        .collect();
+    {
+        let idx = shared.index.read().expect("index lock");
+        for r in idx.stripes.values() {
+            for (seg, _) in &r.pages {
+                if !writer.segs.contains_key(seg) {
+                    wanted.push(*seg);
+                }
+            }
+        }
+        for ew in writer.ews.values() {
+            for seg in ew.ew_base..ew.ew_base + crate::config::END_WRITE_COPIES as u64 {
+                if !writer.segs.contains_key(&seg) {
+                    wanted.push(seg);
+                }
+            }
+        }
+    }
+    wanted.sort_unstable();
+    wanted.dedup();
+    for seg in wanted {
+        writer.repair(seg).map_err(|why| OpenError::Unrecoverable {
+            stripe: 0,
+            why: format!("rebuilding segment {seg}: {why}"),
+        })?;
+        report.repaired_segments.push(seg);
+    }
+    report.segments = writer.segs.len();
+    writer.ensure_window().map_err(|e| OpenError::Io {
+        path: zones[0].clone(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    report.millis = t0.elapsed().as_millis() as u64;
+    tracing::info!(?report, "log store recovered");
+    Ok((writer, report))
+}

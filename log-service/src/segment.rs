@@ -1,0 +1,126 @@
+//! Segment files and the I/O the store does on them, with a fault injector
+//! in the write path so tests can make writes fail, tear or crawl.
+//!
+//! Segment `s` is the file `seg-<s as 16 digits>.dat` in zone directory
+//! `s % zones`. Pages are appended; nothing is overwritten in place except
+//! by repair, which rebuilds a whole file beside it and renames it over.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The file name of segment `id`.
+pub fn file_name(id: u64) -> String {
+    format!("seg-{id:016}.dat")
+}
+
+/// Parses a segment file name.
+pub fn parse_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("seg-")?.strip_suffix(".dat")?;
+    if digits.len() != 16 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The path of segment `id` under the configured zones.
+pub fn path(zones: &[PathBuf], id: u64) -> PathBuf {
+    zones[(id % zones.len() as u64) as usize].join(file_name(id))
+}
+
+/// Opens (creating if asked) a segment file for reading and writing.
+pub fn open(path: &Path, create: bool) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(false)
+        .open(path)
+}
+
+/// Faults to inject into segment writes. All counters are shared, so a
+/// test can arm them while the service runs.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Writes left before the next one fails (negative: never).
+    fail_after: AtomicI64,
+    /// The failing write first writes half of its bytes (a torn page).
+    tear: AtomicBool,
+    /// Delay added to every write, in microseconds.
+    delay_us: AtomicU64,
+    /// Fail every fsync while set.
+    fail_sync: AtomicBool,
+}
+
+impl Faults {
+    /// No faults.
+    pub fn none() -> Faults {
+        let f = Faults::default();
+        f.fail_after.store(-1, Ordering::SeqCst);
+        f
+    }
+    /// The write after `n` more succeed fails; if `tear`, it writes half
+    /// its bytes first.
+    pub fn fail_write_after(&self, n: i64, tear: bool) {
+        self.tear.store(tear, Ordering::SeqCst);
+        self.fail_after.store(n, Ordering::SeqCst);
+    }
+    /// Every write sleeps this long first.
+    pub fn slow_writes(&self, delay: Duration) {
+        self.delay_us
+            .store(delay.as_micros() as u64, Ordering::SeqCst);
+    }
+    /// Make fsync fail (or stop failing).
+    pub fn fail_syncs(&self, on: bool) {
+        self.fail_sync.store(on, Ordering::SeqCst);
+    }
+
+    /// Writes `buf` at `off`, applying the armed faults.
+    pub fn write_at(&self, file: &File, buf: &[u8], off: u64) -> io::Result<()> {
+        let d = self.delay_us.load(Ordering::Relaxed);
+        if d > 0 {
+            std::thread::sleep(Duration::from_micros(d));
+        }
+        let left = self.fail_after.load(Ordering::SeqCst);
+        if left >= 0 {
+            if left == 0 {
+                self.fail_after.store(-1, Ordering::SeqCst);
+                if self.tear.load(Ordering::SeqCst) {
+                    file.write_all_at(&buf[..buf.len() / 2], off)?;
+                }
+                return Err(io::Error::other("injected write fault"));
+            }
+            self.fail_after.store(left - 1, Ordering::SeqCst);
+        }
+        file.write_all_at(buf, off)
+    }
+
+    /// fsyncs `file` unless syncs are set to fail.
+    pub fn sync(&self, file: &File) -> io::Result<()> {
+        if self.fail_sync.load(Ordering::SeqCst) {
+            return Err(io::Error::other("injected fsync fault"));
+        }
+        file.sync_data()
+    }
+}
+
+/// fsyncs a directory so a create, rename or unlink in it is durable.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_strangers_are_ignored() {
+        assert_eq!(parse_name(&file_name(42)), Some(42));
+        for bad in ["seg-42.dat", "seg-000000000000004x.dat", "meta.json", "seg-0000000000000042.tmp"] {
+            assert_eq!(parse_name(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,638 @@
+//! The storage engine's public face: append (through the single writer
+//! thread, which batches, stripes, fsyncs and writes end-writes), read (any
+//! thread, straight from the segment files, rebuilding lost pages from
+//! parity), trim, subscribe, scrub.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fs::File;
+use std::num::NonZeroUsize;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+
+use lru::LruCache;
+use melddb::Entry;
+use serde::Serialize;
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use crate::config::Config;
+use crate::error::{OpenError, StoreError};
+use crate::page::{self, Kind};
+use crate::segment::Faults;
+use crate::stripe::{self, RootEntry, StripeRef};
+use crate::writer::{AppendReq, Cmd};
+pub use crate::writer::SegmentInfo;
+
+/// Where one record is: its root stripe and index in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Loc {
+    /// Root stripe.
+    pub stripe: u64,
+    /// Entry index in the root stripe.
+    pub idx: u32,
+    /// Record length.
+    pub len: u32,
+    /// First stripe of the batch (all its fragments are at or above).
+    pub batch_seq: u64,
+}
+
+/// One log's index.
+#[derive(Debug, Default)]
+pub(crate) struct LogIndex {
+    /// First readable position.
+    pub first: u64,
+    /// `locs[i]` is position `first + i`.
+    pub locs: VecDeque<Loc>,
+}
+
+impl LogIndex {
+    /// Next position.
+    pub fn tail(&self) -> u64 {
+        self.first + self.locs.len() as u64
+    }
+}
+
+/// Everything readers need to find a record.
+#[derive(Debug, Default)]
+pub(crate) struct Index {
+    /// Complete (end-written) stripes.
+    pub stripes: BTreeMap<u64, StripeRef>,
+    /// The logs.
+    pub logs: BTreeMap<String, LogIndex>,
+}
+
+/// A decoded stripe payload.
+pub(crate) enum Parsed {
+    Root(Vec<RootEntry>),
+    Fragment(Vec<u8>),
+}
+
+/// Counters, exported as Prometheus metrics and in `stats()`.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub appends: AtomicU64,
+    pub append_bytes: AtomicU64,
+    pub batches: AtomicU64,
+    pub stripes: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub fsyncs: AtomicU64,
+    pub reads: AtomicU64,
+    pub pages_rebuilt: AtomicU64,
+    pub segments_repaired: AtomicU64,
+    pub write_failures: AtomicU64,
+    pub segments_freed: AtomicU64,
+}
+
+/// State shared by the writer and readers.
+pub(crate) struct Shared {
+    pub config: Config,
+    pub faults: Arc<Faults>,
+    pub files: RwLock<BTreeMap<u64, Arc<File>>>,
+    pub index: RwLock<Index>,
+    pub cache: Mutex<Option<LruCache<u64, Arc<Parsed>>>>,
+    pub subs: Mutex<HashMap<String, broadcast::Sender<(u64, Entry)>>>,
+    pub counters: Counters,
+    pub stopping: std::sync::atomic::AtomicBool,
+}
+
+/// How a store opened: what recovery found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RecoveryReport {
+    /// Segment files found.
+    pub segments: usize,
+    /// Bytes in them.
+    pub bytes: u64,
+    /// End-write records read (all copies).
+    pub end_writes: u64,
+    /// Complete stripes indexed.
+    pub stripes: u64,
+    /// Records indexed.
+    pub records: u64,
+    /// Torn tails cut off (bytes).
+    pub torn_bytes: u64,
+    /// Pages whose CRC failed during the scan (other copies or parity used).
+    pub corrupt_pages: u64,
+    /// Stripes dropped because an earlier stripe of their batch never
+    /// completed (none of them had been acknowledged).
+    pub dropped_stripes: u64,
+    /// Segment files rebuilt from parity and the other end-write copies.
+    pub repaired_segments: Vec<u64>,
+    /// Wall time in milliseconds.
+    pub millis: u64,
+}
+
+/// Counters at one moment.
+#[derive(Debug, Clone, Serialize)]
+pub struct Stats {
+    /// Acknowledged appends since open.
+    pub appends: u64,
+    /// Their bytes.
+    pub append_bytes: u64,
+    /// Writer batches.
+    pub batches: u64,
+    /// Stripes written.
+    pub stripes: u64,
+    /// Bytes written to segments (pages, parity, end-writes).
+    pub bytes_written: u64,
+    /// fsync calls.
+    pub fsyncs: u64,
+    /// Record reads.
+    pub reads: u64,
+    /// Pages rebuilt from parity on read.
+    pub pages_rebuilt: u64,
+    /// Segment files rebuilt.
+    pub segments_repaired: u64,
+    /// Batches whose writes failed (not acknowledged).
+    pub write_failures: u64,
+    /// Segment files freed by trim.
+    pub segments_freed: u64,
+    /// Segment files now.
+    pub segments: u64,
+    /// The logs: name, first, tail.
+    pub logs: Vec<(String, u64, u64)>,
+}
+
+/// What a scrub found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ScrubReport {
+    /// Stripes read.
+    pub stripes: u64,
+    /// Pages that failed their check.
+    pub bad_pages: u64,
+    /// Segments rebuilt.
+    pub repaired: Vec<u64>,
+    /// Stripes that could not be rebuilt.
+    pub unrecoverable: Vec<u64>,
+}
+
+/// Validates a log name.
+pub fn check_log_name(name: &str) -> Result<(), StoreError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::BadLogName(name.chars().take(80).collect()))
+    }
+}
+
+/// The striped, parity-protected log store. Cheap to share behind an `Arc`.
+pub struct Store {
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Cmd>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    report: RecoveryReport,
+}
+
+impl Store {
+    /// Opens (creating or recovering) the store.
+    pub fn open(config: Config) -> Result<Store, OpenError> {
+        Store::open_with_faults(config, Arc::new(Faults::none()))
+    }
+
+    /// Opens with a fault injector in the write path (tests).
+    pub fn open_with_faults(config: Config, faults: Arc<Faults>) -> Result<Store, OpenError> {
+        config.validate()?;
+        let cache = NonZeroUsize::new(config.read_cache_stripes).map(LruCache::new);
+        let shared = Arc::new(Shared {
+            config: config.clone(),
+            faults,
+            files: RwLock::new(BTreeMap::new()),
+            index: RwLock::new(Index::default()),
+            cache: Mutex::new(cache),
+            subs: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+            stopping: Default::default(),
+        });
+        let (tx, rx) = mpsc::channel(config.limits.append_queue);
+        let (writer, report) = crate::recovery::recover(shared.clone(), rx)?;
+        let handle = std::thread::Builder::new()
+            .name("melddb-log-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| OpenError::Io {
+                path: config.zones[0].clone(),
+                source: e,
+            })?;
+        Ok(Store {
+            shared,
+            tx,
+            writer: Mutex::new(Some(handle)),
+            report,
+        })
+    }
+
+    /// What recovery found when this store opened.
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.report
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    fn request(
+        &self,
+        log: &str,
+        client: u64,
+        request: u64,
+        bytes: Vec<u8>,
+    ) -> Result<(Cmd, oneshot::Receiver<Result<u64, StoreError>>), StoreError> {
+        check_log_name(log)?;
+        let limit = self.shared.config.max_record_bytes as usize;
+        if bytes.len() > limit {
+            return Err(StoreError::TooLarge {
+                len: bytes.len(),
+                limit,
+            });
+        }
+        if bytes.is_empty() {
+            return Err(StoreError::Empty);
+        }
+        let (reply, rx) = oneshot::channel();
+        Ok((
+            Cmd::Append(AppendReq {
+                log: log.to_string(),
+                client,
+                request,
+                bytes,
+                reply,
+            }),
+            rx,
+        ))
+    }
+
+    /// Appends a record and waits until it is durable; returns its
+    /// position. A non-zero `(client, request)` pair makes the append
+    /// idempotent: repeating it returns the first position.
+    pub async fn append(
+        &self,
+        log: &str,
+        client: u64,
+        request: u64,
+        bytes: Vec<u8>,
+    ) -> Result<u64, StoreError> {
+        let (cmd, rx) = self.request(log, client, request, bytes)?;
+        self.tx
+            .send(cmd)
+            .await
+            .map_err(|_| StoreError::ShuttingDown)?;
+        rx.await.map_err(|_| StoreError::ShuttingDown)?
+    }
+
+    /// [`Store::append`] for threads outside a Tokio runtime.
+    pub fn append_blocking(
+        &self,
+        log: &str,
+        client: u64,
+        request: u64,
+        bytes: Vec<u8>,
+    ) -> Result<u64, StoreError> {
+        let (cmd, rx) = self.request(log, client, request, bytes)?;
+        self.tx
+            .blocking_send(cmd)
+            .map_err(|_| StoreError::ShuttingDown)?;
+        rx.blocking_recv().map_err(|_| StoreError::ShuttingDown)?
+    }
+
+    /// `(first, tail)` of a log; `(0, 0)` for a log never written.
+    pub fn bounds(&self, log: &str) -> (u64, u64) {
+        let idx = self.shared.index.read().expect("index lock");
+        idx.logs
+            .get(log)
+            .map(|l| (l.first, l.tail()))
+            .unwrap_or((0, 0))
+    }
+
+    /// Reads the record at `pos` of `log`.
+    pub fn read(&self, log: &str, pos: u64) -> Result<Entry, StoreError> {
+        check_log_name(log)?;
+        self.shared.counters.reads.fetch_add(1, Ordering::Relaxed);
+        let (loc, root) = {
+            let idx = self.shared.index.read().expect("index lock");
+            let Some(l) = idx.logs.get(log) else {
+                return Err(StoreError::NotYetWritten {
+                    log: log.into(),
+                    pos,
+                    tail: 0,
+                });
+            };
+            if pos < l.first {
+                return Err(StoreError::Trimmed {
+                    log: log.into(),
+                    pos,
+                    first: l.first,
+                });
+            }
+            let Some(loc) = l.locs.get((pos - l.first) as usize).copied() else {
+                return Err(StoreError::NotYetWritten {
+                    log: log.into(),
+                    pos,
+                    tail: l.tail(),
+                });
+            };
+            let root = idx.stripes.get(&loc.stripe).cloned();
+            (loc, root)
+        };
+        let root = root.ok_or_else(|| StoreError::Unrecoverable {
+            stripe: loc.stripe,
+            why: "indexed stripe has no end-write (trimmed concurrently?)".into(),
+        })?;
+        let parsed = self.stripe(&root)?;
+        let Parsed::Root(entries) = &*parsed else {
+            return Err(StoreError::Unrecoverable {
+                stripe: loc.stripe,
+                why: "expected a root stripe".into(),
+            });
+        };
+        let e = entries
+            .get(loc.idx as usize)
+            .filter(|e| e.meta.pos == pos && e.meta.log == log)
+            .ok_or_else(|| StoreError::Unrecoverable {
+                stripe: loc.stripe,
+                why: format!("entry {} does not hold {log}@{pos}", loc.idx),
+            })?;
+        if e.fragments.is_empty() {
+            return Ok(Arc::from(e.tail.as_slice()));
+        }
+        let mut out = Vec::with_capacity(loc.len as usize);
+        for f in &e.fragments {
+            let fref = self
+                .shared
+                .index
+                .read()
+                .expect("index lock")
+                .stripes
+                .get(f)
+                .cloned()
+                .ok_or_else(|| StoreError::Unrecoverable {
+                    stripe: *f,
+                    why: "fragment stripe has no end-write".into(),
+                })?;
+            match &*self.stripe(&fref)? {
+                Parsed::Fragment(b) => out.extend_from_slice(b),
+                Parsed::Root(_) => {
+                    return Err(StoreError::Unrecoverable {
+                        stripe: *f,
+                        why: "expected a fragment stripe".into(),
+                    })
+                }
+            }
+        }
+        out.extend_from_slice(&e.tail);
+        if out.len() != loc.len as usize {
+            return Err(StoreError::Unrecoverable {
+                stripe: loc.stripe,
+                why: format!("record is {} bytes, end-write says {}", out.len(), loc.len),
+            });
+        }
+        Ok(Arc::from(out))
+    }
+
+    fn stripe(&self, r: &StripeRef) -> Result<Arc<Parsed>, StoreError> {
+        if let Some(c) = self.shared.cache.lock().expect("cache lock").as_mut() {
+            if let Some(p) = c.get(&r.seq) {
+                return Ok(p.clone());
+            }
+        }
+        let (payload, bad) = read_stripe(&self.shared, r, None)?;
+        for seg in bad {
+            // Best effort: a full queue means a scrub will find it later.
+            let _ = self.tx.try_send(Cmd::Repair(seg));
+        }
+        let parsed = match r.kind {
+            Kind::Ordered => Parsed::Root(stripe::decode_root(&payload).map_err(|e| {
+                StoreError::Unrecoverable {
+                    stripe: r.seq,
+                    why: e.to_string(),
+                }
+            })?),
+            _ => Parsed::Fragment(payload),
+        };
+        let parsed = Arc::new(parsed);
+        if let Some(c) = self.shared.cache.lock().expect("cache lock").as_mut() {
+            c.put(r.seq, parsed.clone());
+        }
+        Ok(parsed)
+    }
+
+    /// Trims `log` below `pos` and frees every sealed segment nothing live
+    /// refers to any more.
+    pub async fn trim(&self, log: &str, pos: u64) -> Result<(), StoreError> {
+        check_log_name(log)?;
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Cmd::Trim {
+                log: log.into(),
+                pos,
+                reply,
+            })
+            .await
+            .map_err(|_| StoreError::ShuttingDown)?;
+        rx.await.map_err(|_| StoreError::ShuttingDown)?
+    }
+
+    /// [`Store::trim`] for threads outside a Tokio runtime.
+    pub fn trim_blocking(&self, log: &str, pos: u64) -> Result<(), StoreError> {
+        check_log_name(log)?;
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .blocking_send(Cmd::Trim {
+                log: log.into(),
+                pos,
+                reply,
+            })
+            .map_err(|_| StoreError::ShuttingDown)?;
+        rx.blocking_recv().map_err(|_| StoreError::ShuttingDown)?
+    }
+
+    /// New entries of `log`, pushed in order as they become durable. A
+    /// receiver that lags gets `Lagged` and should read the gap.
+    pub fn subscribe(&self, log: &str) -> broadcast::Receiver<(u64, Entry)> {
+        self.shared
+            .subs
+            .lock()
+            .expect("subs lock")
+            .entry(log.to_string())
+            .or_insert_with(|| broadcast::channel(4096).0)
+            .subscribe()
+    }
+
+    /// Reads every page of every complete stripe, checks it, and rebuilds
+    /// every segment holding a bad or missing page. Blocking; run it off
+    /// the async threads.
+    pub fn scrub_blocking(&self) -> ScrubReport {
+        let refs: Vec<StripeRef> = self
+            .shared
+            .index
+            .read()
+            .expect("index lock")
+            .stripes
+            .values()
+            .cloned()
+            .collect();
+        let mut report = ScrubReport::default();
+        let mut bad_segs = std::collections::BTreeSet::new();
+        for r in &refs {
+            report.stripes += 1;
+            let all = (0..r.pages.len()).collect::<Vec<_>>();
+            match read_stripe(&self.shared, r, Some(&all)) {
+                Ok((_, bad)) => {
+                    report.bad_pages += bad.len() as u64;
+                    bad_segs.extend(bad);
+                }
+                Err(_) => report.unrecoverable.push(r.seq),
+            }
+        }
+        for &seg in &bad_segs {
+            let (reply, rx) = oneshot::channel();
+            if self
+                .tx
+                .blocking_send(Cmd::RepairNow { seg, reply })
+                .is_ok()
+                && matches!(rx.blocking_recv(), Ok(Ok(())))
+            {
+                report.repaired.push(seg);
+            }
+        }
+        report
+    }
+
+    /// Waits until every command sent before it has been handled.
+    pub fn barrier_blocking(&self) {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.blocking_send(Cmd::Barrier(reply)).is_ok() {
+            let _ = rx.blocking_recv();
+        }
+    }
+
+    /// The segment files, their zones, classes and lengths.
+    pub fn segments_blocking(&self) -> Vec<SegmentInfo> {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.blocking_send(Cmd::Segments(reply)).is_err() {
+            return Vec::new();
+        }
+        rx.blocking_recv().unwrap_or_default()
+    }
+
+    /// [`Store::segments_blocking`] from async code.
+    pub async fn segments(&self) -> Vec<SegmentInfo> {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Cmd::Segments(reply)).await.is_err() {
+            return Vec::new();
+        }
+        rx.await.unwrap_or_default()
+    }
+
+    /// Counters and bounds now.
+    pub fn stats(&self) -> Stats {
+        let c = &self.shared.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let logs = self
+            .shared
+            .index
+            .read()
+            .expect("index lock")
+            .logs
+            .iter()
+            .map(|(n, l)| (n.clone(), l.first, l.tail()))
+            .collect();
+        Stats {
+            appends: g(&c.appends),
+            append_bytes: g(&c.append_bytes),
+            batches: g(&c.batches),
+            stripes: g(&c.stripes),
+            bytes_written: g(&c.bytes_written),
+            fsyncs: g(&c.fsyncs),
+            reads: g(&c.reads),
+            pages_rebuilt: g(&c.pages_rebuilt),
+            segments_repaired: g(&c.segments_repaired),
+            write_failures: g(&c.write_failures),
+            segments_freed: g(&c.segments_freed),
+            segments: self.shared.files.read().expect("files lock").len() as u64,
+            logs,
+        }
+    }
+
+    /// Stops the writer once the commands already queued are handled,
+    /// and waits for it. Safe to call twice.
+    pub fn shutdown(&self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        // Wakes an idle writer; a busy one sees the flag after its batch.
+        let _ = self.tx.try_send(Cmd::Shutdown);
+        if let Some(h) = self.writer.lock().expect("writer lock").take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Reads one page and checks it belongs to stripe `r` as shard `i`.
+fn read_page(shared: &Shared, r: &StripeRef, i: usize) -> Option<Vec<u8>> {
+    let (seg, off) = r.pages[i];
+    let file = shared.files.read().expect("files lock").get(&seg).cloned()?;
+    let mut buf = vec![0u8; page::HEADER + r.shard_len as usize];
+    file.read_exact_at(&mut buf, off).ok()?;
+    let (h, body) = page::decode(&buf).ok()?;
+    let ok = h.kind == r.kind
+        && h.stripe == r.seq
+        && h.shard as usize == i
+        && h.k == r.k
+        && h.m == r.m
+        && h.payload_len == r.payload_len
+        && body.len() == r.shard_len as usize;
+    ok.then(|| body.to_vec())
+}
+
+/// Reads a stripe: the data pages, and parity only if a data page is bad.
+/// `check` forces the listed pages to be read and checked (scrub). Returns
+/// the payload and the segments that held bad or missing pages.
+pub(crate) fn read_stripe(
+    shared: &Shared,
+    r: &StripeRef,
+    check: Option<&[usize]>,
+) -> Result<(Vec<u8>, Vec<u64>), StoreError> {
+    let (k, m) = (r.k as usize, r.m as usize);
+    let mut shards: Vec<Option<Vec<u8>>> = vec![None; k + m];
+    let mut bad = Vec::new();
+    let mut missing_data = false;
+    for i in 0..k + m {
+        let wanted = i < k || missing_data || check.is_some_and(|c| c.contains(&i));
+        if !wanted {
+            continue;
+        }
+        match read_page(shared, r, i) {
+            Some(s) => shards[i] = Some(s),
+            None => {
+                bad.push(r.pages[i].0);
+                if i < k {
+                    missing_data = true;
+                    // Parity pages before `i` were skipped; none exist
+                    // before the data pages end, so nothing to revisit.
+                }
+            }
+        }
+    }
+    if !bad.is_empty() {
+        shared
+            .counters
+            .pages_rebuilt
+            .fetch_add(bad.len() as u64, Ordering::Relaxed);
+    }
+    let payload = stripe::payload(shards, k, m, r.payload_len as usize).map_err(|why| {
+        StoreError::Unrecoverable {
+            stripe: r.seq,
+            why,
+        }
+    })?;
+    Ok((payload, bad))
+}

@@ -1,0 +1,990 @@
+//! The single writer thread: it sequences appends into positions, packs
+//! them into stripes, writes the pages to the current window of segments,
+//! fsyncs, writes the end-write records to three segments, fsyncs, and
+//! only then acknowledges. It also owns the sliding windows (§2.3),
+//! trim, and segment repair, so nothing else ever writes a segment.
+//!
+//! Windows: with base `b` and `n = k + m` pages per stripe, segments
+//! `b..b+3` take end-writes (class 3), the next `n` root stripes (class 2)
+//! and the next `n` non-root stripes (class 1). Segments below `b` are
+//! sealed (class 4). When a segment lacks room, `b` advances by one: the
+//! edge of each class is captured by the class above it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::fs::File;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use melddb::Entry;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::END_WRITE_COPIES;
+use crate::error::StoreError;
+use crate::meta::{LogMeta, Meta};
+use crate::page::{self, class, Header, Kind, HEADER};
+use crate::segment;
+use crate::store::{Loc, LogIndex, Shared};
+use crate::stripe::{self, EndWrite, EntryMeta, RootEntry, StripeRef};
+
+/// One append waiting for the writer.
+pub(crate) struct AppendReq {
+    pub log: String,
+    pub client: u64,
+    pub request: u64,
+    pub bytes: Vec<u8>,
+    pub reply: oneshot::Sender<Result<u64, StoreError>>,
+}
+
+/// What the writer is asked to do.
+pub(crate) enum Cmd {
+    Append(AppendReq),
+    Trim {
+        log: String,
+        pos: u64,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
+    /// A reader found a bad page in this segment.
+    Repair(u64),
+    /// Repair and report.
+    RepairNow {
+        seg: u64,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    Barrier(oneshot::Sender<()>),
+    Segments(oneshot::Sender<Vec<SegmentInfo>>),
+    Shutdown,
+}
+
+/// One segment file as the writer sees it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SegmentInfo {
+    /// Segment id.
+    pub id: u64,
+    /// Failure zone.
+    pub zone: u64,
+    /// Class (0 empty, 1 unordered, 2 ordered, 3 end-write, 4 sealed).
+    pub class: u8,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// The writer's view of one segment file.
+pub(crate) struct SegState {
+    pub file: Arc<File>,
+    pub len: u64,
+    pub class: u8,
+    /// Class markers: offset and class.
+    pub markers: Vec<(u64, u8)>,
+    /// End-write pages: offset and stripe.
+    pub ew_pages: Vec<(u64, u64)>,
+    /// Highest stripe with a page or end-write here.
+    pub max_seq: u64,
+    /// Bytes beyond this offset are not accounted for (the scan stopped at
+    /// damage, or the file was missing): repair refills end-writes by era.
+    pub damaged_at: Option<u64>,
+}
+
+/// Appends accepted into a batch, one per distinct request.
+struct Pending {
+    meta: EntryMeta,
+    bytes: Vec<u8>,
+    replies: Vec<oneshot::Sender<Result<u64, StoreError>>>,
+}
+
+/// Largest batch of appends written together.
+const BATCH_BYTES: usize = 8 << 20;
+const BATCH_COUNT: usize = 16384;
+
+pub(crate) struct Writer {
+    pub shared: Arc<Shared>,
+    pub rx: mpsc::Receiver<Cmd>,
+    pub segs: BTreeMap<u64, SegState>,
+    pub base: u64,
+    pub next_seq: u64,
+    pub meta: Meta,
+    /// End-writes of live stripes, for refilling a repaired segment.
+    pub ews: BTreeMap<u64, EndWrite>,
+    pub dedup: HashMap<(u64, u64), u64>,
+    pub dedup_order: VecDeque<(u64, u64)>,
+    /// Set when a failed batch could not be rolled back: the store then
+    /// refuses appends until it is reopened (recovery sorts it out).
+    pub failed: Option<String>,
+}
+
+fn io_err(e: io::Error) -> String {
+    e.to_string()
+}
+
+impl Writer {
+    fn zones(&self) -> &[PathBuf] {
+        &self.shared.config.zones
+    }
+
+    fn width(&self) -> usize {
+        self.shared.config.stripe_width()
+    }
+
+    /// The segments of a window.
+    fn window(&self, kind: Kind) -> Vec<u64> {
+        let n = self.width() as u64;
+        let ew = END_WRITE_COPIES as u64;
+        let (start, len) = match kind {
+            Kind::EndWrite => (self.base, ew),
+            Kind::Ordered => (self.base + ew, n),
+            _ => (self.base + ew + n, n),
+        };
+        (start..start + len).collect()
+    }
+
+    fn target_class(&self, seg: u64) -> u8 {
+        let n = self.width() as u64;
+        let ew = END_WRITE_COPIES as u64;
+        if seg < self.base {
+            class::SEALED
+        } else if seg < self.base + ew {
+            class::END_WRITE
+        } else if seg < self.base + ew + n {
+            class::ORDERED
+        } else if seg < self.base + ew + 2 * n {
+            class::UNORDERED
+        } else {
+            class::EMPTY
+        }
+    }
+
+    /// Appends a page outside a batch (markers) and fsyncs it, so the
+    /// class order on disk is the order it was raised in.
+    fn append_durable(&mut self, seg: u64, bytes: &[u8]) -> Result<u64, String> {
+        let s = self.segs.get_mut(&seg).ok_or("segment vanished")?;
+        let off = s.len;
+        self.shared
+            .faults
+            .write_at(&s.file, bytes, off)
+            .map_err(io_err)?;
+        s.len += bytes.len() as u64;
+        self.shared.faults.sync(&s.file).map_err(io_err)?;
+        self.shared.counters.fsyncs.fetch_add(1, Ordering::Relaxed);
+        Ok(off)
+    }
+
+    fn raise_class(&mut self, seg: u64, to: u8) -> Result<(), String> {
+        let off = self.append_durable(seg, &page::class_marker(to))?;
+        let s = self.segs.get_mut(&seg).expect("just written");
+        s.markers.push((off, to));
+        s.class = to;
+        Ok(())
+    }
+
+    fn create_segment(&mut self, seg: u64) -> Result<(), StoreError> {
+        if self.segs.len() as u64 >= self.shared.config.max_segments {
+            return Err(StoreError::Full(self.segs.len() as u64));
+        }
+        let path = segment::path(self.zones(), seg);
+        let file = segment::open(&path, true)
+            .map_err(|e| StoreError::WriteFailed(format!("create {}: {e}", path.display())))?;
+        if let Some(dir) = path.parent() {
+            segment::sync_dir(dir).map_err(|e| StoreError::WriteFailed(e.to_string()))?;
+        }
+        let file = Arc::new(file);
+        self.shared
+            .files
+            .write()
+            .expect("files lock")
+            .insert(seg, file.clone());
+        self.segs.insert(
+            seg,
+            SegState {
+                file,
+                len: 0,
+                class: class::EMPTY,
+                markers: Vec::new(),
+                ew_pages: Vec::new(),
+                max_seq: 0,
+                damaged_at: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// Makes the segments' classes match the windows: seals what is below
+    /// the base (first, durably), then raises the end-write, ordered and
+    /// unordered windows, creating segments as needed. A window segment
+    /// already above its target class means the base must move on.
+    pub fn ensure_window(&mut self) -> Result<(), StoreError> {
+        loop {
+            let span = END_WRITE_COPIES as u64 + 2 * self.width() as u64;
+            let too_high = (self.base..self.base + span)
+                .any(|s| self.segs.get(&s).is_some_and(|st| st.class > self.target_class(s)));
+            if !too_high {
+                break;
+            }
+            self.base += 1;
+        }
+        let below: Vec<u64> = self
+            .segs
+            .range(..self.base)
+            .filter(|(_, s)| s.class < class::SEALED)
+            .map(|(&id, _)| id)
+            .collect();
+        for seg in below {
+            self.raise_class(seg, class::SEALED)
+                .map_err(StoreError::WriteFailed)?;
+        }
+        let span = END_WRITE_COPIES as u64 + 2 * self.width() as u64;
+        for seg in self.base..self.base + span {
+            if !self.segs.contains_key(&seg) {
+                self.create_segment(seg)?;
+            }
+            let target = self.target_class(seg);
+            if self.segs[&seg].class < target {
+                self.raise_class(seg, target)
+                    .map_err(StoreError::WriteFailed)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Slides the windows until every segment of `kind`'s window has
+    /// `bytes` of room.
+    fn make_room(&mut self, kind: Kind, bytes: u64) -> Result<(), StoreError> {
+        let limit = self.shared.config.segment_bytes;
+        while self
+            .window(kind)
+            .iter()
+            .any(|s| self.segs.get(s).is_none_or(|st| st.len + bytes > limit))
+        {
+            self.base += 1;
+            self.ensure_window()?;
+        }
+        Ok(())
+    }
+
+    pub fn run(mut self) {
+        let mut queue: VecDeque<Cmd> = VecDeque::new();
+        loop {
+            let cmd = match queue.pop_front() {
+                Some(c) => c,
+                None => match self.rx.blocking_recv() {
+                    Some(c) => c,
+                    None => return,
+                },
+            };
+            match cmd {
+                Cmd::Append(first) => {
+                    let mut batch = vec![first];
+                    let mut bytes = batch[0].bytes.len();
+                    while bytes < BATCH_BYTES && batch.len() < BATCH_COUNT {
+                        match self.rx.try_recv() {
+                            Ok(Cmd::Append(a)) => {
+                                bytes += a.bytes.len();
+                                batch.push(a);
+                            }
+                            Ok(other) => {
+                                queue.push_back(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    self.append_batch(batch);
+                }
+                Cmd::Trim { log, pos, reply } => {
+                    let _ = reply.send(self.trim(&log, pos));
+                }
+                Cmd::Repair(seg) => {
+                    if let Err(e) = self.repair(seg) {
+                        tracing::error!(segment = seg, error = %e, "segment repair failed");
+                    }
+                }
+                Cmd::RepairNow { seg, reply } => {
+                    let _ = reply.send(self.repair(seg));
+                }
+                Cmd::Barrier(reply) => {
+                    let _ = reply.send(());
+                }
+                Cmd::Segments(reply) => {
+                    let nz = self.zones().len() as u64;
+                    let _ = reply.send(
+                        self.segs
+                            .iter()
+                            .map(|(&id, s)| SegmentInfo {
+                                id,
+                                zone: id % nz,
+                                class: s.class,
+                                len: s.len,
+                            })
+                            .collect(),
+                    );
+                }
+                Cmd::Shutdown => {}
+            }
+            if self.shared.stopping.load(Ordering::SeqCst) && queue.is_empty() {
+                // Finish what is queued, then stop.
+                while let Ok(c) = self.rx.try_recv() {
+                    queue.push_back(c);
+                }
+                if queue.is_empty() {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn tail_of(&self, log: &str) -> u64 {
+        let idx = self.shared.index.read().expect("index lock");
+        idx.logs.get(log).map(|l| l.tail()).unwrap_or(0)
+    }
+
+    fn append_batch(&mut self, reqs: Vec<AppendReq>) {
+        if let Some(why) = &self.failed {
+            for r in reqs {
+                let _ = r.reply.send(Err(StoreError::WriteFailed(format!(
+                    "the store stopped accepting appends after an unrecoverable write error ({why}); restart the service to recover"
+                ))));
+            }
+            return;
+        }
+        let mut pending: Vec<Pending> = Vec::new();
+        let mut in_batch: HashMap<(u64, u64), usize> = HashMap::new();
+        let mut tails: HashMap<String, u64> = HashMap::new();
+        for r in reqs {
+            let key = (r.client, r.request);
+            if r.client != 0 {
+                if let Some(&pos) = self.dedup.get(&key) {
+                    let _ = r.reply.send(Ok(pos));
+                    continue;
+                }
+                if let Some(&i) = in_batch.get(&key) {
+                    pending[i].replies.push(r.reply);
+                    continue;
+                }
+                in_batch.insert(key, pending.len());
+            }
+            let tail = match tails.get_mut(&r.log) {
+                Some(t) => t,
+                None => {
+                    let t = self.tail_of(&r.log);
+                    tails.entry(r.log.clone()).or_insert(t)
+                }
+            };
+            let pos = *tail;
+            *tail += 1;
+            pending.push(Pending {
+                meta: EntryMeta {
+                    log: r.log,
+                    pos,
+                    client: r.client,
+                    request: r.request,
+                    len: r.bytes.len() as u32,
+                },
+                bytes: r.bytes,
+                replies: vec![r.reply],
+            });
+        }
+        if pending.is_empty() {
+            return;
+        }
+        let first_seq = self.next_seq;
+        let lens_before: BTreeMap<u64, u64> = self.segs.iter().map(|(&s, st)| (s, st.len)).collect();
+        match self.write_batch(&pending, first_seq) {
+            Ok(done) => self.publish(pending, done, first_seq),
+            Err(e) => {
+                self.shared
+                    .counters
+                    .write_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "append batch failed; rolling back");
+                self.roll_back(&lens_before, first_seq);
+                let err = match e {
+                    StoreError::Full(_) => e,
+                    other => StoreError::WriteFailed(other.to_string()),
+                };
+                for p in pending {
+                    for r in p.replies {
+                        let _ = r.send(Err(err.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Cuts every segment back to its length before the failed batch and
+    /// records the batch's stripe numbers as discarded, so recovery never
+    /// takes a half-written stripe for a complete one.
+    fn roll_back(&mut self, lens_before: &BTreeMap<u64, u64>, first_seq: u64) {
+        let mut trouble = Vec::new();
+        for (&seg, st) in self.segs.iter_mut() {
+            let before = lens_before.get(&seg).copied().unwrap_or(0);
+            if st.len != before || !lens_before.contains_key(&seg) {
+                if let Err(e) = st.file.set_len(before).and_then(|_| st.file.sync_all()) {
+                    trouble.push(format!("segment {seg}: {e}"));
+                }
+                st.len = before;
+                st.markers.retain(|&(o, _)| o < before);
+                st.ew_pages.retain(|&(o, _)| o < before);
+                st.class = st.markers.iter().map(|&(_, c)| c).max().unwrap_or(class::EMPTY);
+            }
+        }
+        if self.next_seq > first_seq {
+            self.meta.discarded.push((first_seq, self.next_seq - 1));
+            let zones = self.zones().to_vec();
+            if let Err(e) = self.meta.store(&zones) {
+                trouble.push(format!("metadata: {e}"));
+            }
+        }
+        if let Err(e) = self.ensure_window() {
+            trouble.push(format!("windows: {e}"));
+        }
+        if !trouble.is_empty() {
+            self.failed = Some(trouble.join("; "));
+        }
+    }
+
+    fn alloc_seq(&mut self) -> u64 {
+        let s = self.next_seq;
+        self.next_seq += 1;
+        s
+    }
+
+    /// Writes the batch: fragment stripes and their end-writes first, then
+    /// root stripes and theirs (a root never points at an incomplete
+    /// stripe). Returns every end-write, fragments first.
+    fn write_batch(&mut self, pending: &[Pending], first_seq: u64) -> Result<Vec<EndWrite>, StoreError> {
+        let cap = self.shared.config.data_shards * (self.shared.config.page_bytes as usize - HEADER);
+        let mut fragments: Vec<(u64, &[u8])> = Vec::new();
+        let mut roots: Vec<(u64, Vec<RootEntry>)> = Vec::new();
+        let mut cur: Vec<RootEntry> = Vec::new();
+        let mut cur_size = 4usize;
+        for p in pending {
+            let len = p.bytes.len();
+            let small = len + stripe::root_entry_overhead(&p.meta.log, 0) <= cap;
+            let tail_len = if small { len } else { len.min(cap / 4) };
+            let mut frag_ids = Vec::new();
+            for chunk in p.bytes[..len - tail_len].chunks(cap) {
+                let seq = self.alloc_seq();
+                fragments.push((seq, chunk));
+                frag_ids.push(seq);
+            }
+            let size = stripe::root_entry_overhead(&p.meta.log, frag_ids.len()) + tail_len;
+            if size + 4 > cap {
+                return Err(StoreError::TooLarge {
+                    len,
+                    limit: self.shared.config.max_record_bytes as usize,
+                });
+            }
+            if cur_size + size > cap && !cur.is_empty() {
+                let seq = self.alloc_seq();
+                roots.push((seq, std::mem::take(&mut cur)));
+                cur_size = 4;
+            }
+            cur_size += size;
+            cur.push(RootEntry {
+                meta: p.meta.clone(),
+                fragments: frag_ids,
+                tail: p.bytes[len - tail_len..].to_vec(),
+            });
+        }
+        if !cur.is_empty() {
+            let seq = self.alloc_seq();
+            roots.push((seq, cur));
+        }
+        let mut all = Vec::new();
+        if !fragments.is_empty() {
+            let payloads: Vec<(u64, Vec<u8>, Vec<EntryMeta>)> =
+                fragments.iter().map(|(s, b)| (*s, b.to_vec(), Vec::new())).collect();
+            all = self.write_stripes(Kind::Unordered, payloads, first_seq)?;
+        }
+        let payloads = roots
+            .into_iter()
+            .map(|(seq, entries)| {
+                let metas = entries.iter().map(|e| e.meta.clone()).collect();
+                (seq, stripe::encode_root(&entries), metas)
+            })
+            .collect();
+        all.extend(self.write_stripes(Kind::Ordered, payloads, first_seq)?);
+        Ok(all)
+    }
+
+    /// Writes stripes in groups that fit a segment, each group: pages,
+    /// fsync, end-writes, fsync.
+    fn write_stripes(
+        &mut self,
+        kind: Kind,
+        stripes: Vec<(u64, Vec<u8>, Vec<EntryMeta>)>,
+        batch_seq: u64,
+    ) -> Result<Vec<EndWrite>, StoreError> {
+        let (k, m) = (self.shared.config.data_shards, self.shared.config.parity_shards);
+        let half = self.shared.config.segment_bytes / 2;
+        let mut out = Vec::new();
+        let mut group: Vec<(u64, Vec<Vec<u8>>, u32, Vec<EntryMeta>)> = Vec::new();
+        let mut group_bytes = 0u64;
+        let total = stripes.len();
+        for (i, (seq, payload, metas)) in stripes.into_iter().enumerate() {
+            let shards = stripe::encode_shards(&payload, k, m);
+            let page_len = (HEADER + shards[0].len()) as u64;
+            if group_bytes + page_len > half && !group.is_empty() {
+                out.extend(self.write_group(kind, std::mem::take(&mut group), batch_seq)?);
+                group_bytes = 0;
+            }
+            group_bytes += page_len;
+            group.push((seq, shards, payload.len() as u32, metas));
+            if i + 1 == total {
+                out.extend(self.write_group(kind, std::mem::take(&mut group), batch_seq)?);
+            }
+        }
+        Ok(out)
+    }
+
+    fn write_group(
+        &mut self,
+        kind: Kind,
+        group: Vec<(u64, Vec<Vec<u8>>, u32, Vec<EntryMeta>)>,
+        batch_seq: u64,
+    ) -> Result<Vec<EndWrite>, StoreError> {
+        let (k, m) = (self.shared.config.data_shards, self.shared.config.parity_shards);
+        let per_seg: u64 = group
+            .iter()
+            .map(|(_, sh, _, _)| (HEADER + sh[0].len()) as u64)
+            .sum();
+        self.make_room(kind, per_seg)?;
+        let window = self.window(kind);
+        let mut bufs: Vec<Vec<u8>> = vec![Vec::with_capacity(per_seg as usize); window.len()];
+        let mut refs = Vec::with_capacity(group.len());
+        for (seq, shards, payload_len, metas) in group {
+            let mut pages = Vec::with_capacity(k + m);
+            for (j, shard) in shards.iter().enumerate() {
+                let seg = window[j];
+                let off = self.segs[&seg].len + bufs[j].len() as u64;
+                let h = Header {
+                    kind,
+                    shard: j as u8,
+                    k: k as u8,
+                    m: m as u8,
+                    body_len: shard.len() as u32,
+                    stripe: seq,
+                    payload_len,
+                };
+                bufs[j].extend_from_slice(&page::encode(&h, shard));
+                pages.push((seg, off));
+            }
+            refs.push((
+                StripeRef {
+                    seq,
+                    kind,
+                    k: k as u8,
+                    m: m as u8,
+                    shard_len: shards[0].len() as u32,
+                    payload_len,
+                    pages,
+                },
+                metas,
+            ));
+        }
+        let written: Vec<(u64, Vec<u8>)> = window.iter().copied().zip(bufs).collect();
+        self.write_and_sync(&written)?;
+        let max_seq = refs.iter().map(|(r, _)| r.seq).max().unwrap_or(0);
+        for &s in &window {
+            let st = self.segs.get_mut(&s).expect("window segment");
+            st.max_seq = st.max_seq.max(max_seq);
+        }
+        // End-writes: one page per stripe, the same bytes on three segments.
+        let mut ew_total = 0u64;
+        let mut ews = Vec::with_capacity(refs.len());
+        let mut bodies = Vec::with_capacity(refs.len());
+        // Room first: sliding changes the base recorded in the end-write.
+        let approx: u64 = refs
+            .iter()
+            .map(|(r, metas)| {
+                (HEADER + 64 + 16 * r.pages.len() + metas.iter().map(|m| 37 + m.log.len()).sum::<usize>())
+                    as u64
+            })
+            .sum();
+        self.make_room(Kind::EndWrite, approx)?;
+        for (r, metas) in refs {
+            let ew = EndWrite {
+                ew_base: self.base,
+                batch_seq,
+                stripe: r,
+                entries: metas,
+            };
+            let p = ew_page(&ew);
+            ew_total += p.len() as u64;
+            bodies.push(p);
+            ews.push(ew);
+        }
+        debug_assert!(ew_total <= approx);
+        let ew_window = self.window(Kind::EndWrite);
+        let mut written = Vec::with_capacity(ew_window.len());
+        for &seg in &ew_window {
+            let st = self.segs.get_mut(&seg).expect("end-write segment");
+            let mut off = st.len;
+            let mut buf = Vec::with_capacity(ew_total as usize);
+            for (p, ew) in bodies.iter().zip(&ews) {
+                st.ew_pages.push((off, ew.stripe.seq));
+                off += p.len() as u64;
+                buf.extend_from_slice(p);
+            }
+            st.max_seq = st.max_seq.max(max_seq);
+            written.push((seg, buf));
+        }
+        self.write_and_sync(&written)?;
+        self.shared
+            .counters
+            .stripes
+            .fetch_add(ews.len() as u64, Ordering::Relaxed);
+        Ok(ews)
+    }
+
+    /// Appends each buffer to its segment, then fsyncs them all in
+    /// parallel (they are independent devices in a real deployment).
+    fn write_and_sync(&mut self, bufs: &[(u64, Vec<u8>)]) -> Result<(), StoreError> {
+        let faults = self.shared.faults.clone();
+        let mut files = Vec::with_capacity(bufs.len());
+        for (seg, buf) in bufs {
+            let st = self.segs.get_mut(seg).expect("segment");
+            faults
+                .write_at(&st.file, buf, st.len)
+                .map_err(|e| StoreError::WriteFailed(format!("segment {seg}: {e}")))?;
+            st.len += buf.len() as u64;
+            self.shared
+                .counters
+                .bytes_written
+                .fetch_add(buf.len() as u64, Ordering::Relaxed);
+            files.push((*seg, st.file.clone()));
+        }
+        if !self.shared.config.fsync {
+            return Ok(());
+        }
+        self.shared
+            .counters
+            .fsyncs
+            .fetch_add(files.len() as u64, Ordering::Relaxed);
+        let results: Vec<(u64, io::Result<()>)> = if files.len() == 1 {
+            vec![(files[0].0, faults.sync(&files[0].1))]
+        } else {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = files
+                    .iter()
+                    .map(|(seg, f)| {
+                        let faults = &faults;
+                        (*seg, s.spawn(move || faults.sync(f)))
+                    })
+                    .collect();
+                hs.into_iter()
+                    .map(|(seg, h)| {
+                        (seg, h.join().unwrap_or_else(|_| Err(io::Error::other("fsync thread panicked"))))
+                    })
+                    .collect()
+            })
+        };
+        for (seg, r) in results {
+            r.map_err(|e| StoreError::WriteFailed(format!("fsync segment {seg}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// The batch is durable: index it, remember its request ids, answer,
+    /// and push it to subscribers.
+    fn publish(&mut self, pending: Vec<Pending>, ews: Vec<EndWrite>, batch_seq: u64) {
+        {
+            let mut idx = self.shared.index.write().expect("index lock");
+            for ew in &ews {
+                for (i, e) in ew.entries.iter().enumerate() {
+                    let l = idx.logs.entry(e.log.clone()).or_insert_with(|| LogIndex {
+                        first: e.pos,
+                        locs: VecDeque::new(),
+                    });
+                    debug_assert_eq!(l.tail(), e.pos);
+                    l.locs.push_back(Loc {
+                        stripe: ew.stripe.seq,
+                        idx: i as u32,
+                        len: e.len,
+                        batch_seq,
+                    });
+                }
+                idx.stripes.insert(ew.stripe.seq, ew.stripe.clone());
+            }
+        }
+        for ew in ews {
+            self.ews.insert(ew.stripe.seq, ew);
+        }
+        let c = &self.shared.counters;
+        c.batches.fetch_add(1, Ordering::Relaxed);
+        let subs = self.shared.subs.lock().expect("subs lock").clone();
+        for p in pending {
+            c.appends.fetch_add(1, Ordering::Relaxed);
+            c.append_bytes.fetch_add(p.bytes.len() as u64, Ordering::Relaxed);
+            if p.meta.client != 0 {
+                let key = (p.meta.client, p.meta.request);
+                self.dedup.insert(key, p.meta.pos);
+                self.dedup_order.push_back(key);
+                while self.dedup_order.len() > self.shared.config.dedup_window {
+                    if let Some(old) = self.dedup_order.pop_front() {
+                        self.dedup.remove(&old);
+                    }
+                }
+            }
+            for r in p.replies {
+                let _ = r.send(Ok(p.meta.pos));
+            }
+            if let Some(tx) = subs.get(&p.meta.log) {
+                if tx.receiver_count() > 0 {
+                    let e: Entry = Arc::from(p.bytes);
+                    let _ = tx.send((p.meta.pos, e));
+                }
+            }
+        }
+    }
+
+    fn trim(&mut self, log: &str, pos: u64) -> Result<(), StoreError> {
+        let (first, tail) = {
+            let idx = self.shared.index.read().expect("index lock");
+            idx.logs
+                .get(log)
+                .map(|l| (l.first, l.tail()))
+                .unwrap_or((0, 0))
+        };
+        if pos > tail {
+            return Err(StoreError::TrimBeyondTail {
+                log: log.into(),
+                pos,
+                tail,
+            });
+        }
+        if pos <= first {
+            return Ok(());
+        }
+        self.meta.logs.insert(
+            log.to_string(),
+            LogMeta {
+                first: pos,
+                tail_floor: tail,
+            },
+        );
+        self.meta.stable_seq = self.next_seq.saturating_sub(1);
+        let zones = self.zones().to_vec();
+        self.meta
+            .store(&zones)
+            .map_err(|e| StoreError::WriteFailed(format!("metadata: {e}")))?;
+        {
+            let mut idx = self.shared.index.write().expect("index lock");
+            let l = idx.logs.get_mut(log).expect("log exists below its tail");
+            let drop = (pos - l.first) as usize;
+            l.locs.drain(..drop);
+            l.first = pos;
+        }
+        self.free_segments();
+        Ok(())
+    }
+
+    /// The lowest stripe anything live may need.
+    pub fn live_floor(&self) -> u64 {
+        let idx = self.shared.index.read().expect("index lock");
+        idx.logs
+            .values()
+            .filter_map(|l| l.locs.front().map(|loc| loc.batch_seq))
+            .min()
+            .unwrap_or(self.next_seq)
+    }
+
+    /// Deletes sealed segments whose every page and end-write is below the
+    /// live floor, and forgets those stripes.
+    pub fn free_segments(&mut self) {
+        let floor = self.live_floor();
+        let victims: Vec<u64> = self
+            .segs
+            .range(..self.base)
+            .filter(|(_, s)| s.max_seq < floor)
+            .map(|(&id, _)| id)
+            .collect();
+        for seg in victims {
+            let path = segment::path(self.zones(), seg);
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(segment = seg, error = %e, "could not free segment");
+                continue;
+            }
+            if let Some(dir) = path.parent() {
+                let _ = segment::sync_dir(dir);
+            }
+            self.segs.remove(&seg);
+            self.shared.files.write().expect("files lock").remove(&seg);
+            self.shared
+                .counters
+                .segments_freed
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        self.ews = self.ews.split_off(&floor);
+        let mut idx = self.shared.index.write().expect("index lock");
+        idx.stripes = idx.stripes.split_off(&floor);
+    }
+
+    /// Rebuilds segment `seg` beside the old file and renames it over:
+    /// every stripe page from parity (byte-identical), markers and
+    /// end-writes where they were, pads in unaccounted gaps; if part of the
+    /// file was unaccounted for, the end-writes it held are appended again
+    /// (they are found in the other two copies).
+    pub fn repair(&mut self, seg: u64) -> Result<(), String> {
+        let refs: Vec<StripeRef> = {
+            let idx = self.shared.index.read().expect("index lock");
+            idx.stripes
+                .values()
+                .filter(|r| r.pages.iter().any(|p| p.0 == seg))
+                .cloned()
+                .collect()
+        };
+        let mut pieces: Vec<(u64, Vec<u8>)> = Vec::new();
+        for r in &refs {
+            let j = r.pages.iter().position(|p| p.0 == seg).expect("filtered");
+            let (k, m) = (r.k as usize, r.m as usize);
+            let mut shards: Vec<Option<Vec<u8>>> = vec![None; k + m];
+            // Read every other page; parity decides.
+            for (i, slot) in shards.iter_mut().enumerate() {
+                if i != j {
+                    *slot = read_shard(&self.shared, r, i);
+                }
+            }
+            let all = stripe::rebuild(shards, k, m)
+                .map_err(|e| format!("stripe {}: {e}", r.seq))?;
+            let h = Header {
+                kind: r.kind,
+                shard: j as u8,
+                k: r.k,
+                m: r.m,
+                body_len: r.shard_len,
+                stripe: r.seq,
+                payload_len: r.payload_len,
+            };
+            pieces.push((r.pages[j].1, page::encode(&h, &all[j])));
+        }
+        let (known_len, damaged, markers, ew_pages, cls) = match self.segs.get(&seg) {
+            Some(s) => (
+                Some(s.len),
+                s.damaged_at.is_some(),
+                s.markers.clone(),
+                s.ew_pages.clone(),
+                s.class,
+            ),
+            None => (None, true, Vec::new(), Vec::new(), self.target_class(seg)),
+        };
+        let era_ews = self
+            .ews
+            .values()
+            .any(|ew| ew.ew_base <= seg && seg < ew.ew_base + END_WRITE_COPIES as u64);
+        if known_len.is_none() && refs.is_empty() && !era_ews {
+            return Err(format!("segment {seg} holds nothing live; not rebuilt"));
+        }
+        for (off, c) in &markers {
+            pieces.push((*off, page::class_marker(*c)));
+        }
+        for (off, seq) in &ew_pages {
+            if let Some(ew) = self.ews.get(seq) {
+                pieces.push((*off, ew_page(ew)));
+            }
+        }
+        pieces.sort_by_key(|p| p.0);
+        let mut file = Vec::new();
+        for (off, bytes) in &pieces {
+            let off = *off as usize;
+            if off < file.len() {
+                return Err(format!("segment {seg}: overlapping pages at {off}"));
+            }
+            let gap = off - file.len();
+            if gap > 0 {
+                if gap < HEADER {
+                    return Err(format!("segment {seg}: gap of {gap} bytes at {}", file.len()));
+                }
+                file.extend_from_slice(&page::pad(gap));
+            }
+            file.extend_from_slice(bytes);
+        }
+        let mut new_markers = markers.clone();
+        let mut new_ew = ew_pages.clone();
+        if damaged {
+            // Refill: the class, then every end-write of the eras in which
+            // this segment was one of the three end-write segments.
+            let off = file.len() as u64;
+            file.extend_from_slice(&page::class_marker(cls));
+            new_markers.push((off, cls));
+            let have: BTreeSet<u64> = ew_pages.iter().map(|&(_, s)| s).collect();
+            for (seq, ew) in &self.ews {
+                if ew.ew_base + (END_WRITE_COPIES as u64) > seg && ew.ew_base <= seg && !have.contains(seq) {
+                    new_ew.push((file.len() as u64, *seq));
+                    file.extend_from_slice(&ew_page(ew));
+                }
+            }
+        } else if let Some(len) = known_len {
+            let len = len as usize;
+            if len > file.len() {
+                let gap = len - file.len();
+                if gap >= HEADER {
+                    file.extend_from_slice(&page::pad(gap));
+                }
+            }
+        }
+        let path = segment::path(self.zones(), seg);
+        let tmp = path.with_extension("repair");
+        std::fs::write(&tmp, &file).map_err(|e| format!("write {}: {e}", tmp.display()))?;
+        File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| format!("fsync {}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).map_err(|e| format!("rename {}: {e}", path.display()))?;
+        if let Some(dir) = path.parent() {
+            segment::sync_dir(dir).map_err(|e| e.to_string())?;
+        }
+        let f = Arc::new(segment::open(&path, false).map_err(|e| e.to_string())?);
+        self.shared
+            .files
+            .write()
+            .expect("files lock")
+            .insert(seg, f.clone());
+        let max_seq = refs.iter().map(|r| r.seq).chain(new_ew.iter().map(|e| e.1)).max().unwrap_or(0);
+        let class = new_markers.iter().map(|m| m.1).max().unwrap_or(cls);
+        self.segs.insert(
+            seg,
+            SegState {
+                file: f,
+                len: file.len() as u64,
+                class,
+                markers: new_markers,
+                ew_pages: new_ew,
+                max_seq,
+                damaged_at: None,
+            },
+        );
+        self.shared
+            .counters
+            .segments_repaired
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::info!(segment = seg, bytes = file.len(), stripes = refs.len(), "segment repaired");
+        Ok(())
+    }
+}
+
+fn read_shard(shared: &Shared, r: &StripeRef, i: usize) -> Option<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let (seg, off) = r.pages[i];
+    let file = shared.files.read().expect("files lock").get(&seg).cloned()?;
+    let mut buf = vec![0u8; HEADER + r.shard_len as usize];
+    file.read_exact_at(&mut buf, off).ok()?;
+    let (h, body) = page::decode(&buf).ok()?;
+    (h.stripe == r.seq && h.shard as usize == i && h.kind == r.kind).then(|| body.to_vec())
+}
+
+/// The page bytes of an end-write.
+pub(crate) fn ew_page(ew: &EndWrite) -> Vec<u8> {
+    let body = stripe::encode_end_write(ew);
+    page::encode(
+        &Header {
+            kind: Kind::EndWrite,
+            shard: 0,
+            k: 0,
+            m: 0,
+            body_len: body.len() as u32,
+            stripe: ew.stripe.seq,
+            payload_len: 0,
+        },
+        &body,
+    )
+}
