@@ -211,8 +211,7 @@ impl Config {
 
     /// Parses and validates a TOML configuration.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let config: Config =
-            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
         config.validate()?;
         Ok(config)
     }
@@ -256,7 +255,9 @@ impl Config {
                 "max_segments must exceed the {window} segments the three windows occupy"
             ));
         }
-        if self.max_record_bytes == 0 || self.max_record_bytes as usize > melddb::error::MAX_INTENTION_BYTES {
+        if self.max_record_bytes == 0
+            || self.max_record_bytes as usize > melddb::error::MAX_INTENTION_BYTES
+        {
             return bad(format!(
                 "max_record_bytes must be between 1 and {}",
                 melddb::error::MAX_INTENTION_BYTES
@@ -275,7 +276,10 @@ impl Config {
         if self.limits.max_frame_bytes < 64 {
             return bad("limits.max_frame_bytes must be at least 64".into());
         }
-        if self.limits.max_in_flight == 0 || self.limits.max_connections == 0 || self.limits.append_queue == 0 {
+        if self.limits.max_in_flight == 0
+            || self.limits.max_connections == 0
+            || self.limits.append_queue == 0
+        {
             return bad("limits must be positive".into());
         }
         Ok(())

@@ -94,9 +94,6 @@ pub enum StoreError {
         /// Limit.
         limit: usize,
     },
-    /// Empty records are not stored (they would have no page).
-    #[error("empty records are not accepted")]
-    Empty,
     /// Every allowed segment is in use; trim the log.
     #[error("the log is full: {0} segments in use (max_segments); trim old positions")]
     Full(u64),

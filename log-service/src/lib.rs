@@ -10,17 +10,22 @@
 //! a binary protocol over TCP and WebSocket plus HTTP/JSON for tools.
 //! See `docs/log-service.md` for the on-disk layout and the protocol.
 
+pub mod client;
 pub mod config;
 pub mod error;
 pub mod meta;
 pub mod page;
+pub mod protocol;
 mod recovery;
 pub mod segment;
+pub mod server;
 pub mod store;
 pub mod stripe;
 mod writer;
 
+pub use client::{BlockingLog, Client, ClientError, ClientOptions, Subscription};
 pub use config::{Config, Limits, Listen, Rights};
 pub use error::{ConfigError, OpenError, StoreError};
 pub use segment::Faults;
+pub use server::{start, start_on, Running};
 pub use store::{RecoveryReport, ScrubReport, SegmentInfo, Stats, Store};

@@ -128,7 +128,8 @@ pub fn header(bytes: &[u8]) -> Result<Header, Bad> {
         return Err(Bad::NotAPage);
     }
     let kind = Kind::from_u8(bytes[8]).ok_or(Bad::NotAPage)?;
-    let u32_at = |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+    let u32_at =
+        |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
     let mut s = [0u8; 8];
     s.copy_from_slice(&bytes[16..24]);
     Ok(Header {

@@ -145,7 +145,9 @@ pub(crate) fn recover(
     for z in &zones {
         std::fs::create_dir_all(z).map_err(io(z))?;
     }
-    let mut meta = Meta::load(&zones).map_err(OpenError::Meta)?.unwrap_or_default();
+    let mut meta = Meta::load(&zones)
+        .map_err(OpenError::Meta)?
+        .unwrap_or_default();
 
     // Segments.
     let mut segs: BTreeMap<u64, SegState> = BTreeMap::new();
@@ -312,7 +314,10 @@ pub(crate) fn recover(
     }
     {
         let mut idx = shared.index.write().expect("index lock");
-        idx.stripes = copies.iter().map(|(&s, ew)| (s, ew.stripe.clone())).collect();
+        idx.stripes = copies
+            .iter()
+            .map(|(&s, ew)| (s, ew.stripe.clone()))
+            .collect();
         idx.logs = logs;
     }
     report.stripes = copies.len() as u64;
@@ -343,10 +348,7 @@ pub(crate) fn recover(
         let mut idx = shared.index.write().expect("index lock");
         idx.stripes = idx.stripes.split_off(&floor);
     }
-    writer
-        .meta
-        .store(&zones)
-        .map_err(io(&zones[0]))?;
+    writer.meta.store(&zones).map_err(io(&zones[0]))?;
 
     // Repair what is missing or damaged.
     let mut wanted: Vec<u64> = writer

@@ -119,7 +119,12 @@ mod tests {
     #[test]
     fn names_round_trip_and_strangers_are_ignored() {
         assert_eq!(parse_name(&file_name(42)), Some(42));
-        for bad in ["seg-42.dat", "seg-000000000000004x.dat", "meta.json", "seg-0000000000000042.tmp"] {
+        for bad in [
+            "seg-42.dat",
+            "seg-000000000000004x.dat",
+            "meta.json",
+            "seg-0000000000000042.tmp",
+        ] {
             assert_eq!(parse_name(bad), None, "{bad}");
         }
     }

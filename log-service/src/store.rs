@@ -21,8 +21,8 @@ use crate::error::{OpenError, StoreError};
 use crate::page::{self, Kind};
 use crate::segment::Faults;
 use crate::stripe::{self, RootEntry, StripeRef};
-use crate::writer::{AppendReq, Cmd};
 pub use crate::writer::SegmentInfo;
+use crate::writer::{AppendReq, Cmd};
 
 /// Where one record is: its root stripe and index in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,9 +249,6 @@ impl Store {
                 len: bytes.len(),
                 limit,
             });
-        }
-        if bytes.is_empty() {
-            return Err(StoreError::Empty);
         }
         let (reply, rx) = oneshot::channel();
         Ok((
@@ -490,10 +487,7 @@ impl Store {
         }
         for &seg in &bad_segs {
             let (reply, rx) = oneshot::channel();
-            if self
-                .tx
-                .blocking_send(Cmd::RepairNow { seg, reply })
-                .is_ok()
+            if self.tx.blocking_send(Cmd::RepairNow { seg, reply }).is_ok()
                 && matches!(rx.blocking_recv(), Ok(Ok(())))
             {
                 report.repaired.push(seg);
@@ -579,7 +573,12 @@ impl Drop for Store {
 /// Reads one page and checks it belongs to stripe `r` as shard `i`.
 fn read_page(shared: &Shared, r: &StripeRef, i: usize) -> Option<Vec<u8>> {
     let (seg, off) = r.pages[i];
-    let file = shared.files.read().expect("files lock").get(&seg).cloned()?;
+    let file = shared
+        .files
+        .read()
+        .expect("files lock")
+        .get(&seg)
+        .cloned()?;
     let mut buf = vec![0u8; page::HEADER + r.shard_len as usize];
     file.read_exact_at(&mut buf, off).ok()?;
     let (h, body) = page::decode(&buf).ok()?;
@@ -628,11 +627,7 @@ pub(crate) fn read_stripe(
             .pages_rebuilt
             .fetch_add(bad.len() as u64, Ordering::Relaxed);
     }
-    let payload = stripe::payload(shards, k, m, r.payload_len as usize).map_err(|why| {
-        StoreError::Unrecoverable {
-            stripe: r.seq,
-            why,
-        }
-    })?;
+    let payload = stripe::payload(shards, k, m, r.payload_len as usize)
+        .map_err(|why| StoreError::Unrecoverable { stripe: r.seq, why })?;
     Ok((payload, bad))
 }

@@ -296,7 +296,11 @@ pub fn encode_shards(payload: &[u8], k: usize, m: usize) -> Vec<Vec<u8>> {
 
 /// Rebuilds every shard from the ones that survived (`None` = lost or
 /// corrupt). Fails when fewer than `k` survive.
-pub fn rebuild(mut shards: Vec<Option<Vec<u8>>>, k: usize, m: usize) -> Result<Vec<Vec<u8>>, String> {
+pub fn rebuild(
+    mut shards: Vec<Option<Vec<u8>>>,
+    k: usize,
+    m: usize,
+) -> Result<Vec<Vec<u8>>, String> {
     let rs = ReedSolomon::new(k, m).map_err(|e| format!("shard counts {k}+{m}: {e}"))?;
     if shards.iter().any(|s| s.is_none()) {
         let usable = shards.iter().flatten().count();

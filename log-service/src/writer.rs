@@ -215,8 +215,11 @@ impl Writer {
     pub fn ensure_window(&mut self) -> Result<(), StoreError> {
         loop {
             let span = END_WRITE_COPIES as u64 + 2 * self.width() as u64;
-            let too_high = (self.base..self.base + span)
-                .any(|s| self.segs.get(&s).is_some_and(|st| st.class > self.target_class(s)));
+            let too_high = (self.base..self.base + span).any(|s| {
+                self.segs
+                    .get(&s)
+                    .is_some_and(|st| st.class > self.target_class(s))
+            });
             if !too_high {
                 break;
             }
@@ -387,7 +390,8 @@ impl Writer {
             return;
         }
         let first_seq = self.next_seq;
-        let lens_before: BTreeMap<u64, u64> = self.segs.iter().map(|(&s, st)| (s, st.len)).collect();
+        let lens_before: BTreeMap<u64, u64> =
+            self.segs.iter().map(|(&s, st)| (s, st.len)).collect();
         match self.write_batch(&pending, first_seq) {
             Ok(done) => self.publish(pending, done, first_seq),
             Err(e) => {
@@ -424,7 +428,12 @@ impl Writer {
                 st.len = before;
                 st.markers.retain(|&(o, _)| o < before);
                 st.ew_pages.retain(|&(o, _)| o < before);
-                st.class = st.markers.iter().map(|&(_, c)| c).max().unwrap_or(class::EMPTY);
+                st.class = st
+                    .markers
+                    .iter()
+                    .map(|&(_, c)| c)
+                    .max()
+                    .unwrap_or(class::EMPTY);
             }
         }
         if self.next_seq > first_seq {
@@ -451,8 +460,13 @@ impl Writer {
     /// Writes the batch: fragment stripes and their end-writes first, then
     /// root stripes and theirs (a root never points at an incomplete
     /// stripe). Returns every end-write, fragments first.
-    fn write_batch(&mut self, pending: &[Pending], first_seq: u64) -> Result<Vec<EndWrite>, StoreError> {
-        let cap = self.shared.config.data_shards * (self.shared.config.page_bytes as usize - HEADER);
+    fn write_batch(
+        &mut self,
+        pending: &[Pending],
+        first_seq: u64,
+    ) -> Result<Vec<EndWrite>, StoreError> {
+        let cap =
+            self.shared.config.data_shards * (self.shared.config.page_bytes as usize - HEADER);
         let mut fragments: Vec<(u64, &[u8])> = Vec::new();
         let mut roots: Vec<(u64, Vec<RootEntry>)> = Vec::new();
         let mut cur: Vec<RootEntry> = Vec::new();
@@ -492,8 +506,10 @@ impl Writer {
         }
         let mut all = Vec::new();
         if !fragments.is_empty() {
-            let payloads: Vec<(u64, Vec<u8>, Vec<EntryMeta>)> =
-                fragments.iter().map(|(s, b)| (*s, b.to_vec(), Vec::new())).collect();
+            let payloads: Vec<(u64, Vec<u8>, Vec<EntryMeta>)> = fragments
+                .iter()
+                .map(|(s, b)| (*s, b.to_vec(), Vec::new()))
+                .collect();
             all = self.write_stripes(Kind::Unordered, payloads, first_seq)?;
         }
         let payloads = roots
@@ -515,7 +531,10 @@ impl Writer {
         stripes: Vec<(u64, Vec<u8>, Vec<EntryMeta>)>,
         batch_seq: u64,
     ) -> Result<Vec<EndWrite>, StoreError> {
-        let (k, m) = (self.shared.config.data_shards, self.shared.config.parity_shards);
+        let (k, m) = (
+            self.shared.config.data_shards,
+            self.shared.config.parity_shards,
+        );
         let half = self.shared.config.segment_bytes / 2;
         let mut out = Vec::new();
         let mut group: Vec<(u64, Vec<Vec<u8>>, u32, Vec<EntryMeta>)> = Vec::new();
@@ -543,7 +562,10 @@ impl Writer {
         group: Vec<(u64, Vec<Vec<u8>>, u32, Vec<EntryMeta>)>,
         batch_seq: u64,
     ) -> Result<Vec<EndWrite>, StoreError> {
-        let (k, m) = (self.shared.config.data_shards, self.shared.config.parity_shards);
+        let (k, m) = (
+            self.shared.config.data_shards,
+            self.shared.config.parity_shards,
+        );
         let per_seg: u64 = group
             .iter()
             .map(|(_, sh, _, _)| (HEADER + sh[0].len()) as u64)
@@ -597,8 +619,10 @@ impl Writer {
         let approx: u64 = refs
             .iter()
             .map(|(r, metas)| {
-                (HEADER + 64 + 16 * r.pages.len() + metas.iter().map(|m| 37 + m.log.len()).sum::<usize>())
-                    as u64
+                (HEADER
+                    + 64
+                    + 16 * r.pages.len()
+                    + metas.iter().map(|m| 37 + m.log.len()).sum::<usize>()) as u64
             })
             .sum();
         self.make_room(Kind::EndWrite, approx)?;
@@ -674,7 +698,11 @@ impl Writer {
                     .collect();
                 hs.into_iter()
                     .map(|(seg, h)| {
-                        (seg, h.join().unwrap_or_else(|_| Err(io::Error::other("fsync thread panicked"))))
+                        (
+                            seg,
+                            h.join()
+                                .unwrap_or_else(|_| Err(io::Error::other("fsync thread panicked"))),
+                        )
                     })
                     .collect()
             })
@@ -715,7 +743,8 @@ impl Writer {
         let subs = self.shared.subs.lock().expect("subs lock").clone();
         for p in pending {
             c.appends.fetch_add(1, Ordering::Relaxed);
-            c.append_bytes.fetch_add(p.bytes.len() as u64, Ordering::Relaxed);
+            c.append_bytes
+                .fetch_add(p.bytes.len() as u64, Ordering::Relaxed);
             if p.meta.client != 0 {
                 let key = (p.meta.client, p.meta.request);
                 self.dedup.insert(key, p.meta.pos);
@@ -845,8 +874,8 @@ impl Writer {
                     *slot = read_shard(&self.shared, r, i);
                 }
             }
-            let all = stripe::rebuild(shards, k, m)
-                .map_err(|e| format!("stripe {}: {e}", r.seq))?;
+            let all =
+                stripe::rebuild(shards, k, m).map_err(|e| format!("stripe {}: {e}", r.seq))?;
             let h = Header {
                 kind: r.kind,
                 shard: j as u8,
@@ -893,7 +922,10 @@ impl Writer {
             let gap = off - file.len();
             if gap > 0 {
                 if gap < HEADER {
-                    return Err(format!("segment {seg}: gap of {gap} bytes at {}", file.len()));
+                    return Err(format!(
+                        "segment {seg}: gap of {gap} bytes at {}",
+                        file.len()
+                    ));
                 }
                 file.extend_from_slice(&page::pad(gap));
             }
@@ -909,7 +941,10 @@ impl Writer {
             new_markers.push((off, cls));
             let have: BTreeSet<u64> = ew_pages.iter().map(|&(_, s)| s).collect();
             for (seq, ew) in &self.ews {
-                if ew.ew_base + (END_WRITE_COPIES as u64) > seg && ew.ew_base <= seg && !have.contains(seq) {
+                if ew.ew_base + (END_WRITE_COPIES as u64) > seg
+                    && ew.ew_base <= seg
+                    && !have.contains(seq)
+                {
                     new_ew.push((file.len() as u64, *seq));
                     file.extend_from_slice(&ew_page(ew));
                 }
@@ -939,7 +974,12 @@ impl Writer {
             .write()
             .expect("files lock")
             .insert(seg, f.clone());
-        let max_seq = refs.iter().map(|r| r.seq).chain(new_ew.iter().map(|e| e.1)).max().unwrap_or(0);
+        let max_seq = refs
+            .iter()
+            .map(|r| r.seq)
+            .chain(new_ew.iter().map(|e| e.1))
+            .max()
+            .unwrap_or(0);
         let class = new_markers.iter().map(|m| m.1).max().unwrap_or(cls);
         self.segs.insert(
             seg,
@@ -957,7 +997,12 @@ impl Writer {
             .counters
             .segments_repaired
             .fetch_add(1, Ordering::Relaxed);
-        tracing::info!(segment = seg, bytes = file.len(), stripes = refs.len(), "segment repaired");
+        tracing::info!(
+            segment = seg,
+            bytes = file.len(),
+            stripes = refs.len(),
+            "segment repaired"
+        );
         Ok(())
     }
 }
@@ -965,7 +1010,12 @@ impl Writer {
 fn read_shard(shared: &Shared, r: &StripeRef, i: usize) -> Option<Vec<u8>> {
     use std::os::unix::fs::FileExt;
     let (seg, off) = r.pages[i];
-    let file = shared.files.read().expect("files lock").get(&seg).cloned()?;
+    let file = shared
+        .files
+        .read()
+        .expect("files lock")
+        .get(&seg)
+        .cloned()?;
     let mut buf = vec![0u8; HEADER + r.shard_len as usize];
     file.read_exact_at(&mut buf, off).ok()?;
     let (h, body) = page::decode(&buf).ok()?;

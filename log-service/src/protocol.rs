@@ -1,0 +1,537 @@
+//! The binary protocol, version 1. Over TCP each frame is preceded by its
+//! length as a little-endian `u32` (checked against `max_frame_bytes`
+//! before anything is allocated); over WebSocket each binary message is one
+//! frame. Integers are little-endian.
+//!
+//! ```text
+//! frame    = version:u8 (=1) type:u8 corr:u64 fields
+//! str8     = len:u8 bytes      str16 = len:u16 bytes
+//!
+//! requests                                  responses (same corr)
+//!  1 Hello     token:str16                   101 HelloOk    version:u8
+//!  2 Append    log:str8 client:u64 req:u64   102 Appended   pos:u64
+//!              bytes (rest of frame)
+//!  3 Read      log:str8 pos:u64              103 Entry      pos:u64 bytes (rest)
+//!  4 Bounds    log:str8                      104 Bounds     first:u64 tail:u64
+//!  5 Trim      log:str8 pos:u64              105 Done
+//!  6 Subscribe log:str8 from:u64             103 Entry ... for every entry from `from` on
+//!  7 Ping                                    107 Pong
+//!                                            200 Error      code:u16 a:u64 b:u64 message:str16
+//! ```
+//!
+//! `corr` is chosen by the client and echoed; responses may come out of
+//! order. Error codes are [`Code`]; `a` and `b` carry the numbers of the
+//! error (position and tail, position and first, length and limit).
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::error::StoreError;
+
+/// Protocol version spoken by this build.
+pub const VERSION: u8 = 1;
+
+/// Error codes of `Error` frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum Code {
+    /// The frame did not parse.
+    BadFrame = 1,
+    /// Unknown protocol version.
+    Version = 2,
+    /// No or unknown token.
+    Unauthorized = 3,
+    /// The token lacks the right for this log or operation.
+    Forbidden = 4,
+    /// Position not written yet (a = pos, b = tail).
+    NotYetWritten = 5,
+    /// Position trimmed (a = pos, b = first).
+    Trimmed = 6,
+    /// Record or frame too large (a = length, b = limit).
+    TooLarge = 7,
+    /// Invalid log name.
+    BadLogName = 8,
+    /// Write failed; retry with the same request id.
+    WriteFailed = 9,
+    /// The log is full; trim it.
+    Full = 10,
+    /// Data lost beyond what parity covers.
+    Unrecoverable = 11,
+    /// The service is shutting down.
+    ShuttingDown = 12,
+    /// Connection limit reached.
+    Busy = 13,
+    /// Trim beyond the tail (a = pos, b = tail).
+    TrimBeyondTail = 14,
+}
+
+impl Code {
+    /// From the wire; unknown codes are `BadFrame`.
+    pub fn from_u16(v: u16) -> Code {
+        use Code::*;
+        match v {
+            2 => Version,
+            3 => Unauthorized,
+            4 => Forbidden,
+            5 => NotYetWritten,
+            6 => Trimmed,
+            7 => TooLarge,
+            8 => BadLogName,
+            9 => WriteFailed,
+            10 => Full,
+            11 => Unrecoverable,
+            12 => ShuttingDown,
+            13 => Busy,
+            14 => TrimBeyondTail,
+            _ => BadFrame,
+        }
+    }
+}
+
+/// A request frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Authenticate.
+    Hello {
+        /// Bearer token.
+        token: String,
+    },
+    /// Append a record.
+    Append {
+        /// Log name.
+        log: String,
+        /// Client id (0: not idempotent).
+        client: u64,
+        /// Request id, unique per client.
+        request: u64,
+        /// The record.
+        bytes: Bytes,
+    },
+    /// Read one record.
+    Read {
+        /// Log.
+        log: String,
+        /// Position.
+        pos: u64,
+    },
+    /// First and tail.
+    Bounds {
+        /// Log.
+        log: String,
+    },
+    /// Trim below `pos`.
+    Trim {
+        /// Log.
+        log: String,
+        /// New first position.
+        pos: u64,
+    },
+    /// Push every entry from `from` on.
+    Subscribe {
+        /// Log.
+        log: String,
+        /// First position wanted.
+        from: u64,
+    },
+    /// Liveness.
+    Ping,
+}
+
+/// A response frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response {
+    /// Authenticated.
+    HelloOk,
+    /// Appended at `pos`.
+    Appended {
+        /// Position.
+        pos: u64,
+    },
+    /// A record (read or subscription).
+    Entry {
+        /// Position.
+        pos: u64,
+        /// Bytes.
+        bytes: Bytes,
+    },
+    /// Bounds.
+    Bounds {
+        /// First readable.
+        first: u64,
+        /// Next position.
+        tail: u64,
+    },
+    /// Trim done.
+    Done,
+    /// Pong.
+    Pong,
+    /// Failure.
+    Error {
+        /// What kind.
+        code: Code,
+        /// First number.
+        a: u64,
+        /// Second number.
+        b: u64,
+        /// Human-readable.
+        message: String,
+    },
+}
+
+/// Why a frame was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// Version byte is not ours.
+    #[error("unsupported protocol version {0} (this server speaks {VERSION})")]
+    Version(u8),
+    /// Unknown type byte.
+    #[error("unknown frame type {0}")]
+    Type(u8),
+    /// Truncated or trailing bytes, bad UTF-8.
+    #[error("malformed frame: {0}")]
+    Malformed(&'static str),
+}
+
+struct Cur<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Cur<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], FrameError> {
+        if self.b.len() < n {
+            return Err(FrameError::Malformed("truncated"));
+        }
+        let (h, t) = self.b.split_at(n);
+        self.b = t;
+        Ok(h)
+    }
+    fn u8(&mut self) -> Result<u8, FrameError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, FrameError> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+    fn u64(&mut self) -> Result<u64, FrameError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn str8(&mut self) -> Result<String, FrameError> {
+        let n = self.u8()? as usize;
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| FrameError::Malformed("bad UTF-8"))
+    }
+    fn str16(&mut self) -> Result<String, FrameError> {
+        let n = self.u16()? as usize;
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| FrameError::Malformed("bad UTF-8"))
+    }
+    fn end(&self) -> Result<(), FrameError> {
+        if self.b.is_empty() {
+            Ok(())
+        } else {
+            Err(FrameError::Malformed("trailing bytes"))
+        }
+    }
+}
+
+fn put_str8(out: &mut BytesMut, s: &str) {
+    let s = &s.as_bytes()[..s.len().min(255)];
+    out.put_u8(s.len() as u8);
+    out.put_slice(s);
+}
+
+fn put_str16(out: &mut BytesMut, s: &str) {
+    let s = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
+    out.put_u16_le(s.len() as u16);
+    out.put_slice(s);
+}
+
+fn head(out: &mut BytesMut, ty: u8, corr: u64) {
+    out.put_u8(VERSION);
+    out.put_u8(ty);
+    out.put_u64_le(corr);
+}
+
+/// Encodes a request.
+pub fn encode_request(corr: u64, r: &Request) -> Bytes {
+    let mut o = BytesMut::with_capacity(32);
+    match r {
+        Request::Hello { token } => {
+            head(&mut o, 1, corr);
+            put_str16(&mut o, token);
+        }
+        Request::Append {
+            log,
+            client,
+            request,
+            bytes,
+        } => {
+            o.reserve(bytes.len() + log.len() + 32);
+            head(&mut o, 2, corr);
+            put_str8(&mut o, log);
+            o.put_u64_le(*client);
+            o.put_u64_le(*request);
+            o.put_slice(bytes);
+        }
+        Request::Read { log, pos } => {
+            head(&mut o, 3, corr);
+            put_str8(&mut o, log);
+            o.put_u64_le(*pos);
+        }
+        Request::Bounds { log } => {
+            head(&mut o, 4, corr);
+            put_str8(&mut o, log);
+        }
+        Request::Trim { log, pos } => {
+            head(&mut o, 5, corr);
+            put_str8(&mut o, log);
+            o.put_u64_le(*pos);
+        }
+        Request::Subscribe { log, from } => {
+            head(&mut o, 6, corr);
+            put_str8(&mut o, log);
+            o.put_u64_le(*from);
+        }
+        Request::Ping => head(&mut o, 7, corr),
+    }
+    o.freeze()
+}
+
+/// Decodes a request; on failure returns the correlation id if it was
+/// readable, so the error frame can carry it.
+pub fn decode_request(frame: &Bytes) -> Result<(u64, Request), (u64, FrameError)> {
+    let mut c = Cur { b: frame };
+    let v = c.u8().map_err(|e| (0, e))?;
+    if v != VERSION {
+        return Err((0, FrameError::Version(v)));
+    }
+    let ty = c.u8().map_err(|e| (0, e))?;
+    let corr = c.u64().map_err(|e| (0, e))?;
+    let r = (|| {
+        Ok(match ty {
+            1 => {
+                let token = c.str16()?;
+                c.end()?;
+                Request::Hello { token }
+            }
+            2 => {
+                let log = c.str8()?;
+                let client = c.u64()?;
+                let request = c.u64()?;
+                let at = frame.len() - c.b.len();
+                Request::Append {
+                    log,
+                    client,
+                    request,
+                    bytes: frame.slice(at..),
+                }
+            }
+            3 => {
+                let log = c.str8()?;
+                let pos = c.u64()?;
+                c.end()?;
+                Request::Read { log, pos }
+            }
+            4 => {
+                let log = c.str8()?;
+                c.end()?;
+                Request::Bounds { log }
+            }
+            5 => {
+                let log = c.str8()?;
+                let pos = c.u64()?;
+                c.end()?;
+                Request::Trim { log, pos }
+            }
+            6 => {
+                let log = c.str8()?;
+                let from = c.u64()?;
+                c.end()?;
+                Request::Subscribe { log, from }
+            }
+            7 => {
+                c.end()?;
+                Request::Ping
+            }
+            t => return Err(FrameError::Type(t)),
+        })
+    })();
+    r.map(|r| (corr, r)).map_err(|e| (corr, e))
+}
+
+/// Encodes a response.
+pub fn encode_response(corr: u64, r: &Response) -> Bytes {
+    let mut o = BytesMut::with_capacity(32);
+    match r {
+        Response::HelloOk => {
+            head(&mut o, 101, corr);
+            o.put_u8(VERSION);
+        }
+        Response::Appended { pos } => {
+            head(&mut o, 102, corr);
+            o.put_u64_le(*pos);
+        }
+        Response::Entry { pos, bytes } => {
+            o.reserve(bytes.len() + 24);
+            head(&mut o, 103, corr);
+            o.put_u64_le(*pos);
+            o.put_slice(bytes);
+        }
+        Response::Bounds { first, tail } => {
+            head(&mut o, 104, corr);
+            o.put_u64_le(*first);
+            o.put_u64_le(*tail);
+        }
+        Response::Done => head(&mut o, 105, corr),
+        Response::Pong => head(&mut o, 107, corr),
+        Response::Error {
+            code,
+            a,
+            b,
+            message,
+        } => {
+            head(&mut o, 200, corr);
+            o.put_u16_le(*code as u16);
+            o.put_u64_le(*a);
+            o.put_u64_le(*b);
+            put_str16(&mut o, message);
+        }
+    }
+    o.freeze()
+}
+
+/// Decodes a response.
+pub fn decode_response(frame: &Bytes) -> Result<(u64, Response), FrameError> {
+    let mut c = Cur { b: frame };
+    let v = c.u8()?;
+    if v != VERSION {
+        return Err(FrameError::Version(v));
+    }
+    let ty = c.u8()?;
+    let corr = c.u64()?;
+    let r = match ty {
+        101 => {
+            c.u8()?;
+            Response::HelloOk
+        }
+        102 => Response::Appended { pos: c.u64()? },
+        103 => {
+            let pos = c.u64()?;
+            let at = frame.len() - c.b.len();
+            c.b = &[];
+            Response::Entry {
+                pos,
+                bytes: frame.slice(at..),
+            }
+        }
+        104 => Response::Bounds {
+            first: c.u64()?,
+            tail: c.u64()?,
+        },
+        105 => Response::Done,
+        107 => Response::Pong,
+        200 => Response::Error {
+            code: Code::from_u16(c.u16()?),
+            a: c.u64()?,
+            b: c.u64()?,
+            message: c.str16()?,
+        },
+        t => return Err(FrameError::Type(t)),
+    };
+    c.end()?;
+    Ok((corr, r))
+}
+
+/// The error frame for a store error.
+pub fn store_error(e: &StoreError) -> Response {
+    let (code, a, b) = match e {
+        StoreError::BadLogName(_) => (Code::BadLogName, 0, 0),
+        StoreError::NotYetWritten { pos, tail, .. } => (Code::NotYetWritten, *pos, *tail),
+        StoreError::Trimmed { pos, first, .. } => (Code::Trimmed, *pos, *first),
+        StoreError::TrimBeyondTail { pos, tail, .. } => (Code::TrimBeyondTail, *pos, *tail),
+        StoreError::TooLarge { len, limit } => (Code::TooLarge, *len as u64, *limit as u64),
+        StoreError::Full(n) => (Code::Full, *n, 0),
+        StoreError::WriteFailed(_) => (Code::WriteFailed, 0, 0),
+        StoreError::Unrecoverable { stripe, .. } => (Code::Unrecoverable, *stripe, 0),
+        StoreError::ShuttingDown => (Code::ShuttingDown, 0, 0),
+    };
+    Response::Error {
+        code,
+        a,
+        b,
+        message: e.to_string(),
+    }
+}
+
+/// An error frame.
+pub fn error(code: Code, message: impl Into<String>) -> Response {
+    Response::Error {
+        code,
+        a: 0,
+        b: 0,
+        message: message.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_truncations_are_errors_not_panics() {
+        let reqs = vec![
+            Request::Hello { token: "t".into() },
+            Request::Append {
+                log: "l".into(),
+                client: 1,
+                request: 2,
+                bytes: Bytes::from_static(b"abc"),
+            },
+            Request::Read {
+                log: "l".into(),
+                pos: 5,
+            },
+            Request::Bounds { log: "l".into() },
+            Request::Trim {
+                log: "l".into(),
+                pos: 5,
+            },
+            Request::Subscribe {
+                log: "l".into(),
+                from: 3,
+            },
+            Request::Ping,
+        ];
+        for (i, r) in reqs.iter().enumerate() {
+            let f = encode_request(i as u64, r);
+            assert_eq!(decode_request(&f).unwrap(), (i as u64, r.clone()));
+            for cut in 0..f.len() {
+                let short = f.slice(..cut);
+                // Appends take the rest of the frame as the record, so a
+                // cut inside the record is a shorter record, not an error.
+                if !(matches!(r, Request::Append { .. }) && cut >= f.len() - 3) {
+                    assert!(decode_request(&short).is_err(), "{r:?} cut at {cut}");
+                }
+            }
+        }
+        let resps = vec![
+            Response::HelloOk,
+            Response::Appended { pos: 9 },
+            Response::Entry {
+                pos: 1,
+                bytes: Bytes::from_static(b"x"),
+            },
+            Response::Bounds { first: 1, tail: 2 },
+            Response::Done,
+            Response::Pong,
+            error(Code::Forbidden, "no"),
+        ];
+        for r in resps {
+            let f = encode_response(7, &r);
+            assert_eq!(decode_response(&f).unwrap(), (7, r));
+        }
+        assert!(matches!(
+            decode_request(&Bytes::from_static(&[9, 1])),
+            Err((0, FrameError::Version(9)))
+        ));
+    }
+}

@@ -1,0 +1,600 @@
+//! The service over the network: client, subscriptions, two MeldDB nodes
+//! on one log, auth, malformed and oversized frames, connection limits,
+//! dropped connections mid-append, WebSocket and HTTP. Everything listens
+//! on 127.0.0.1 and is stopped by the test.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use melddb::{Database, Isolation, Settings};
+use melddb_log::protocol::{self, Code, Request, Response};
+use melddb_log::{BlockingLog, Client, ClientError, ClientOptions, Config, Rights, Running, Store};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+fn config(dir: &Path) -> Config {
+    let zones: Vec<PathBuf> = (0..3).map(|z| dir.join(format!("z{z}"))).collect();
+    let mut c = Config::with_zones(zones);
+    c.page_bytes = 16 << 10;
+    c.segment_bytes = 1 << 20;
+    c.max_record_bytes = 1 << 20;
+    c.limits.max_frame_bytes = (1 << 20) + 1024;
+    c
+}
+
+async fn start(cfg: Config) -> (Arc<Store>, Running) {
+    let store = Arc::new(
+        tokio::task::spawn_blocking(move || Store::open(cfg).unwrap())
+            .await
+            .unwrap(),
+    );
+    let running = melddb_log::start_on(store.clone(), "127.0.0.1:0", "127.0.0.1:0")
+        .await
+        .unwrap();
+    (store, running)
+}
+
+async fn stop(store: Arc<Store>, running: Running) {
+    running.shutdown().await;
+    tokio::task::spawn_blocking(move || store.shutdown())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_append_read_and_subscribe_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, running) = start(config(dir.path())).await;
+    let addr = running.tcp.to_string();
+    let c = Client::connect(&addr).await.unwrap();
+    // A subscriber from position 0 before anything exists.
+    let mut sub = c.subscribe("events", 0);
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let addr = addr.clone();
+            tokio::spawn(async move {
+                let c = Client::connect(&addr).await.unwrap();
+                let mut mine = Vec::new();
+                for i in 0..50u32 {
+                    let body = format!("w{w}-{i}-").repeat(1 + (i as usize * 37) % 500);
+                    let pos = c.append("events", body.clone()).await.unwrap();
+                    mine.push((pos, body));
+                }
+                mine
+            })
+        })
+        .collect();
+    let mut all = BTreeMap::new();
+    for w in writers {
+        for (p, b) in w.await.unwrap() {
+            assert!(all.insert(p, b).is_none(), "position {p} handed out twice");
+        }
+    }
+    assert_eq!(
+        all.keys().copied().collect::<Vec<_>>(),
+        (0..200).collect::<Vec<_>>()
+    );
+    for (p, b) in &all {
+        assert_eq!(c.read("events", *p).await.unwrap(), Bytes::from(b.clone()));
+    }
+    for (p, b) in &all {
+        let (pos, bytes) = tokio::time::timeout(Duration::from_secs(10), sub.next())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((pos, bytes), (*p, Bytes::from(b.clone())));
+    }
+    // A late subscriber catches up from the middle, then follows.
+    let mut late = c.subscribe("events", 150);
+    for p in 150..200 {
+        assert_eq!(late.next().await.unwrap().0, p);
+    }
+    c.append("events", "one more").await.unwrap();
+    assert_eq!(late.next().await.unwrap(), (200, Bytes::from("one more")));
+    assert_eq!(sub.next().await.unwrap().0, 200);
+    // Logs are independent.
+    assert_eq!(c.append("other", "x").await.unwrap(), 0);
+    assert_eq!(c.bounds("other").await.unwrap(), (0, 1));
+    // Typed errors.
+    let e = c.read("events", 999).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ClientError::Server {
+                code: Code::NotYetWritten,
+                a: 999,
+                b: 201,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    c.trim("events", 10).await.unwrap();
+    let e = c.read("events", 3).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ClientError::Server {
+                code: Code::Trimmed,
+                a: 3,
+                b: 10,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = c.append("bad name", "x").await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ClientError::Server {
+                code: Code::BadLogName,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    stop(store, running).await;
+}
+
+#[test]
+fn two_melddb_nodes_share_one_log_through_the_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (store, running) = rt.block_on(start(config(dir.path())));
+    let addr = running.tcp.to_string();
+    let a_log = BlockingLog::connect(&addr, "bank", ClientOptions::default()).unwrap();
+    let mut a = Database::create_on(a_log, Settings::default()).unwrap();
+    let mut tx = a.begin(Isolation::Serializable);
+    for i in 0..10u32 {
+        tx.put(format!("acct{i}").as_bytes(), &100u32.to_le_bytes())
+            .unwrap();
+    }
+    a.commit(tx).unwrap();
+    let b_log = BlockingLog::connect(&addr, "bank", ClientOptions::default()).unwrap();
+    let mut b = Database::open(b_log).unwrap();
+    // Transfers from both nodes, interleaved; some conflict and abort.
+    let mut committed = 0;
+    for round in 0..40u32 {
+        let (from, to) = (round % 10, (round * 7 + 3) % 10);
+        if from == to {
+            continue;
+        }
+        let node = if round % 2 == 0 { &mut a } else { &mut b };
+        node.catch_up().unwrap();
+        let mut tx = node.begin(Isolation::Serializable);
+        let f = u32::from_le_bytes(
+            tx.get(format!("acct{from}").as_bytes()).unwrap().unwrap()[..4]
+                .try_into()
+                .unwrap(),
+        );
+        let t = u32::from_le_bytes(
+            tx.get(format!("acct{to}").as_bytes()).unwrap().unwrap()[..4]
+                .try_into()
+                .unwrap(),
+        );
+        tx.put(format!("acct{from}").as_bytes(), &(f - 1).to_le_bytes())
+            .unwrap();
+        tx.put(format!("acct{to}").as_bytes(), &(t + 1).to_le_bytes())
+            .unwrap();
+        if node.commit(tx).unwrap().is_committed() {
+            committed += 1;
+        }
+    }
+    a.catch_up().unwrap();
+    b.catch_up().unwrap();
+    assert!(committed > 20);
+    assert_eq!(
+        a.snapshot().digest(),
+        b.snapshot().digest(),
+        "both nodes meld the same log to the same state"
+    );
+    let total: u32 = (0..10u32)
+        .map(|i| {
+            u32::from_le_bytes(
+                a.get(format!("acct{i}").as_bytes()).unwrap()[..4]
+                    .try_into()
+                    .unwrap(),
+            )
+        })
+        .sum();
+    assert_eq!(total, 1000);
+    // A third node opened after a restart of the service sees the same.
+    rt.block_on(stop(store, running));
+    let (store, running) = rt.block_on(start(config(dir.path())));
+    let c = Database::open(
+        BlockingLog::connect(&running.tcp.to_string(), "bank", ClientOptions::default()).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(c.snapshot().digest(), a.snapshot().digest());
+    rt.block_on(stop(store, running));
+}
+
+async fn raw_connect(addr: &str) -> TcpStream {
+    TcpStream::connect(addr).await.unwrap()
+}
+
+async fn send_frame(s: &mut TcpStream, body: &[u8]) {
+    s.write_all(&(body.len() as u32).to_le_bytes())
+        .await
+        .unwrap();
+    s.write_all(body).await.unwrap();
+}
+
+/// Reads one response; `None` on EOF.
+async fn recv_frame(s: &mut TcpStream) -> Option<(u64, Response)> {
+    let mut len = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut len))
+        .await
+        .ok()?
+        .ok()?;
+    let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+    s.read_exact(&mut body).await.ok()?;
+    Some(protocol::decode_response(&Bytes::from(body)).unwrap())
+}
+
+fn code_of(r: &Response) -> Option<Code> {
+    match r {
+        Response::Error { code, .. } => Some(*code),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_oversized_and_unauthorized_frames_are_refused_and_the_service_survives() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.tokens.insert(
+        "writer".into(),
+        Rights {
+            logs: vec!["*".into()],
+            read: true,
+            append: true,
+        },
+    );
+    cfg.tokens.insert(
+        "reader".into(),
+        Rights {
+            logs: vec!["orders".into()],
+            read: true,
+            append: false,
+        },
+    );
+    let (store, running) = start(cfg).await;
+    let addr = running.tcp.to_string();
+
+    // No Hello: refused and closed.
+    let mut s = raw_connect(&addr).await;
+    send_frame(&mut s, &protocol::encode_request(1, &Request::Ping)).await;
+    assert_eq!(
+        code_of(&recv_frame(&mut s).await.unwrap().1),
+        Some(Code::Unauthorized)
+    );
+    assert!(recv_frame(&mut s).await.is_none(), "closed after refusal");
+
+    // Bad token.
+    let mut s = raw_connect(&addr).await;
+    send_frame(
+        &mut s,
+        &protocol::encode_request(
+            1,
+            &Request::Hello {
+                token: "nope".into(),
+            },
+        ),
+    )
+    .await;
+    assert_eq!(
+        code_of(&recv_frame(&mut s).await.unwrap().1),
+        Some(Code::Unauthorized)
+    );
+
+    // Reader: may read its log, may not append, may not touch others.
+    let mut s = raw_connect(&addr).await;
+    send_frame(
+        &mut s,
+        &protocol::encode_request(
+            1,
+            &Request::Hello {
+                token: "reader".into(),
+            },
+        ),
+    )
+    .await;
+    assert_eq!(recv_frame(&mut s).await.unwrap().1, Response::HelloOk);
+    let append = Request::Append {
+        log: "orders".into(),
+        client: 0,
+        request: 0,
+        bytes: Bytes::from_static(b"x"),
+    };
+    send_frame(&mut s, &protocol::encode_request(2, &append)).await;
+    assert_eq!(
+        code_of(&recv_frame(&mut s).await.unwrap().1),
+        Some(Code::Forbidden)
+    );
+    send_frame(
+        &mut s,
+        &protocol::encode_request(
+            3,
+            &Request::Bounds {
+                log: "secret".into(),
+            },
+        ),
+    )
+    .await;
+    assert_eq!(
+        code_of(&recv_frame(&mut s).await.unwrap().1),
+        Some(Code::Forbidden)
+    );
+    send_frame(
+        &mut s,
+        &protocol::encode_request(
+            4,
+            &Request::Bounds {
+                log: "orders".into(),
+            },
+        ),
+    )
+    .await;
+    assert_eq!(
+        recv_frame(&mut s).await.unwrap(),
+        (4, Response::Bounds { first: 0, tail: 0 })
+    );
+
+    // Garbage: wrong version, unknown type, truncated fields -> error
+    // frames, and the connection still works.
+    send_frame(&mut s, &[9, 1, 0, 0]).await;
+    assert_eq!(
+        code_of(&recv_frame(&mut s).await.unwrap().1),
+        Some(Code::Version)
+    );
+    let mut unknown = protocol::encode_request(5, &Request::Ping).to_vec();
+    unknown[1] = 99;
+    send_frame(&mut s, &unknown).await;
+    assert_eq!(
+        recv_frame(&mut s).await.unwrap(),
+        (5, protocol::error(Code::BadFrame, "unknown frame type 99"))
+    );
+    send_frame(
+        &mut s,
+        &protocol::encode_request(
+            6,
+            &Request::Read {
+                log: "orders".into(),
+                pos: 1,
+            },
+        )[..12],
+    )
+    .await;
+    assert_eq!(
+        code_of(&recv_frame(&mut s).await.unwrap().1),
+        Some(Code::BadFrame)
+    );
+    send_frame(&mut s, &protocol::encode_request(7, &Request::Ping)).await;
+    assert_eq!(recv_frame(&mut s).await.unwrap(), (7, Response::Pong));
+
+    // Oversized length prefix: refused before allocation, connection closed.
+    s.write_all(&u32::MAX.to_le_bytes()).await.unwrap();
+    assert_eq!(
+        code_of(&recv_frame(&mut s).await.unwrap().1),
+        Some(Code::TooLarge)
+    );
+    assert!(recv_frame(&mut s).await.is_none());
+
+    // A client that sends half a frame and vanishes.
+    let mut s = raw_connect(&addr).await;
+    s.write_all(&100u32.to_le_bytes()).await.unwrap();
+    s.write_all(&[1, 2, 3]).await.unwrap();
+    drop(s);
+
+    // The service is unharmed.
+    let c = Client::connect_with(
+        &addr,
+        ClientOptions {
+            token: Some("writer".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(c.append("orders", "ok").await.unwrap(), 0);
+    let e = Client::connect_with(
+        &addr,
+        ClientOptions {
+            token: Some("bad".into()),
+            attempts: 1,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(matches!(e, Err(ClientError::Connect { .. })));
+    stop(store, running).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_limit_answers_busy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.limits.max_connections = 2;
+    let (store, running) = start(cfg).await;
+    let addr = running.tcp.to_string();
+    let mut held = Vec::new();
+    for i in 0..2 {
+        let mut s = raw_connect(&addr).await;
+        send_frame(&mut s, &protocol::encode_request(i, &Request::Ping)).await;
+        assert_eq!(recv_frame(&mut s).await.unwrap().1, Response::Pong);
+        held.push(s);
+    }
+    let mut s = raw_connect(&addr).await;
+    assert_eq!(
+        code_of(&recv_frame(&mut s).await.unwrap().1),
+        Some(Code::Busy)
+    );
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut s = raw_connect(&addr).await;
+    send_frame(&mut s, &protocol::encode_request(9, &Request::Ping)).await;
+    assert_eq!(recv_frame(&mut s).await.unwrap().1, Response::Pong);
+    stop(store, running).await;
+}
+
+/// A proxy that cuts the first `cuts` connections right after forwarding
+/// a client's request, before the answer comes back.
+async fn cutting_proxy(upstream: String, cuts: usize) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let mut n = 0usize;
+        while let Ok((mut client, _)) = l.accept().await {
+            let mut server = TcpStream::connect(&upstream).await.unwrap();
+            n += 1;
+            let cut = n <= cuts;
+            tokio::spawn(async move {
+                if cut {
+                    let mut buf = vec![0u8; 65536];
+                    if let Ok(k) = client.read(&mut buf).await {
+                        let _ = server.write_all(&buf[..k]).await;
+                    }
+                    // Let the append reach the service, then drop both ends.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                } else {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_connections_mid_append_are_retried_without_duplicates() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, running) = start(config(dir.path())).await;
+    let proxy = cutting_proxy(running.tcp.to_string(), 3).await;
+    let c = Client::connect_with(
+        &proxy,
+        ClientOptions {
+            backoff: Duration::from_millis(5),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    // The connect itself used connection 1 (cut, but the client has not
+    // noticed yet); appends run into cuts 1..3, each after the service got
+    // the request, and are retried with the same request id.
+    let mut positions = Vec::new();
+    for i in 0..10 {
+        positions.push(c.append("r", format!("rec{i}")).await.unwrap());
+    }
+    assert_eq!(positions, (0..10).collect::<Vec<_>>());
+    let direct = Client::connect(&running.tcp.to_string()).await.unwrap();
+    assert_eq!(
+        direct.bounds("r").await.unwrap(),
+        (0, 10),
+        "each record exactly once"
+    );
+    for i in 0..10u64 {
+        assert_eq!(
+            direct.read("r", i).await.unwrap(),
+            Bytes::from(format!("rec{i}"))
+        );
+    }
+    // The same request id sent twice by hand also lands once.
+    let a = direct.append_with_id("r", 77, "dup").await.unwrap();
+    let b = direct.append_with_id("r", 77, "dup").await.unwrap();
+    assert_eq!(a, b);
+    assert_eq!(direct.bounds("r").await.unwrap().1, 11);
+    stop(store, running).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_speaks_the_same_frames_and_http_serves_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, running) = start(config(dir.path())).await;
+    let url = format!("ws://{}/v1/ws", running.http);
+    let (mut ws, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+    use tokio_tungstenite::tungstenite::Message;
+    let append = Request::Append {
+        log: "web".into(),
+        client: 5,
+        request: 1,
+        bytes: Bytes::from_static(b"from a tab"),
+    };
+    ws.send(Message::Binary(protocol::encode_request(1, &append)))
+        .await
+        .unwrap();
+    let reply = |m: Message| match m {
+        Message::Binary(b) => protocol::decode_response(&b).unwrap(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        reply(ws.next().await.unwrap().unwrap()),
+        (1, Response::Appended { pos: 0 })
+    );
+    ws.send(Message::Binary(protocol::encode_request(
+        2,
+        &Request::Subscribe {
+            log: "web".into(),
+            from: 0,
+        },
+    )))
+    .await
+    .unwrap();
+    assert_eq!(
+        reply(ws.next().await.unwrap().unwrap()),
+        (
+            2,
+            Response::Entry {
+                pos: 0,
+                bytes: Bytes::from_static(b"from a tab")
+            }
+        )
+    );
+    ws.send(Message::Text("hello".into())).await.unwrap();
+    assert_eq!(
+        code_of(&reply(ws.next().await.unwrap().unwrap()).1),
+        Some(Code::BadFrame)
+    );
+
+    // HTTP, spoken by hand.
+    let http = |method: &str, path: &str, body: &[u8]| {
+        let addr = running.http;
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        let body = body.to_vec();
+        async move {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(req.as_bytes()).await.unwrap();
+            s.write_all(&body).await.unwrap();
+            let mut out = Vec::new();
+            s.read_to_end(&mut out).await.unwrap();
+            let text = String::from_utf8_lossy(&out).to_string();
+            let status: u16 = text[9..12].parse().unwrap();
+            let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+            (status, body)
+        }
+    };
+    let (st, body) = http("GET", "/health", b"").await;
+    assert_eq!(st, 200);
+    assert!(body.contains("\"status\":\"ok\""), "{body}");
+    let (st, body) = http("POST", "/v1/logs/web/append", b"from curl").await;
+    assert_eq!((st, body.as_str()), (200, "{\"pos\":1}"));
+    let (st, body) = http("GET", "/v1/logs/web/entries/1", b"").await;
+    assert_eq!((st, body.as_str()), (200, "from curl"));
+    let (st, body) = http("GET", "/v1/logs/web/tail", b"").await;
+    assert_eq!((st, body.as_str()), (200, "{\"first\":0,\"tail\":2}"));
+    let (st, _) = http("GET", "/v1/logs/web/entries/9", b"").await;
+    assert_eq!(st, 404);
+    let (st, body) = http("GET", "/metrics", b"").await;
+    assert_eq!(st, 200);
+    assert!(body.contains("melddb_log_appends_total 2"), "{body}");
+    stop(store, running).await;
+}
