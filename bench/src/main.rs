@@ -29,6 +29,8 @@ enum Suite {
     Pipeline,
     /// The embedded database against SQLite and redb.
     Embedded,
+    /// The log service on loopback against the raw disk.
+    Log,
 }
 
 #[derive(Debug, Parser)]
@@ -63,6 +65,7 @@ fn main() {
         Suite::Meld => meld_suite(&args),
         Suite::Pipeline => pipeline_suite(&args),
         Suite::Embedded => embedded_suite(&args),
+        Suite::Log => log_suite(&args),
     };
     if let Err(e) = result {
         eprintln!("melddb-bench: {e}");
@@ -589,6 +592,80 @@ fn embedded_suite(args: &Args) -> Result<(), String> {
                 "recovery_log_bytes": rec_bytes,
             },
             "rows": rows,
+        });
+        write_json(path, &doc)?;
+    }
+    Ok(())
+}
+
+fn log_suite(args: &Args) -> Result<(), String> {
+    let r = melddb_bench::logsvc::run(args.quick)?;
+    println!(
+        "{:<42} {:>5} {:>5} {:>5} {:>7} {:>11} {:>9} {:>8} {:>8}",
+        "run", "cli", "depth", "batch", "record", "ops/s", "MiB/s", "p50 ms", "p99 ms"
+    );
+    let all: Vec<&melddb_bench::logsvc::Point> = r
+        .clients
+        .iter()
+        .chain(&r.sizes)
+        .chain([&r.half_load, &r.reads])
+        .collect();
+    for p in &all {
+        println!(
+            "{:<42} {:>5} {:>5} {:>5} {:>7} {:>11.0} {:>9.1} {:>8.3} {:>8.3}",
+            p.label, p.clients, p.depth, p.batch, p.record, p.ops_s, p.mib_s, p.p50_ms, p.p99_ms
+        );
+    }
+    let big = r
+        .sizes
+        .iter()
+        .find(|p| p.record == 65536)
+        .map(|p| p.mib_s)
+        .unwrap_or(0.0);
+    let device = big * r.write_amplification_64k;
+    println!(
+        "raw disk sequential write: {:.1} MiB/s",
+        r.disk_seq_write_mib_s
+    );
+    println!(
+        "64 KiB records: {big:.1} MiB/s payload = {:.0}% of raw; device bytes per payload byte {:.2} ({:.1} MiB/s = {:.0}% of raw)",
+        100.0 * big / r.disk_seq_write_mib_s.max(1e-9),
+        r.write_amplification_64k,
+        device,
+        100.0 * device / r.disk_seq_write_mib_s.max(1e-9)
+    );
+    for (mib, s) in &r.recovery {
+        println!("recovery: {s:.3} s for {mib:.0} MiB of segments");
+    }
+    println!("geometry: {}", r.geometry);
+    let mut metrics = serde_json::Map::new();
+    let mut put = |k: &str, v: f64| {
+        metrics.insert(k.into(), serde_json::json!(round2(v)));
+    };
+    put("append_tps_1k", r.append_tps_1k);
+    put("append_p99_ms_half_load", r.half_load.p99_ms);
+    put("append_p50_ms_half_load", r.half_load.p50_ms);
+    put("half_load_tps", r.half_load.ops_s);
+    put("read_tps_1k", r.reads.ops_s);
+    put("disk_seq_write_mib_s", r.disk_seq_write_mib_s);
+    put("log_write_mib_s_64k", big);
+    put("log_device_mib_s_64k", device);
+    put("log_over_disk_64k", big / r.disk_seq_write_mib_s.max(1e-9));
+    put("write_amplification_64k", r.write_amplification_64k);
+    if let Some((mib, s)) = r.recovery.last() {
+        put("recovery_s_per_gib", s / (mib / 1024.0).max(1e-9));
+    }
+    if let Some(dir) = &args.plots {
+        plot::log_plots(dir, &r)?;
+        eprintln!("plots written to {}", dir.display());
+    }
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({
+            "suite": "log",
+            "metrics": metrics,
+            "config": { "quick": args.quick, "geometry": r.geometry },
+            "rows": all,
+            "recovery": r.recovery,
         });
         write_json(path, &doc)?;
     }

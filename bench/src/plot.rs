@@ -207,3 +207,64 @@ pub fn pipeline_plots(
         &|r| r.final_nodes_per_txn,
     )
 }
+
+/// The log suite's plots: appends/s vs clients, MiB/s vs record size,
+/// recovery time vs log size.
+pub fn log_plots(dir: &Path, r: &melddb_bench::logsvc::Results) -> Result<(), String> {
+    register_font()?;
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let one: Vec<(f64, f64)> = r
+        .clients
+        .iter()
+        .filter(|p| p.depth == 1)
+        .map(|p| (p.clients as f64, p.ops_s))
+        .collect();
+    let p99: Vec<(f64, f64)> = r
+        .clients
+        .iter()
+        .filter(|p| p.depth == 1)
+        .map(|p| (p.clients as f64, p.p99_ms))
+        .collect();
+    line_chart(
+        &dir.join("log-appends-vs-clients.png"),
+        "Log service: 1 KiB appends/s vs concurrent clients (loopback, fsync)",
+        "clients",
+        "appends/s",
+        true,
+        &[("appends/s".into(), one)],
+    )?;
+    line_chart(
+        &dir.join("log-p99-vs-clients.png"),
+        "Log service: p99 append latency vs concurrent clients",
+        "clients",
+        "p99 ms",
+        true,
+        &[("p99 ms".into(), p99)],
+    )?;
+    let sizes: Vec<(f64, f64)> = r.sizes.iter().map(|p| (p.record as f64, p.mib_s)).collect();
+    let raw: Vec<(f64, f64)> = r
+        .sizes
+        .iter()
+        .map(|p| (p.record as f64, r.disk_seq_write_mib_s))
+        .collect();
+    line_chart(
+        &dir.join("log-mib-vs-record-size.png"),
+        "Log service: payload MiB/s vs record size, and the raw disk",
+        "record bytes",
+        "MiB/s",
+        true,
+        &[
+            ("log service payload".into(), sizes),
+            ("raw sequential write".into(), raw),
+        ],
+    )?;
+    let rec: Vec<(f64, f64)> = r.recovery.iter().map(|(m, s)| (*m, *s)).collect();
+    line_chart(
+        &dir.join("log-recovery.png"),
+        "Log service: recovery time vs log size",
+        "MiB of segments",
+        "seconds",
+        false,
+        &[("recovery".into(), rec)],
+    )
+}

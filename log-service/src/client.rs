@@ -321,6 +321,30 @@ impl Client {
         }
     }
 
+    /// Appends several records in one frame and one service batch; they
+    /// take consecutive positions. Retried as a unit with the same request
+    /// ids, so each record lands exactly once.
+    pub async fn append_batch(
+        &self,
+        log: &str,
+        records: Vec<Bytes>,
+    ) -> Result<Vec<u64>, ClientError> {
+        let n = records.len() as u64;
+        let first_request = self.next.fetch_add(n.max(1), Ordering::Relaxed);
+        let req = Request::AppendBatch {
+            log: log.to_string(),
+            client: self.client_id,
+            first_request,
+            records,
+        };
+        match self.call(req).await? {
+            Response::AppendedBatch { positions } if positions.len() as u64 == n => Ok(positions),
+            other => Err(ClientError::Protocol(format!(
+                "append batch answered {other:?}"
+            ))),
+        }
+    }
+
     /// Reads one record.
     pub async fn read(&self, log: &str, pos: u64) -> Result<Bytes, ClientError> {
         match self

@@ -47,6 +47,13 @@ pub struct Config {
     /// process crash, not a power loss.
     #[serde(default = "defaults::fsync")]
     pub fsync: bool,
+    /// Write a stripe's end-write only after its pages are fsynced (the
+    /// paper's order: two fsync rounds per batch). The default writes pages
+    /// and end-writes in one round and has recovery verify every page of
+    /// the last batch instead, dropping the batch if a stripe of it cannot
+    /// be read (none of it was acknowledged).
+    #[serde(default)]
+    pub strict_end_writes: bool,
     /// Largest single record accepted.
     #[serde(default = "defaults::max_record_bytes")]
     pub max_record_bytes: u32,
@@ -200,6 +207,7 @@ impl Config {
             segment_bytes: defaults::segment_bytes(),
             max_segments: defaults::max_segments(),
             fsync: defaults::fsync(),
+            strict_end_writes: false,
             max_record_bytes: defaults::max_record_bytes(),
             dedup_window: defaults::dedup_window(),
             read_cache_stripes: defaults::read_cache_stripes(),

@@ -16,6 +16,9 @@
 //!  5 Trim      log:str8 pos:u64              105 Done
 //!  6 Subscribe log:str8 from:u64             103 Entry ... for every entry from `from` on
 //!  7 Ping                                    107 Pong
+//!  8 AppendBatch log:str8 client:u64         108 AppendedBatch count:u32 pos:u64 x count
+//!              first_req:u64 count:u32
+//!              (len:u32 bytes) x count
 //!                                            200 Error      code:u16 a:u64 b:u64 message:str16
 //! ```
 //!
@@ -134,6 +137,18 @@ pub enum Request {
     },
     /// Liveness.
     Ping,
+    /// Append several records at consecutive positions; request ids are
+    /// `first_request + i`.
+    AppendBatch {
+        /// Log name.
+        log: String,
+        /// Client id (0: not idempotent).
+        client: u64,
+        /// Request id of the first record.
+        first_request: u64,
+        /// The records.
+        records: Vec<Bytes>,
+    },
 }
 
 /// A response frame.
@@ -164,6 +179,11 @@ pub enum Response {
     Done,
     /// Pong.
     Pong,
+    /// Positions of a batch, in order.
+    AppendedBatch {
+        /// Positions.
+        positions: Vec<u64>,
+    },
     /// Failure.
     Error {
         /// What kind.
@@ -210,6 +230,10 @@ impl<'a> Cur<'a> {
     fn u16(&mut self) -> Result<u16, FrameError> {
         let b = self.take(2)?;
         Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self) -> Result<u32, FrameError> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
     fn u64(&mut self) -> Result<u64, FrameError> {
         let mut a = [0u8; 8];
@@ -292,6 +316,23 @@ pub fn encode_request(corr: u64, r: &Request) -> Bytes {
             o.put_u64_le(*from);
         }
         Request::Ping => head(&mut o, 7, corr),
+        Request::AppendBatch {
+            log,
+            client,
+            first_request,
+            records,
+        } => {
+            o.reserve(records.iter().map(|r| r.len() + 4).sum::<usize>() + log.len() + 40);
+            head(&mut o, 8, corr);
+            put_str8(&mut o, log);
+            o.put_u64_le(*client);
+            o.put_u64_le(*first_request);
+            o.put_u32_le(records.len() as u32);
+            for r in records {
+                o.put_u32_le(r.len() as u32);
+                o.put_slice(r);
+            }
+        }
     }
     o.freeze()
 }
@@ -352,6 +393,31 @@ pub fn decode_request(frame: &Bytes) -> Result<(u64, Request), (u64, FrameError)
                 c.end()?;
                 Request::Ping
             }
+            8 => {
+                let log = c.str8()?;
+                let client = c.u64()?;
+                let first_request = c.u64()?;
+                let n = c.u32()? as usize;
+                // Each record takes at least its 4-byte length: bound the
+                // allocation by the frame.
+                if n > c.b.len() / 4 {
+                    return Err(FrameError::Malformed("record count exceeds the frame"));
+                }
+                let mut records = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let len = c.u32()? as usize;
+                    let at = frame.len() - c.b.len();
+                    c.take(len)?;
+                    records.push(frame.slice(at..at + len));
+                }
+                c.end()?;
+                Request::AppendBatch {
+                    log,
+                    client,
+                    first_request,
+                    records,
+                }
+            }
             t => return Err(FrameError::Type(t)),
         })
     })();
@@ -383,6 +449,13 @@ pub fn encode_response(corr: u64, r: &Response) -> Bytes {
         }
         Response::Done => head(&mut o, 105, corr),
         Response::Pong => head(&mut o, 107, corr),
+        Response::AppendedBatch { positions } => {
+            head(&mut o, 108, corr);
+            o.put_u32_le(positions.len() as u32);
+            for p in positions {
+                o.put_u64_le(*p);
+            }
+        }
         Response::Error {
             code,
             a,
@@ -429,6 +502,17 @@ pub fn decode_response(frame: &Bytes) -> Result<(u64, Response), FrameError> {
         },
         105 => Response::Done,
         107 => Response::Pong,
+        108 => {
+            let n = c.u32()? as usize;
+            if n > c.b.len() / 8 {
+                return Err(FrameError::Malformed("position count exceeds the frame"));
+            }
+            let mut positions = Vec::with_capacity(n);
+            for _ in 0..n {
+                positions.push(c.u64()?);
+            }
+            Response::AppendedBatch { positions }
+        }
         200 => Response::Error {
             code: Code::from_u16(c.u16()?),
             a: c.u64()?,
@@ -500,6 +584,16 @@ mod tests {
                 from: 3,
             },
             Request::Ping,
+            Request::AppendBatch {
+                log: "l".into(),
+                client: 1,
+                first_request: 5,
+                records: vec![
+                    Bytes::from_static(b"ab"),
+                    Bytes::new(),
+                    Bytes::from_static(b"c"),
+                ],
+            },
         ];
         for (i, r) in reqs.iter().enumerate() {
             let f = encode_request(i as u64, r);
@@ -523,6 +617,9 @@ mod tests {
             Response::Bounds { first: 1, tail: 2 },
             Response::Done,
             Response::Pong,
+            Response::AppendedBatch {
+                positions: vec![3, 4, 5],
+            },
             error(Code::Forbidden, "no"),
         ];
         for r in resps {

@@ -202,6 +202,9 @@ pub(crate) fn recover(
         }
     }
 
+    // Stripes recovery or a failed batch discarded are never trusted, even
+    // though their end-writes may still be on disk.
+    copies.retain(|&seq, _| !meta.is_discarded(seq));
     // Stripes: everything up to the first hole above the stable point.
     let max_present = copies.keys().next_back().copied().unwrap_or(0);
     let mut hole = None;
@@ -223,6 +226,25 @@ pub(crate) fn recover(
                 "dropping stripes above an incomplete one (never acknowledged)"
             );
             meta.discarded.push((h, max_present));
+        }
+    }
+    // Pages and end-writes of a batch share one fsync round, so the last
+    // batch's end-writes may have reached the disk without all its pages:
+    // every stripe of it must still be readable (k good pages), or none of
+    // it counts (none of it was acknowledged).
+    if let Some(last) = copies.values().map(|ew| ew.batch_seq).max() {
+        let broken = copies
+            .range(last..)
+            .any(|(_, ew)| crate::store::valid_pages(&shared, &ew.stripe) < ew.stripe.k as usize);
+        if broken {
+            let dropped = copies.split_off(&last);
+            tracing::warn!(
+                from = last,
+                count = dropped.len(),
+                "dropping the last batch: a stripe of it is incomplete"
+            );
+            report.dropped_stripes += dropped.len() as u64;
+            meta.discarded.push((last, max_present));
         }
     }
     let discarded_max = meta.discarded.iter().map(|d| d.1).max().unwrap_or(0);
@@ -279,6 +301,8 @@ pub(crate) fn recover(
                 idx: i as u32,
                 len: e.len,
                 batch_seq: ew.batch_seq,
+                offset: e.offset,
+                crc: e.crc,
             });
             report.records += 1;
             if e.client != 0 {
@@ -340,6 +364,7 @@ pub(crate) fn recover(
         dedup,
         dedup_order,
         failed: None,
+        dirty: Default::default(),
     };
     // Forget what trim made unreachable before deciding what is missing.
     let floor = writer.live_floor();

@@ -337,7 +337,9 @@ async fn serve_frames<S>(
 
 fn allowed(r: &Rights, req: &Request) -> Result<(), String> {
     let (log, need_append) = match req {
-        Request::Append { log, .. } | Request::Trim { log, .. } => (log, true),
+        Request::Append { log, .. }
+        | Request::AppendBatch { log, .. }
+        | Request::Trim { log, .. } => (log, true),
         Request::Read { log, .. } | Request::Bounds { log } | Request::Subscribe { log, .. } => {
             (log, false)
         }
@@ -375,6 +377,20 @@ async fn execute(store: &Store, req: Request) -> Response {
             Response::Bounds { first, tail }
         }),
         Request::Trim { log, pos } => store.trim(&log, pos).await.map(|_| Response::Done),
+        Request::AppendBatch {
+            log,
+            client,
+            first_request,
+            records,
+        } => store
+            .append_many(
+                &log,
+                client,
+                first_request,
+                records.iter().map(|r| r.to_vec()).collect(),
+            )
+            .await
+            .map(|positions| Response::AppendedBatch { positions }),
         Request::Ping => Ok(Response::Pong),
         Request::Hello { .. } | Request::Subscribe { .. } => Ok(Response::Done),
     };

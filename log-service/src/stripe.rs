@@ -39,7 +39,16 @@ pub struct EntryMeta {
     pub request: u64,
     /// Record length.
     pub len: u32,
+    /// Where the record's bytes start in the root payload (`u32::MAX`
+    /// when the record has fragment stripes). Only end-writes carry it.
+    pub offset: u32,
+    /// CRC32 of the whole record, so a read of just its bytes can be
+    /// checked without reading whole pages. Only end-writes carry it.
+    pub crc: u32,
 }
+
+/// `offset` of a record that spans fragment stripes.
+pub const FRAGMENTED: u32 = u32::MAX;
 
 /// A record inside a root stripe: its metadata, the non-root stripes that
 /// hold its leading bytes (in order), and the bytes that follow them.
@@ -143,6 +152,8 @@ fn get_meta(r: &mut Reader<'_>) -> Result<EntryMeta, Malformed> {
         client: r.u64()?,
         request: r.u64()?,
         len: r.u32()?,
+        offset: 0,
+        crc: 0,
     })
 }
 
@@ -151,8 +162,10 @@ pub fn root_entry_overhead(log: &str, fragments: usize) -> usize {
     1 + log.len() + 8 + 8 + 8 + 4 + 4 + 8 * fragments + 4
 }
 
-/// Encodes a root stripe's payload.
-pub fn encode_root(entries: &[RootEntry]) -> Vec<u8> {
+/// Encodes a root stripe's payload; also returns where each entry's tail
+/// bytes start.
+pub fn encode_root(entries: &[RootEntry]) -> (Vec<u8>, Vec<u32>) {
+    let mut offsets = Vec::with_capacity(entries.len());
     let mut out = Vec::new();
     out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
     for e in entries {
@@ -162,9 +175,10 @@ pub fn encode_root(entries: &[RootEntry]) -> Vec<u8> {
             out.extend_from_slice(&f.to_le_bytes());
         }
         out.extend_from_slice(&(e.tail.len() as u32).to_le_bytes());
+        offsets.push(out.len() as u32);
         out.extend_from_slice(&e.tail);
     }
-    out
+    (out, offsets)
 }
 
 /// Decodes a root stripe's payload.
@@ -215,6 +229,8 @@ pub fn encode_end_write(ew: &EndWrite) -> Vec<u8> {
     out.extend_from_slice(&(ew.entries.len() as u32).to_le_bytes());
     for e in &ew.entries {
         put_meta(&mut out, e);
+        out.extend_from_slice(&e.offset.to_le_bytes());
+        out.extend_from_slice(&e.crc.to_le_bytes());
     }
     out
 }
@@ -253,7 +269,13 @@ pub fn decode_end_write(bytes: &[u8]) -> Result<EndWrite, Malformed> {
     let n = r.u32()? as usize;
     let mut entries = Vec::with_capacity(n.min(bytes.len() / 29));
     for _ in 0..n {
-        entries.push(get_meta(&mut r)?);
+        let mut m = get_meta(&mut r)?;
+        m.offset = r.u32()?;
+        m.crc = r.u32()?;
+        if m.offset != FRAGMENTED && m.offset as u64 + m.len as u64 > payload_len as u64 {
+            return Err(r.err());
+        }
+        entries.push(m);
     }
     r.done()?;
     Ok(EndWrite {
@@ -374,13 +396,16 @@ mod tests {
             client: 3,
             request: 4,
             len: 12,
+            offset: 0,
+            crc: 0,
         };
         let roots = vec![RootEntry {
             meta: meta.clone(),
             fragments: vec![5, 6],
             tail: b"tail".to_vec(),
         }];
-        let enc = encode_root(&roots);
+        let (enc, offsets) = encode_root(&roots);
+        assert_eq!(&enc[offsets[0] as usize..], b"tail");
         assert_eq!(decode_root(&enc).unwrap(), roots);
         for cut in 0..enc.len() {
             assert!(decode_root(&enc[..cut]).is_err());
@@ -397,7 +422,11 @@ mod tests {
                 payload_len: 19,
                 pages: vec![(6, 0), (7, 30), (8, 60)],
             },
-            entries: vec![meta],
+            entries: vec![EntryMeta {
+                offset: 3,
+                crc: 0xdead_beef,
+                ..meta
+            }],
         };
         let enc = encode_end_write(&ew);
         assert_eq!(decode_end_write(&enc).unwrap(), ew);

@@ -40,6 +40,8 @@ pub(crate) struct AppendReq {
 /// What the writer is asked to do.
 pub(crate) enum Cmd {
     Append(AppendReq),
+    /// Appends that take consecutive positions in one batch.
+    AppendMany(Vec<AppendReq>),
     Trim {
         log: String,
         pos: u64,
@@ -111,6 +113,8 @@ pub(crate) struct Writer {
     /// Set when a failed batch could not be rolled back: the store then
     /// refuses appends until it is reopened (recovery sorts it out).
     pub failed: Option<String>,
+    /// Segments written since the last fsync round.
+    pub dirty: BTreeSet<u64>,
 }
 
 fn io_err(e: io::Error) -> String {
@@ -275,24 +279,8 @@ impl Writer {
                 },
             };
             match cmd {
-                Cmd::Append(first) => {
-                    let mut batch = vec![first];
-                    let mut bytes = batch[0].bytes.len();
-                    while bytes < BATCH_BYTES && batch.len() < BATCH_COUNT {
-                        match self.rx.try_recv() {
-                            Ok(Cmd::Append(a)) => {
-                                bytes += a.bytes.len();
-                                batch.push(a);
-                            }
-                            Ok(other) => {
-                                queue.push_back(other);
-                                break;
-                            }
-                            Err(_) => break,
-                        }
-                    }
-                    self.append_batch(batch);
-                }
+                Cmd::Append(a) => self.gather_and_append(vec![a], &mut queue),
+                Cmd::AppendMany(v) => self.gather_and_append(v, &mut queue),
                 Cmd::Trim { log, pos, reply } => {
                     let _ = reply.send(self.trim(&log, pos));
                 }
@@ -333,6 +321,29 @@ impl Writer {
                 }
             }
         }
+    }
+
+    /// Takes every append already queued (up to the batch limits; an
+    /// `AppendMany` is never split) and writes them as one batch. Other
+    /// commands met on the way wait in `queue`, in order.
+    fn gather_and_append(&mut self, first: Vec<AppendReq>, queue: &mut VecDeque<Cmd>) {
+        let mut batch = first;
+        let mut bytes: usize = batch.iter().map(|a| a.bytes.len()).sum();
+        while bytes < BATCH_BYTES && batch.len() < BATCH_COUNT && queue.is_empty() {
+            match self.rx.try_recv() {
+                Ok(Cmd::Append(a)) => {
+                    bytes += a.bytes.len();
+                    batch.push(a);
+                }
+                Ok(Cmd::AppendMany(v)) => {
+                    bytes += v.iter().map(|a| a.bytes.len()).sum::<usize>();
+                    batch.extend(v);
+                }
+                Ok(other) => queue.push_back(other),
+                Err(_) => break,
+            }
+        }
+        self.append_batch(batch);
     }
 
     fn tail_of(&self, log: &str) -> u64 {
@@ -381,6 +392,8 @@ impl Writer {
                     client: r.client,
                     request: r.request,
                     len: r.bytes.len() as u32,
+                    offset: stripe::FRAGMENTED,
+                    crc: crc32fast::hash(&r.bytes),
                 },
                 bytes: r.bytes,
                 replies: vec![r.reply],
@@ -392,7 +405,10 @@ impl Writer {
         let first_seq = self.next_seq;
         let lens_before: BTreeMap<u64, u64> =
             self.segs.iter().map(|(&s, st)| (s, st.len)).collect();
-        match self.write_batch(&pending, first_seq) {
+        let written = self
+            .write_batch(&pending, first_seq)
+            .and_then(|done| self.sync_dirty().map(|_| done));
+        match written {
             Ok(done) => self.publish(pending, done, first_seq),
             Err(e) => {
                 self.shared
@@ -418,6 +434,7 @@ impl Writer {
     /// records the batch's stripe numbers as discarded, so recovery never
     /// takes a half-written stripe for a complete one.
     fn roll_back(&mut self, lens_before: &BTreeMap<u64, u64>, first_seq: u64) {
+        self.dirty.clear();
         let mut trouble = Vec::new();
         for (&seg, st) in self.segs.iter_mut() {
             let before = lens_before.get(&seg).copied().unwrap_or(0);
@@ -515,8 +532,20 @@ impl Writer {
         let payloads = roots
             .into_iter()
             .map(|(seq, entries)| {
-                let metas = entries.iter().map(|e| e.meta.clone()).collect();
-                (seq, stripe::encode_root(&entries), metas)
+                let (payload, offsets) = stripe::encode_root(&entries);
+                let metas = entries
+                    .iter()
+                    .zip(offsets)
+                    .map(|(e, off)| EntryMeta {
+                        offset: if e.fragments.is_empty() {
+                            off
+                        } else {
+                            stripe::FRAGMENTED
+                        },
+                        ..e.meta.clone()
+                    })
+                    .collect();
+                (seq, payload, metas)
             })
             .collect();
         all.extend(self.write_stripes(Kind::Ordered, payloads, first_seq)?);
@@ -661,14 +690,14 @@ impl Writer {
         Ok(ews)
     }
 
-    /// Appends each buffer to its segment, then fsyncs them all in
-    /// parallel (they are independent devices in a real deployment).
+    /// Appends each buffer to its segment; in strict end-write order the
+    /// segments are fsynced at once, otherwise they join the batch's single
+    /// fsync round.
     fn write_and_sync(&mut self, bufs: &[(u64, Vec<u8>)]) -> Result<(), StoreError> {
-        let faults = self.shared.faults.clone();
-        let mut files = Vec::with_capacity(bufs.len());
         for (seg, buf) in bufs {
             let st = self.segs.get_mut(seg).expect("segment");
-            faults
+            self.shared
+                .faults
                 .write_at(&st.file, buf, st.len)
                 .map_err(|e| StoreError::WriteFailed(format!("segment {seg}: {e}")))?;
             st.len += buf.len() as u64;
@@ -676,11 +705,26 @@ impl Writer {
                 .counters
                 .bytes_written
                 .fetch_add(buf.len() as u64, Ordering::Relaxed);
-            files.push((*seg, st.file.clone()));
+            self.dirty.insert(*seg);
         }
-        if !self.shared.config.fsync {
+        if self.shared.config.strict_end_writes {
+            self.sync_dirty()?;
+        }
+        Ok(())
+    }
+
+    /// fsyncs every segment written since the last round, in parallel
+    /// (they are independent devices in a real deployment).
+    fn sync_dirty(&mut self) -> Result<(), StoreError> {
+        let dirty = std::mem::take(&mut self.dirty);
+        if !self.shared.config.fsync || dirty.is_empty() {
             return Ok(());
         }
+        let faults = self.shared.faults.clone();
+        let files: Vec<(u64, Arc<File>)> = dirty
+            .iter()
+            .filter_map(|s| self.segs.get(s).map(|st| (*s, st.file.clone())))
+            .collect();
         self.shared
             .counters
             .fsyncs
@@ -730,6 +774,8 @@ impl Writer {
                         idx: i as u32,
                         len: e.len,
                         batch_seq,
+                        offset: e.offset,
+                        crc: e.crc,
                     });
                 }
                 idx.stripes.insert(ew.stripe.seq, ew.stripe.clone());

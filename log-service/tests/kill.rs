@@ -37,7 +37,8 @@ fn spawn(config: &Path) -> (Service, String) {
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    let v: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
     (Service(child), v["tcp"].as_str().unwrap().to_string())
 }
 
@@ -70,22 +71,33 @@ fn kill_dash_nine_during_appends_loses_nothing_acknowledged() {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let tasks: Vec<_> = (0..12)
             .map(|t| {
-                let (addr, acked, sent, stop) = (addr.clone(), acked.clone(), sent.clone(), stop.clone());
+                let (addr, acked, sent, stop) =
+                    (addr.clone(), acked.clone(), sent.clone(), stop.clone());
                 let seed = rng.random::<u64>();
                 rt.spawn(async move {
-                    let opts = ClientOptions { attempts: 1, ..Default::default() };
-                    let Ok(c) = Client::connect_with(&addr, opts).await else { return };
+                    let opts = ClientOptions {
+                        attempts: 1,
+                        ..Default::default()
+                    };
+                    let Ok(c) = Client::connect_with(&addr, opts).await else {
+                        return;
+                    };
                     let mut r = ChaCha8Rng::seed_from_u64(seed);
                     let mut i = 0u64;
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                         let log = if t % 2 == 0 { "even" } else { "odd" };
-                        let len = if r.random_range(0..20) == 0 { r.random_range(20_000..200_000) } else { r.random_range(1..2_000) };
+                        let len = if r.random_range(0..20) == 0 {
+                            r.random_range(20_000..200_000)
+                        } else {
+                            r.random_range(1..2_000)
+                        };
                         let mut body = format!("c{cycle}t{t}i{i}:").into_bytes();
                         body.resize(len.max(body.len()), (i % 251) as u8);
                         sent.lock().unwrap().insert(body.clone());
                         match c.append(log, body.clone()).await {
                             Ok(pos) => {
-                                let prev = acked.lock().unwrap().insert((log.to_string(), pos), body);
+                                let prev =
+                                    acked.lock().unwrap().insert((log.to_string(), pos), body);
                                 assert!(prev.is_none(), "position {log}@{pos} acknowledged twice");
                             }
                             Err(_) => return, // the service died
@@ -112,13 +124,24 @@ fn kill_dash_nine_during_appends_loses_nothing_acknowledged() {
                 assert_eq!(first, 0);
                 let max_acked = known.keys().filter(|k| k.0 == log).map(|k| k.1).max();
                 if let Some(m) = max_acked {
-                    assert!(tail > m, "cycle {cycle}: {log} tail {tail} lost acknowledged {m}");
+                    assert!(
+                        tail > m,
+                        "cycle {cycle}: {log} tail {tail} lost acknowledged {m}"
+                    );
                 }
                 for pos in 0..tail {
-                    let got = c.read(log, pos).await.unwrap_or_else(|e| panic!("cycle {cycle}: {log}@{pos}: {e}"));
+                    let got = c
+                        .read(log, pos)
+                        .await
+                        .unwrap_or_else(|e| panic!("cycle {cycle}: {log}@{pos}: {e}"));
                     match known.get(&(log.to_string(), pos)) {
-                        Some(want) => assert!(&got[..] == &want[..], "cycle {cycle}: {log}@{pos} differs"),
-                        None => assert!(sent.contains(&got[..]), "cycle {cycle}: {log}@{pos} holds bytes nobody sent"),
+                        Some(want) => {
+                            assert!(&got[..] == &want[..], "cycle {cycle}: {log}@{pos} differs")
+                        }
+                        None => assert!(
+                            sent.contains(&got[..]),
+                            "cycle {cycle}: {log}@{pos} holds bytes nobody sent"
+                        ),
                     }
                 }
                 // The next append takes the next position: none reused.
@@ -134,7 +157,11 @@ fn kill_dash_nine_during_appends_loses_nothing_acknowledged() {
     rt.block_on(async {
         let c = Client::connect(&addr).await.unwrap();
         let acked = acked.lock().unwrap();
-        assert!(acked.len() > 100, "the load really ran: {} acknowledged", acked.len());
+        assert!(
+            acked.len() > 100,
+            "the load really ran: {} acknowledged",
+            acked.len()
+        );
         for ((log, pos), want) in acked.iter() {
             assert!(&c.read(log, *pos).await.unwrap()[..] == &want[..]);
         }

@@ -1,0 +1,380 @@
+//! The log service benchmark: a real service on loopback over temporary
+//! segment directories, driven by the native client; the raw sequential
+//! write bandwidth of the same disk is measured in the same run, so the
+//! service's efficiency is a ratio.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use melddb_log::{Client, Config, Running, Store};
+use serde::Serialize;
+
+/// One load point.
+#[derive(Debug, Clone, Serialize)]
+pub struct Point {
+    /// What was measured.
+    pub label: String,
+    /// Concurrent clients (connections).
+    pub clients: usize,
+    /// Appends (or reads) each client keeps in flight.
+    pub depth: usize,
+    /// Records per append request (1: single appends).
+    pub batch: usize,
+    /// Record size in bytes.
+    pub record: usize,
+    /// Operations per second.
+    pub ops_s: f64,
+    /// Payload MiB/s.
+    pub mib_s: f64,
+    /// Median latency (ms).
+    pub p50_ms: f64,
+    /// 99th percentile latency (ms).
+    pub p99_ms: f64,
+}
+
+/// Everything the suite measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Results {
+    /// Concurrency sweep, 1 KiB records.
+    pub clients: Vec<Point>,
+    /// Record-size sweep.
+    pub sizes: Vec<Point>,
+    /// Highest 1 KiB append rate seen (with batching: many in flight).
+    pub append_tps_1k: f64,
+    /// Open-loop run at half that rate.
+    pub half_load: Point,
+    /// Random 1 KiB reads.
+    pub reads: Point,
+    /// Recovery: (log MiB on disk, seconds).
+    pub recovery: Vec<(f64, f64)>,
+    /// Raw sequential write of the same disk (1 MiB writes, fsync every
+    /// 8 MiB), MiB/s.
+    pub disk_seq_write_mib_s: f64,
+    /// Device bytes the service wrote per payload byte (parity, headers,
+    /// end-writes) in the 64 KiB run.
+    pub write_amplification_64k: f64,
+    /// Stripe geometry used.
+    pub geometry: String,
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn config(dir: &Path) -> Config {
+    // Four data pages and one parity page per stripe, five zones.
+    let zones: Vec<PathBuf> = (0..5).map(|z| dir.join(format!("zone{z}"))).collect();
+    let mut c = Config::with_zones(zones);
+    c.data_shards = 4;
+    c.parity_shards = 1;
+    c.page_bytes = 256 << 10;
+    c.segment_bytes = 256 << 20;
+    c.max_segments = 100_000;
+    c.limits.max_connections = 4096;
+    c.limits.max_in_flight = 1024;
+    c.limits.append_queue = 65536;
+    c
+}
+
+/// Raw sequential write bandwidth: 1 MiB writes, fdatasync every 8 MiB.
+pub fn disk_seq_write(dir: &Path, mib: usize) -> Result<f64, String> {
+    let path = dir.join("raw.dat");
+    let mut f = std::fs::File::create(&path).map_err(|e| e.to_string())?;
+    let block = vec![0x5au8; 1 << 20];
+    let t = Instant::now();
+    for i in 0..mib {
+        f.write_all(&block).map_err(|e| e.to_string())?;
+        if i % 8 == 7 {
+            f.sync_data().map_err(|e| e.to_string())?;
+        }
+    }
+    f.sync_data().map_err(|e| e.to_string())?;
+    let s = t.elapsed().as_secs_f64();
+    drop(f);
+    let _ = std::fs::remove_file(&path);
+    Ok(mib as f64 / s)
+}
+
+async fn start(dir: &Path) -> Result<(Arc<Store>, Running), String> {
+    let cfg = config(dir);
+    let store = tokio::task::spawn_blocking(move || Store::open(cfg))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let store = Arc::new(store);
+    let running = melddb_log::start_on(store.clone(), "127.0.0.1:0", "127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((store, running))
+}
+
+async fn stop(store: Arc<Store>, running: Running) {
+    running.shutdown().await;
+    let _ = tokio::task::spawn_blocking(move || store.shutdown()).await;
+}
+
+/// Closed loop: `clients` connections, each with `depth` appends in
+/// flight, for `secs`.
+#[allow(clippy::too_many_arguments)]
+async fn closed_loop(
+    addr: &str,
+    label: &str,
+    clients: usize,
+    depth: usize,
+    batch: usize,
+    record: usize,
+    secs: f64,
+) -> Result<Point, String> {
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let client = Client::connect(addr).await.map_err(|e| e.to_string())?;
+        for d in 0..depth {
+            let client = client.clone();
+            let body = bytes::Bytes::from(vec![(c * 31 + d) as u8; record]);
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::new();
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    let ok = if batch == 1 {
+                        client.append("bench", body.clone()).await.is_ok()
+                    } else {
+                        client
+                            .append_batch("bench", vec![body.clone(); batch])
+                            .await
+                            .is_ok()
+                    };
+                    if !ok {
+                        break;
+                    }
+                    let ms = t.elapsed().as_secs_f64() * 1e3;
+                    lat.extend(std::iter::repeat_n(ms, batch));
+                }
+                lat
+            }));
+        }
+    }
+    let t0 = Instant::now();
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.map_err(|e| e.to_string())?);
+    }
+    let secs = t0.elapsed().as_secs_f64().max(secs);
+    let n = lat.len() as f64;
+    Ok(Point {
+        label: label.into(),
+        clients,
+        depth,
+        batch,
+        record,
+        ops_s: n / secs,
+        mib_s: n * record as f64 / secs / (1 << 20) as f64,
+        p50_ms: pct(&mut lat, 0.5),
+        p99_ms: pct(&mut lat, 0.99),
+    })
+}
+
+/// Open loop at `rate` appends/s spread over `clients` connections;
+/// latency counts from the scheduled send time, so queueing shows.
+async fn open_loop(addr: &str, clients: usize, rate: f64, secs: f64) -> Result<Point, String> {
+    let per = rate / clients as f64;
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let client = Client::connect(addr).await.map_err(|e| e.to_string())?;
+        let body = bytes::Bytes::from(vec![c as u8; 1024]);
+        tasks.push(tokio::spawn(async move {
+            let n = (per * secs) as usize;
+            let start = Instant::now();
+            let mut inflight = Vec::with_capacity(n);
+            for i in 0..n {
+                let due = start + Duration::from_secs_f64(i as f64 / per);
+                tokio::time::sleep_until(due.into()).await;
+                let client = client.clone();
+                let body = body.clone();
+                inflight.push(tokio::spawn(async move {
+                    client.append("half", body).await.ok()?;
+                    Some(due.elapsed().as_secs_f64() * 1e3)
+                }));
+            }
+            let mut lat = Vec::new();
+            for h in inflight {
+                if let Ok(Some(l)) = h.await {
+                    lat.push(l);
+                }
+            }
+            lat
+        }));
+    }
+    let t0 = Instant::now();
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.map_err(|e| e.to_string())?);
+    }
+    let took = t0.elapsed().as_secs_f64();
+    let n = lat.len() as f64;
+    Ok(Point {
+        label: "open loop at half the peak rate".into(),
+        clients,
+        depth: 0,
+        batch: 1,
+        record: 1024,
+        ops_s: n / took,
+        mib_s: n * 1024.0 / took / (1 << 20) as f64,
+        p50_ms: pct(&mut lat, 0.5),
+        p99_ms: pct(&mut lat, 0.99),
+    })
+}
+
+async fn reads(
+    addr: &str,
+    clients: usize,
+    depth: usize,
+    tail: u64,
+    secs: f64,
+) -> Result<Point, String> {
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let client = Client::connect(addr).await.map_err(|e| e.to_string())?;
+        for d in 0..depth {
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut x = (c * 7919 + d * 104_729 + 1) as u64;
+                while Instant::now() < deadline {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let t = Instant::now();
+                    if client.read("bench", x % tail).await.is_err() {
+                        break;
+                    }
+                    lat.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+                lat
+            }));
+        }
+    }
+    let t0 = Instant::now();
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.map_err(|e| e.to_string())?);
+    }
+    let secs = t0.elapsed().as_secs_f64().max(secs);
+    let n = lat.len() as f64;
+    Ok(Point {
+        label: "random 1 KiB reads".into(),
+        clients,
+        depth,
+        batch: 1,
+        record: 1024,
+        ops_s: n / secs,
+        mib_s: n * 1024.0 / secs / (1 << 20) as f64,
+        p50_ms: pct(&mut lat, 0.5),
+        p99_ms: pct(&mut lat, 0.99),
+    })
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                total += dir_bytes(&p);
+            } else if let Ok(m) = e.metadata() {
+                total += m.len();
+            }
+        }
+    }
+    total
+}
+
+/// Runs the suite; progress goes to stderr.
+pub fn run(quick: bool) -> Result<Results, String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let secs = if quick { 1.0 } else { 4.0 };
+    eprintln!("raw disk ...");
+    let disk = disk_seq_write(tmp.path(), if quick { 128 } else { 1024 })?;
+    let dir = tmp.path().join("svc");
+    rt.block_on(async {
+        let (store, running) = start(&dir).await?;
+        let addr = running.tcp.to_string();
+        let mut clients = Vec::new();
+        let sweep: &[usize] = if quick { &[1, 16, 256] } else { &[1, 4, 16, 64, 256] };
+        for &c in sweep {
+            eprintln!("appends, {c} clients ...");
+            clients.push(closed_loop(&addr, "1 KiB appends, 1 in flight per client", c, 1, 1, 1024, secs).await?);
+        }
+        eprintln!("appends, 256 clients x 16 in flight ...");
+        clients.push(closed_loop(&addr, "1 KiB appends, 16 in flight per client", 256, 16, 1, 1024, secs).await?);
+        eprintln!("appends, client batches of 64 ...");
+        clients.push(closed_loop(&addr, "1 KiB appends, batches of 64, 4 in flight", 64, 4, 64, 1024, secs).await?);
+        let peak = clients.iter().map(|p| p.ops_s).fold(0.0, f64::max);
+        eprintln!("open loop at half of {peak:.0}/s ...");
+        let half_load = open_loop(&addr, 64, peak / 2.0, secs).await?;
+        let mut sizes = Vec::new();
+        let size_list: &[usize] = if quick { &[256, 4096, 65536] } else { &[256, 1024, 4096, 16384, 65536] };
+        let mut amp = 0.0;
+        for &s in size_list {
+            eprintln!("record size {s} ...");
+            let before = store.stats();
+            let p = closed_loop(&addr, "64 clients x 4 in flight", 64, 4, 1, s, secs).await?;
+            if s == 65536 {
+                let after = store.stats();
+                amp = (after.bytes_written - before.bytes_written) as f64
+                    / (after.append_bytes - before.append_bytes).max(1) as f64;
+            }
+            sizes.push(p);
+        }
+        let tail = store.bounds("bench").1;
+        eprintln!("reads ...");
+        let rd = reads(&addr, 16, 8, tail, secs).await?;
+        stop(store, running).await;
+        // Recovery time vs log size: reopen as is, then after growing it.
+        let mut recovery = Vec::new();
+        for round in 0..2 {
+            if round == 1 {
+                eprintln!("growing the log for the second recovery point ...");
+                let (store, running) = start(&dir).await?;
+                let addr = running.tcp.to_string();
+                closed_loop(&addr, "grow", 64, 4, 1, 65536, secs * 2.0).await?;
+                stop(store, running).await;
+            }
+            let mib = dir_bytes(&dir) as f64 / (1 << 20) as f64;
+            let cfg = config(&dir);
+            let t = Instant::now();
+            let store = tokio::task::spawn_blocking(move || Store::open(cfg))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            let s = t.elapsed().as_secs_f64();
+            eprintln!("recovery of {mib:.0} MiB: {s:.3} s");
+            recovery.push((mib, s));
+            tokio::task::spawn_blocking(move || store.shutdown())
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(Results {
+            append_tps_1k: peak,
+            clients,
+            sizes,
+            half_load,
+            reads: rd,
+            recovery,
+            disk_seq_write_mib_s: disk,
+            write_amplification_64k: amp,
+            geometry: "4 data + 1 parity pages per stripe, 5 zones (directories on one disk), 256 KiB pages, fsync on".into(),
+        })
+    })
+}
