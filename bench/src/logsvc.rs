@@ -180,10 +180,17 @@ async fn closed_loop(
     })
 }
 
-/// Open loop at `rate` appends/s spread over `clients` connections;
-/// latency counts from the scheduled send time, so queueing shows.
-async fn open_loop(addr: &str, clients: usize, rate: f64, secs: f64) -> Result<Point, String> {
-    let per = rate / clients as f64;
+/// Open loop at `rate` appends/s spread over `clients` connections, in
+/// requests of `batch` records; latency counts from the scheduled send
+/// time, so queueing shows.
+async fn open_loop(
+    addr: &str,
+    clients: usize,
+    batch: usize,
+    rate: f64,
+    secs: f64,
+) -> Result<Point, String> {
+    let per = rate / clients as f64 / batch as f64;
     let mut tasks = Vec::new();
     for c in 0..clients {
         let client = Client::connect(addr).await.map_err(|e| e.to_string())?;
@@ -198,14 +205,18 @@ async fn open_loop(addr: &str, clients: usize, rate: f64, secs: f64) -> Result<P
                 let client = client.clone();
                 let body = body.clone();
                 inflight.push(tokio::spawn(async move {
-                    client.append("half", body).await.ok()?;
+                    if batch == 1 {
+                        client.append("half", body).await.ok()?;
+                    } else {
+                        client.append_batch("half", vec![body; batch]).await.ok()?;
+                    }
                     Some(due.elapsed().as_secs_f64() * 1e3)
                 }));
             }
             let mut lat = Vec::new();
             for h in inflight {
                 if let Ok(Some(l)) = h.await {
-                    lat.push(l);
+                    lat.extend(std::iter::repeat_n(l, batch));
                 }
             }
             lat
@@ -222,7 +233,7 @@ async fn open_loop(addr: &str, clients: usize, rate: f64, secs: f64) -> Result<P
         label: "open loop at half the peak rate".into(),
         clients,
         depth: 0,
-        batch: 1,
+        batch,
         record: 1024,
         ops_s: n / took,
         mib_s: n * 1024.0 / took / (1 << 20) as f64,
@@ -320,9 +331,14 @@ pub fn run(quick: bool) -> Result<Results, String> {
         clients.push(closed_loop(&addr, "1 KiB appends, 16 in flight per client", 256, 16, 1, 1024, secs).await?);
         eprintln!("appends, client batches of 64 ...");
         clients.push(closed_loop(&addr, "1 KiB appends, batches of 64, 4 in flight", 64, 4, 64, 1024, secs).await?);
-        let peak = clients.iter().map(|p| p.ops_s).fold(0.0, f64::max);
-        eprintln!("open loop at half of {peak:.0}/s ...");
-        let half_load = open_loop(&addr, 64, peak / 2.0, secs).await?;
+        let best = clients
+            .iter()
+            .max_by(|a, b| a.ops_s.total_cmp(&b.ops_s))
+            .cloned()
+            .ok_or("no append runs")?;
+        let peak = best.ops_s;
+        eprintln!("open loop at half of {peak:.0}/s, batches of {} ...", best.batch);
+        let half_load = open_loop(&addr, 64, best.batch, peak / 2.0, secs).await?;
         let mut sizes = Vec::new();
         let size_list: &[usize] = if quick { &[256, 4096, 65536] } else { &[256, 1024, 4096, 16384, 65536] };
         let mut amp = 0.0;

@@ -10,6 +10,8 @@
 //! a binary protocol over TCP and WebSocket plus HTTP/JSON for tools.
 //! See `docs/log-service.md` for the on-disk layout and the protocol.
 
+#![deny(missing_docs)]
+
 pub mod client;
 pub mod config;
 pub mod error;

@@ -562,7 +562,7 @@ mod tests {
 
     #[test]
     fn frames_round_trip_and_truncations_are_errors_not_panics() {
-        let reqs = vec![
+        let reqs = [
             Request::Hello { token: "t".into() },
             Request::Append {
                 log: "l".into(),

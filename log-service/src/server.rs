@@ -504,7 +504,7 @@ fn store_http_error(e: &StoreError) -> HttpResponse {
     http_error(status, e.to_string())
 }
 
-fn http_rights(ctx: &Ctx, headers: &HeaderMap) -> Result<Rights, HttpResponse> {
+fn http_rights(ctx: &Ctx, headers: &HeaderMap) -> Result<Rights, Box<HttpResponse>> {
     if let Some(r) = ctx.open_rights() {
         return Ok(r);
     }
@@ -516,18 +516,18 @@ fn http_rights(ctx: &Ctx, headers: &HeaderMap) -> Result<Rights, HttpResponse> {
         Some(r) => Ok(r),
         None => {
             ctx.metrics.auth_failures.fetch_add(1, Ordering::Relaxed);
-            Err(http_error(
+            Err(Box::new(http_error(
                 StatusCode::UNAUTHORIZED,
                 "send Authorization: Bearer <token>",
-            ))
+            )))
         }
     }
 }
 
-fn check(ctx: &Ctx, headers: &HeaderMap, req: &Request) -> Result<(), HttpResponse> {
+fn check(ctx: &Ctx, headers: &HeaderMap, req: &Request) -> Result<(), Box<HttpResponse>> {
     ctx.metrics.http_requests.fetch_add(1, Ordering::Relaxed);
     let r = http_rights(ctx, headers)?;
-    allowed(&r, req).map_err(|why| http_error(StatusCode::FORBIDDEN, why))
+    allowed(&r, req).map_err(|why| Box::new(http_error(StatusCode::FORBIDDEN, why)))
 }
 
 async fn health(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
@@ -537,14 +537,14 @@ async fn health(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
 
 async fn stats(State(ctx): State<Arc<Ctx>>, headers: HeaderMap) -> HttpResponse {
     if let Err(r) = http_rights(&ctx, &headers) {
-        return r;
+        return *r;
     }
     Json(json!({ "store": ctx.store.stats(), "recovery": ctx.store.recovery() })).into_response()
 }
 
 async fn segments(State(ctx): State<Arc<Ctx>>, headers: HeaderMap) -> HttpResponse {
     if let Err(r) = http_rights(&ctx, &headers) {
-        return r;
+        return *r;
     }
     Json(ctx.store.segments().await).into_response()
 }
@@ -670,7 +670,7 @@ async fn http_append(
         bytes: body,
     };
     if let Err(r) = check(&ctx, &headers, &req) {
-        return r;
+        return *r;
     }
     let Request::Append {
         client,
@@ -704,7 +704,7 @@ async fn http_read(
             pos,
         },
     ) {
-        return r;
+        return *r;
     }
     match ctx.store.read(&log, pos) {
         Ok(e) => (
@@ -722,7 +722,7 @@ async fn http_tail(
     headers: HeaderMap,
 ) -> HttpResponse {
     if let Err(r) = check(&ctx, &headers, &Request::Bounds { log: log.clone() }) {
-        return r;
+        return *r;
     }
     if let Err(e) = crate::store::check_log_name(&log) {
         return store_http_error(&e);
@@ -744,7 +744,7 @@ async fn http_trim(
             pos,
         },
     ) {
-        return r;
+        return *r;
     }
     match ctx.store.trim(&log, pos).await {
         Ok(()) => Json(json!({ "first": pos })).into_response(),

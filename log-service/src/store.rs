@@ -689,13 +689,13 @@ pub(crate) fn read_stripe(
     let mut shards: Vec<Option<Vec<u8>>> = vec![None; k + m];
     let mut bad = Vec::new();
     let mut missing_data = false;
-    for i in 0..k + m {
+    for (i, slot) in shards.iter_mut().enumerate() {
         let wanted = i < k || missing_data || check.is_some_and(|c| c.contains(&i));
         if !wanted {
             continue;
         }
         match read_page(shared, r, i) {
-            Some(s) => shards[i] = Some(s),
+            Some(s) => *slot = Some(s),
             None => {
                 bad.push(r.pages[i].0);
                 if i < k {

@@ -95,6 +95,10 @@ struct Pending {
     replies: Vec<oneshot::Sender<Result<u64, StoreError>>>,
 }
 
+/// A stripe ready to write: number, shards, payload length, the records
+/// its end-write will list.
+type Encoded = (u64, Vec<Vec<u8>>, u32, Vec<EntryMeta>);
+
 /// Largest batch of appends written together.
 const BATCH_BYTES: usize = 8 << 20;
 const BATCH_COUNT: usize = 16384;
@@ -566,7 +570,7 @@ impl Writer {
         );
         let half = self.shared.config.segment_bytes / 2;
         let mut out = Vec::new();
-        let mut group: Vec<(u64, Vec<Vec<u8>>, u32, Vec<EntryMeta>)> = Vec::new();
+        let mut group: Vec<Encoded> = Vec::new();
         let mut group_bytes = 0u64;
         let total = stripes.len();
         for (i, (seq, payload, metas)) in stripes.into_iter().enumerate() {
@@ -588,7 +592,7 @@ impl Writer {
     fn write_group(
         &mut self,
         kind: Kind,
-        group: Vec<(u64, Vec<Vec<u8>>, u32, Vec<EntryMeta>)>,
+        group: Vec<Encoded>,
         batch_seq: u64,
     ) -> Result<Vec<EndWrite>, StoreError> {
         let (k, m) = (

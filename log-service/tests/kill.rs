@@ -136,7 +136,7 @@ fn kill_dash_nine_during_appends_loses_nothing_acknowledged() {
                         .unwrap_or_else(|e| panic!("cycle {cycle}: {log}@{pos}: {e}"));
                     match known.get(&(log.to_string(), pos)) {
                         Some(want) => {
-                            assert!(&got[..] == &want[..], "cycle {cycle}: {log}@{pos} differs")
+                            assert!(got[..] == want[..], "cycle {cycle}: {log}@{pos} differs")
                         }
                         None => assert!(
                             sent.contains(&got[..]),
@@ -156,14 +156,14 @@ fn kill_dash_nine_during_appends_loses_nothing_acknowledged() {
     let (svc, addr) = spawn(&config);
     rt.block_on(async {
         let c = Client::connect(&addr).await.unwrap();
-        let acked = acked.lock().unwrap();
+        let acked = acked.lock().unwrap().clone();
         assert!(
             acked.len() > 100,
             "the load really ran: {} acknowledged",
             acked.len()
         );
         for ((log, pos), want) in acked.iter() {
-            assert!(&c.read(log, *pos).await.unwrap()[..] == &want[..]);
+            assert!(c.read(log, *pos).await.unwrap()[..] == want[..]);
         }
     });
     drop(svc);
