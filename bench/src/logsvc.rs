@@ -316,7 +316,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
     let secs = if quick { 1.0 } else { 4.0 };
     eprintln!("raw disk ...");
-    let disk = disk_seq_write(tmp.path(), if quick { 128 } else { 1024 })?;
+    let disk = disk_seq_write(tmp.path(), if quick { 512 } else { 1024 })?;
     let dir = tmp.path().join("svc");
     rt.block_on(async {
         let (store, running) = start(&dir).await?;

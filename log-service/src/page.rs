@@ -91,8 +91,16 @@ impl Header {
 
 /// Encodes a page.
 pub fn encode(h: &Header, body: &[u8]) -> Vec<u8> {
-    debug_assert_eq!(h.body_len as usize, body.len());
     let mut out = Vec::with_capacity(HEADER + body.len());
+    encode_into(&mut out, h, body);
+    out
+}
+
+/// Appends an encoded page to `out` (no intermediate buffer).
+pub fn encode_into(out: &mut Vec<u8>, h: &Header, body: &[u8]) {
+    debug_assert_eq!(h.body_len as usize, body.len());
+    let start = out.len();
+    out.reserve(HEADER + body.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&[0; 4]);
     out.push(h.kind as u8);
@@ -103,9 +111,8 @@ pub fn encode(h: &Header, body: &[u8]) -> Vec<u8> {
     out.extend_from_slice(&h.stripe.to_le_bytes());
     out.extend_from_slice(&h.payload_len.to_le_bytes());
     out.extend_from_slice(body);
-    let crc = crc32fast::hash(&out[8..]);
-    out[4..8].copy_from_slice(&crc.to_le_bytes());
-    out
+    let crc = crc32fast::hash(&out[start + 8..]);
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Why a page was rejected.

@@ -365,7 +365,7 @@ async fn execute(store: &Store, req: Request) -> Response {
             request,
             bytes,
         } => store
-            .append(&log, client, request, bytes.to_vec())
+            .append(&log, client, request, bytes)
             .await
             .map(|pos| Response::Appended { pos }),
         Request::Read { log, pos } => store.read(&log, pos).map(|e| Response::Entry {
@@ -383,12 +383,7 @@ async fn execute(store: &Store, req: Request) -> Response {
             first_request,
             records,
         } => store
-            .append_many(
-                &log,
-                client,
-                first_request,
-                records.iter().map(|r| r.to_vec()).collect(),
-            )
+            .append_many(&log, client, first_request, records)
             .await
             .map(|positions| Response::AppendedBatch { positions }),
         Request::Ping => Ok(Response::Pong),

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
+use bytes::Bytes;
 use lru::LruCache;
 use melddb::Entry;
 use serde::Serialize;
@@ -244,7 +245,7 @@ impl Store {
         log: &str,
         client: u64,
         request: u64,
-        bytes: Vec<u8>,
+        bytes: Bytes,
     ) -> Result<(Cmd, oneshot::Receiver<Result<u64, StoreError>>), StoreError> {
         check_log_name(log)?;
         let limit = self.shared.config.max_record_bytes as usize;
@@ -275,9 +276,9 @@ impl Store {
         log: &str,
         client: u64,
         request: u64,
-        bytes: Vec<u8>,
+        bytes: impl Into<Bytes>,
     ) -> Result<u64, StoreError> {
-        let (cmd, rx) = self.request(log, client, request, bytes)?;
+        let (cmd, rx) = self.request(log, client, request, bytes.into())?;
         self.tx
             .send(cmd)
             .await
@@ -293,7 +294,7 @@ impl Store {
         log: &str,
         client: u64,
         first_request: u64,
-        records: Vec<Vec<u8>>,
+        records: Vec<Bytes>,
     ) -> Result<Vec<u64>, StoreError> {
         let mut reqs = Vec::with_capacity(records.len());
         let mut rxs = Vec::with_capacity(records.len());
@@ -330,9 +331,9 @@ impl Store {
         log: &str,
         client: u64,
         request: u64,
-        bytes: Vec<u8>,
+        bytes: impl Into<Bytes>,
     ) -> Result<u64, StoreError> {
-        let (cmd, rx) = self.request(log, client, request, bytes)?;
+        let (cmd, rx) = self.request(log, client, request, bytes.into())?;
         self.tx
             .blocking_send(cmd)
             .map_err(|_| StoreError::ShuttingDown)?;

@@ -162,23 +162,51 @@ pub fn root_entry_overhead(log: &str, fragments: usize) -> usize {
     1 + log.len() + 8 + 8 + 8 + 4 + 4 + 8 * fragments + 4
 }
 
+/// A record to put in a root stripe, borrowing its bytes.
+#[derive(Debug, Clone)]
+pub struct RootRef<'a> {
+    /// Metadata.
+    pub meta: &'a EntryMeta,
+    /// Fragment stripes, in byte order.
+    pub fragments: Vec<u64>,
+    /// The record's last bytes.
+    pub tail: &'a [u8],
+}
+
 /// Encodes a root stripe's payload; also returns where each entry's tail
 /// bytes start.
-pub fn encode_root(entries: &[RootEntry]) -> (Vec<u8>, Vec<u32>) {
+pub fn encode_root_refs(entries: &[RootRef<'_>]) -> (Vec<u8>, Vec<u32>) {
+    let size: usize = 4 + entries
+        .iter()
+        .map(|e| root_entry_overhead(&e.meta.log, e.fragments.len()) + e.tail.len())
+        .sum::<usize>();
+    let mut out = Vec::with_capacity(size);
     let mut offsets = Vec::with_capacity(entries.len());
-    let mut out = Vec::new();
     out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
     for e in entries {
-        put_meta(&mut out, &e.meta);
+        put_meta(&mut out, e.meta);
         out.extend_from_slice(&(e.fragments.len() as u32).to_le_bytes());
         for f in &e.fragments {
             out.extend_from_slice(&f.to_le_bytes());
         }
         out.extend_from_slice(&(e.tail.len() as u32).to_le_bytes());
         offsets.push(out.len() as u32);
-        out.extend_from_slice(&e.tail);
+        out.extend_from_slice(e.tail);
     }
     (out, offsets)
+}
+
+/// [`encode_root_refs`] for owned entries.
+pub fn encode_root(entries: &[RootEntry]) -> (Vec<u8>, Vec<u32>) {
+    let refs: Vec<RootRef<'_>> = entries
+        .iter()
+        .map(|e| RootRef {
+            meta: &e.meta,
+            fragments: e.fragments.clone(),
+            tail: &e.tail,
+        })
+        .collect();
+    encode_root_refs(&refs)
 }
 
 /// Decodes a root stripe's payload.

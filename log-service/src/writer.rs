@@ -26,14 +26,14 @@ use crate::meta::{LogMeta, Meta};
 use crate::page::{self, class, Header, Kind, HEADER};
 use crate::segment;
 use crate::store::{Loc, LogIndex, Shared};
-use crate::stripe::{self, EndWrite, EntryMeta, RootEntry, StripeRef};
+use crate::stripe::{self, EndWrite, EntryMeta, RootRef, StripeRef};
 
 /// One append waiting for the writer.
 pub(crate) struct AppendReq {
     pub log: String,
     pub client: u64,
     pub request: u64,
-    pub bytes: Vec<u8>,
+    pub bytes: bytes::Bytes,
     pub reply: oneshot::Sender<Result<u64, StoreError>>,
 }
 
@@ -91,7 +91,7 @@ pub(crate) struct SegState {
 /// Appends accepted into a batch, one per distinct request.
 struct Pending {
     meta: EntryMeta,
-    bytes: Vec<u8>,
+    bytes: bytes::Bytes,
     replies: Vec<oneshot::Sender<Result<u64, StoreError>>>,
 }
 
@@ -489,8 +489,8 @@ impl Writer {
         let cap =
             self.shared.config.data_shards * (self.shared.config.page_bytes as usize - HEADER);
         let mut fragments: Vec<(u64, &[u8])> = Vec::new();
-        let mut roots: Vec<(u64, Vec<RootEntry>)> = Vec::new();
-        let mut cur: Vec<RootEntry> = Vec::new();
+        let mut roots: Vec<(u64, Vec<RootRef<'_>>)> = Vec::new();
+        let mut cur: Vec<RootRef<'_>> = Vec::new();
         let mut cur_size = 4usize;
         for p in pending {
             let len = p.bytes.len();
@@ -515,10 +515,10 @@ impl Writer {
                 cur_size = 4;
             }
             cur_size += size;
-            cur.push(RootEntry {
-                meta: p.meta.clone(),
+            cur.push(RootRef {
+                meta: &p.meta,
                 fragments: frag_ids,
-                tail: p.bytes[len - tail_len..].to_vec(),
+                tail: &p.bytes[len - tail_len..],
             });
         }
         if !cur.is_empty() {
@@ -536,7 +536,7 @@ impl Writer {
         let payloads = roots
             .into_iter()
             .map(|(seq, entries)| {
-                let (payload, offsets) = stripe::encode_root(&entries);
+                let (payload, offsets) = stripe::encode_root_refs(&entries);
                 let metas = entries
                     .iter()
                     .zip(offsets)
@@ -546,7 +546,7 @@ impl Writer {
                         } else {
                             stripe::FRAGMENTED
                         },
-                        ..e.meta.clone()
+                        ..(*e.meta).clone()
                     })
                     .collect();
                 (seq, payload, metas)
@@ -621,7 +621,7 @@ impl Writer {
                     stripe: seq,
                     payload_len,
                 };
-                bufs[j].extend_from_slice(&page::encode(&h, shard));
+                page::encode_into(&mut bufs[j], &h, shard);
                 pages.push((seg, off));
             }
             refs.push((
@@ -810,7 +810,7 @@ impl Writer {
             }
             if let Some(tx) = subs.get(&p.meta.log) {
                 if tx.receiver_count() > 0 {
-                    let e: Entry = Arc::from(p.bytes);
+                    let e: Entry = Arc::from(&p.bytes[..]);
                     let _ = tx.send((p.meta.pos, e));
                 }
             }

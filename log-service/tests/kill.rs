@@ -168,3 +168,50 @@ fn kill_dash_nine_during_appends_loses_nothing_acknowledged() {
     });
     drop(svc);
 }
+
+#[test]
+fn sigterm_shuts_down_gracefully_and_keeps_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let zones: Vec<String> = (0..3)
+        .map(|z| dir.path().join(format!("z{z}")).display().to_string())
+        .collect();
+    let config = dir.path().join("log.toml");
+    std::fs::write(
+        &config,
+        format!("zones = {zones:?}\n[listen]\ntcp = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\n"),
+    )
+    .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (mut svc, addr) = spawn(&config);
+    let n = rt.block_on(async {
+        let c = Client::connect(&addr).await.unwrap();
+        for i in 0..100u32 {
+            assert_eq!(c.append("g", format!("r{i}")).await.unwrap(), i as u64);
+        }
+        100u64
+    });
+    let pid = svc.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = svc.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no exit within 20 s of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "graceful shutdown exits 0: {status:?}");
+    let (_svc, addr) = spawn(&config);
+    rt.block_on(async {
+        let c = Client::connect(&addr).await.unwrap();
+        assert_eq!(c.bounds("g").await.unwrap(), (0, n));
+        assert_eq!(c.read("g", 99).await.unwrap(), bytes::Bytes::from("r99"));
+    });
+}

@@ -493,7 +493,12 @@ fn a_last_batch_whose_pages_did_not_reach_the_disk_is_dropped_whole() {
         .build()
         .unwrap();
     let pos = rt
-        .block_on(store.append_many("b", 0, 0, (0..5).map(|i| vec![0xb0 + i; 300]).collect()))
+        .block_on(store.append_many(
+            "b",
+            0,
+            0,
+            (0..5).map(|i| vec![0xb0 + i; 300].into()).collect(),
+        ))
         .unwrap();
     assert_eq!(pos, vec![20, 21, 22, 23, 24]);
     drop(store);
