@@ -45,19 +45,28 @@ fn entries_survive_reopening_across_segments() {
 
 #[test]
 fn a_torn_tail_is_cut_off_and_appending_continues() {
-    for cut in [1u64, 5, 17, 30] {
+    for (cut, zero_instead) in [(1u64, false), (5, true), (17, false), (30, true)] {
         let d = tempfile::tempdir().unwrap();
         drop(filled(d.path(), 40, 1 << 20));
         let last = segments(d.path()).pop().unwrap();
-        let len = fs::metadata(&last).unwrap().len();
+        // The file is zero-filled ahead of the data: find the data's end.
+        let len = 8 + (0..40).map(|i| 16 + entry(i).len() as u64).sum::<u64>();
+        assert!(
+            fs::metadata(&last).unwrap().len() > len,
+            "zero-filled ahead"
+        );
         // The last record loses its final `cut` bytes, as after a crash
-        // in the middle of an (unacknowledged) write.
-        fs::OpenOptions::new()
-            .write(true)
-            .open(&last)
-            .unwrap()
-            .set_len(len - cut)
-            .unwrap();
+        // in the middle of an (unacknowledged) write: either the file is
+        // shorter, or (inside the zero-filled space) the bytes never left
+        // their zeros.
+        let f = fs::OpenOptions::new().write(true).open(&last).unwrap();
+        if zero_instead {
+            use std::os::unix::fs::FileExt;
+            f.write_all_at(&vec![0u8; cut as usize], len - cut).unwrap();
+        } else {
+            f.set_len(len - cut).unwrap();
+        }
+        drop(f);
         let (mut log, report) = FileLog::open_with(d.path(), 1 << 20).unwrap();
         assert_eq!(report.records, 39, "cut {cut}");
         assert!(report.torn_bytes > 0);
@@ -75,12 +84,20 @@ fn garbage_after_the_last_record_is_cut_off() {
     let d = tempfile::tempdir().unwrap();
     drop(filled(d.path(), 10, 1 << 20));
     let last = segments(d.path()).pop().unwrap();
-    let mut bytes = fs::read(&last).unwrap();
-    bytes.extend_from_slice(&[0xAB; 11]);
-    fs::write(&last, bytes).unwrap();
+    // Garbage right after the last record, in the zero-filled space.
+    let end = 8 + (0..10).map(|i| 16 + entry(i).len() as u64).sum::<u64>();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new().write(true).open(&last).unwrap();
+        f.write_all_at(&[0xAB; 11], end).unwrap();
+    }
     let (log, report) = FileLog::open(d.path()).unwrap();
     assert_eq!((report.records, report.torn_bytes), (10, 11));
     assert_eq!(log.tail(), 10);
+    drop(log);
+    // The garbage was zeroed, not left to be mistaken for data later.
+    let bytes = fs::read(&last).unwrap();
+    assert!(bytes[end as usize..].iter().all(|b| *b == 0));
 }
 
 #[test]
