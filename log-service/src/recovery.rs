@@ -24,7 +24,10 @@ use crate::writer::{Cmd, SegState, Writer};
 /// What a segment scan found.
 #[derive(Debug, Default)]
 pub(crate) struct Scan {
+    /// End of the data.
     pub len: u64,
+    /// File length (the data plus its zero-filled space).
+    pub zeroed: u64,
     pub torn: u64,
     pub markers: Vec<(u64, u8)>,
     pub ews: Vec<(u64, EndWrite)>,
@@ -32,32 +35,24 @@ pub(crate) struct Scan {
     pub damaged_at: Option<u64>,
 }
 
-fn all_zero(r: &mut impl Read) -> std::io::Result<bool> {
-    let mut buf = [0u8; 8192];
-    loop {
-        let n = r.read(&mut buf)?;
-        if n == 0 {
-            return Ok(true);
-        }
-        if buf[..n].iter().any(|&b| b != 0) {
-            return Ok(false);
-        }
-    }
-}
-
-/// Walks a segment's pages. A page that runs past the end of the file, or
-/// garbage that is zeros to the end, is a torn tail and is cut off; a bad
-/// page with more data after it is damage: the scan stops there and the
-/// segment is marked for repair.
+/// Walks a segment's pages up to the end of its data (zeros follow). A
+/// page that runs past the end of the file is a torn tail and is zeroed; a
+/// page that fails its checksum is counted and kept; an unreadable header
+/// is damage: the scan stops there and the segment is marked for repair.
 pub(crate) fn scan(path: &Path, file: &File) -> std::io::Result<Scan> {
     let len = file.metadata()?.len();
+    // Window segments are zero-filled ahead of their data; the data ends
+    // at the last non-zero byte (a page header is never all zeros).
+    let data_end = data_end(file, len)?;
     let mut r = BufReader::with_capacity(1 << 20, file);
     r.rewind()?;
     let mut s = Scan::default();
     let mut off = 0u64;
     let mut hdr = [0u8; HEADER];
     let mut cut: Option<u64> = None;
-    while off < len {
+    while off < data_end {
+        // A page starts below the data's end (its magic is not zero), but
+        // its header may end in zero bytes past it: read against the file.
         if len - off < HEADER as u64 {
             cut = Some(off);
             break;
@@ -66,12 +61,8 @@ pub(crate) fn scan(path: &Path, file: &File) -> std::io::Result<Scan> {
         let h = match page::header(&hdr) {
             Ok(h) => h,
             Err(_) => {
-                if all_zero(&mut r)? && hdr.iter().all(|&b| b == 0) {
-                    cut = Some(off);
-                } else {
-                    tracing::warn!(path = %path.display(), offset = off, "unreadable page header; segment will be rebuilt");
-                    s.damaged_at = Some(off);
-                }
+                tracing::warn!(path = %path.display(), offset = off, "unreadable page header; segment will be rebuilt");
+                s.damaged_at = Some(off);
                 break;
             }
         };
@@ -80,7 +71,8 @@ pub(crate) fn scan(path: &Path, file: &File) -> std::io::Result<Scan> {
             cut = Some(off);
             break;
         }
-        let last = end == len;
+        // Nothing but zeros after it: the last page written.
+        let last = end >= data_end;
         let needs_body = matches!(h.kind, Kind::EndWrite | Kind::Class) || last;
         if needs_body {
             let mut page = Vec::with_capacity(h.page_len() as usize);
@@ -100,10 +92,12 @@ pub(crate) fn scan(path: &Path, file: &File) -> std::io::Result<Scan> {
                     }
                     _ => {}
                 },
-                Err(_) if last => {
-                    cut = Some(off);
-                    break;
-                }
+                // A page whose header reads and which fits the file is
+                // kept even if its checksum fails: a torn write leaves an
+                // unreferenced page (its batch was never acknowledged; the
+                // last-batch check decides), while cutting a corrupt page
+                // that an end-write references would let new pages land
+                // on its offset.
                 Err(_) => {
                     tracing::warn!(path = %path.display(), offset = off, "page fails its checksum");
                     s.corrupt += 1;
@@ -114,16 +108,43 @@ pub(crate) fn scan(path: &Path, file: &File) -> std::io::Result<Scan> {
         }
         off = end;
     }
+    s.zeroed = len;
     if let Some(at) = cut {
-        tracing::warn!(path = %path.display(), offset = at, bytes = len - at, "cutting torn tail");
-        file.set_len(at)?;
+        // A torn tail: zero it, keeping the file's zero-filled space, so
+        // later appends overwrite clean space and no stale bytes remain.
+        tracing::warn!(path = %path.display(), offset = at, bytes = data_end - at, "zeroing torn tail");
+        use std::os::unix::fs::FileExt;
+        let end = data_end.min(len);
+        file.write_all_at(&vec![0u8; (end - at) as usize], at)?;
         file.sync_all()?;
-        s.torn = len - at;
+        s.torn = data_end - at;
         s.len = at;
     } else {
-        s.len = len;
+        s.len = if s.damaged_at.is_some() {
+            len
+        } else {
+            off.min(len)
+        };
     }
     Ok(s)
+}
+
+/// One past the last non-zero byte of the file, read backwards in blocks
+/// (only window segments have a zero-filled tail; sealing cuts it).
+fn data_end(file: &File, len: u64) -> std::io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut end = len;
+    let mut buf = vec![0u8; 64 << 10];
+    while end > 0 {
+        let n = (end.min(buf.len() as u64)) as usize;
+        let start = end - n as u64;
+        file.read_exact_at(&mut buf[..n], start)?;
+        if let Some(i) = buf[..n].iter().rposition(|&b| b != 0) {
+            return Ok(start + i as u64 + 1);
+        }
+        end = start;
+    }
+    Ok(0)
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> OpenError + '_ {
@@ -192,6 +213,7 @@ pub(crate) fn recover(
                 SegState {
                     file,
                     len: s.len,
+                    zeroed: s.zeroed,
                     class: s.markers.iter().map(|m| m.1).max().unwrap_or(class::EMPTY),
                     markers: s.markers,
                     ew_pages,

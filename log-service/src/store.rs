@@ -169,6 +169,8 @@ pub struct ScrubReport {
     pub repaired: Vec<u64>,
     /// Stripes that could not be rebuilt.
     pub unrecoverable: Vec<u64>,
+    /// Segments whose rebuild failed, and why.
+    pub failed: Vec<(u64, String)>,
 }
 
 /// Validates a log name.
@@ -541,10 +543,18 @@ impl Store {
         }
         for &seg in &bad_segs {
             let (reply, rx) = oneshot::channel();
-            if self.tx.blocking_send(Cmd::RepairNow { seg, reply }).is_ok()
-                && matches!(rx.blocking_recv(), Ok(Ok(())))
+            if self
+                .tx
+                .blocking_send(Cmd::RepairNow { seg, reply })
+                .is_err()
             {
-                report.repaired.push(seg);
+                report.failed.push((seg, "the writer has stopped".into()));
+                continue;
+            }
+            match rx.blocking_recv() {
+                Ok(Ok(())) => report.repaired.push(seg),
+                Ok(Err(why)) => report.failed.push((seg, why)),
+                Err(_) => report.failed.push((seg, "the writer has stopped".into())),
             }
         }
         report

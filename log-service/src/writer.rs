@@ -75,7 +75,12 @@ pub struct SegmentInfo {
 /// The writer's view of one segment file.
 pub(crate) struct SegState {
     pub file: Arc<File>,
+    /// End of the data.
     pub len: u64,
+    /// File length: the data plus zero-filled space ahead of it. Pages
+    /// written below it overwrite allocated, written blocks, so an fsync
+    /// has no size change to journal.
+    pub zeroed: u64,
     pub class: u8,
     /// Class markers: offset and class.
     pub markers: Vec<(u64, u8)>,
@@ -125,6 +130,26 @@ fn io_err(e: io::Error) -> String {
     e.to_string()
 }
 
+/// How far ahead of its data a window segment is zero-filled.
+const ZERO_CHUNK: u64 = 4 << 20;
+
+/// Zero-fills `st` up to at least `upto` (in `ZERO_CHUNK` steps, never past
+/// `limit` unless the data itself goes further).
+/// Returns the bytes of zeros written (they reach the disk too, and count
+/// in `bytes_written`).
+fn zero_ahead(st: &mut SegState, upto: u64, limit: u64) -> io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    if upto <= st.zeroed {
+        return Ok(0);
+    }
+    let target = (upto + ZERO_CHUNK).min(limit.max(upto));
+    let zeros = vec![0u8; (target - st.zeroed) as usize];
+    st.file.write_all_at(&zeros, st.zeroed)?;
+    let n = target - st.zeroed;
+    st.zeroed = target;
+    Ok(n)
+}
+
 impl Writer {
     fn zones(&self) -> &[PathBuf] {
         &self.shared.config.zones
@@ -172,12 +197,20 @@ impl Writer {
             .write_at(&s.file, bytes, off)
             .map_err(io_err)?;
         s.len += bytes.len() as u64;
+        s.zeroed = s.zeroed.max(s.len);
         self.shared.faults.sync(&s.file).map_err(io_err)?;
         self.shared.counters.fsyncs.fetch_add(1, Ordering::Relaxed);
         Ok(off)
     }
 
     fn raise_class(&mut self, seg: u64, to: u8) -> Result<(), String> {
+        if to == class::SEALED {
+            // A sealed segment takes no more pages: drop its zero-filled
+            // tail (recovery then never reads zeros of sealed segments).
+            let s = self.segs.get_mut(&seg).ok_or("segment vanished")?;
+            s.file.set_len(s.len).map_err(io_err)?;
+            s.zeroed = s.len;
+        }
         let off = self.append_durable(seg, &page::class_marker(to))?;
         let s = self.segs.get_mut(&seg).expect("just written");
         s.markers.push((off, to));
@@ -206,6 +239,7 @@ impl Writer {
             SegState {
                 file,
                 len: 0,
+                zeroed: 0,
                 class: class::EMPTY,
                 markers: Vec::new(),
                 ew_pages: Vec::new(),
@@ -447,6 +481,7 @@ impl Writer {
                     trouble.push(format!("segment {seg}: {e}"));
                 }
                 st.len = before;
+                st.zeroed = before;
                 st.markers.retain(|&(o, _)| o < before);
                 st.ew_pages.retain(|&(o, _)| o < before);
                 st.class = st
@@ -698,8 +733,16 @@ impl Writer {
     /// segments are fsynced at once, otherwise they join the batch's single
     /// fsync round.
     fn write_and_sync(&mut self, bufs: &[(u64, Vec<u8>)]) -> Result<(), StoreError> {
+        let limit = self.shared.config.segment_bytes;
         for (seg, buf) in bufs {
             let st = self.segs.get_mut(seg).expect("segment");
+            let upto = st.len + buf.len() as u64;
+            let zeros = zero_ahead(st, upto, limit)
+                .map_err(|e| StoreError::WriteFailed(format!("segment {seg}: {e}")))?;
+            self.shared
+                .counters
+                .bytes_written
+                .fetch_add(zeros, Ordering::Relaxed);
             self.shared
                 .faults
                 .write_at(&st.file, buf, st.len)
@@ -967,7 +1010,21 @@ impl Writer {
         for (off, bytes) in &pieces {
             let off = *off as usize;
             if off < file.len() {
-                return Err(format!("segment {seg}: overlapping pages at {off}"));
+                let kinds: Vec<String> = pieces
+                    .iter()
+                    .take(6)
+                    .map(|(o, b)| {
+                        format!(
+                            "{o}:{:?}/{}",
+                            page::header(b).map(|h| (h.kind, h.stripe)),
+                            b.len()
+                        )
+                    })
+                    .collect();
+                return Err(format!(
+                    "segment {seg}: overlapping pages at {off} ({})",
+                    kinds.join(", ")
+                ));
             }
             let gap = off - file.len();
             if gap > 0 {
@@ -1036,6 +1093,7 @@ impl Writer {
             SegState {
                 file: f,
                 len: file.len() as u64,
+                zeroed: file.len() as u64,
                 class,
                 markers: new_markers,
                 ew_pages: new_ew,
