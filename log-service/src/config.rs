@@ -47,6 +47,13 @@ pub struct Config {
     /// process crash, not a power loss.
     #[serde(default = "defaults::fsync")]
     pub fsync: bool,
+    /// Zero-fill window segments 4 MiB ahead of their data and write pages
+    /// in place, so an fsync has no file-size change to journal. Off by
+    /// default: it writes every byte twice (once as a zero), and on the
+    /// benchmark disk it gave no measurable latency gain (see
+    /// docs/benchmarks.md). The on-disk format is the same either way.
+    #[serde(default)]
+    pub zero_fill_ahead: bool,
     /// Write a stripe's end-write only after its pages are fsynced (the
     /// paper's order: two fsync rounds per batch). The default writes pages
     /// and end-writes in one round and has recovery verify every page of
@@ -208,6 +215,7 @@ impl Config {
             max_segments: defaults::max_segments(),
             fsync: defaults::fsync(),
             strict_end_writes: false,
+            zero_fill_ahead: false,
             max_record_bytes: defaults::max_record_bytes(),
             dedup_window: defaults::dedup_window(),
             read_cache_stripes: defaults::read_cache_stripes(),

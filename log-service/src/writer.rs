@@ -734,11 +734,16 @@ impl Writer {
     /// fsync round.
     fn write_and_sync(&mut self, bufs: &[(u64, Vec<u8>)]) -> Result<(), StoreError> {
         let limit = self.shared.config.segment_bytes;
+        let fill = self.shared.config.zero_fill_ahead;
         for (seg, buf) in bufs {
             let st = self.segs.get_mut(seg).expect("segment");
             let upto = st.len + buf.len() as u64;
-            let zeros = zero_ahead(st, upto, limit)
-                .map_err(|e| StoreError::WriteFailed(format!("segment {seg}: {e}")))?;
+            let zeros = if fill {
+                zero_ahead(st, upto, limit)
+            } else {
+                Ok(0)
+            }
+            .map_err(|e| StoreError::WriteFailed(format!("segment {seg}: {e}")))?;
             self.shared
                 .counters
                 .bytes_written
@@ -748,6 +753,7 @@ impl Writer {
                 .write_at(&st.file, buf, st.len)
                 .map_err(|e| StoreError::WriteFailed(format!("segment {seg}: {e}")))?;
             st.len += buf.len() as u64;
+            st.zeroed = st.zeroed.max(st.len);
             self.shared
                 .counters
                 .bytes_written

@@ -134,6 +134,8 @@ fn random_history_matches_the_model_across_reopen_trim_and_damage() {
         let mut cfg = small_config(dir.path());
         // Both end-write orders: one fsync round (default) and the paper's two.
         cfg.strict_end_writes = seed % 2 == 1;
+        // Both segment-growth modes: appended, and zero-filled ahead.
+        cfg.zero_fill_ahead = seed % 4 >= 2;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut model = Model::new();
         let mut store = Arc::new(Store::open(cfg.clone()).unwrap());
