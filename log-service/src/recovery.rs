@@ -28,11 +28,12 @@ pub(crate) struct Scan {
     pub len: u64,
     /// File length (the data plus its zero-filled space).
     pub zeroed: u64,
-    pub torn: u64,
     pub markers: Vec<(u64, u8)>,
     pub ews: Vec<(u64, EndWrite)>,
     pub corrupt: u64,
     pub damaged_at: Option<u64>,
+    /// A torn-tail candidate: where it starts and where the data ends.
+    pub cut: Option<(u64, u64)>,
 }
 
 /// Walks a segment's pages up to the end of its data (zeros follow). A
@@ -110,14 +111,10 @@ pub(crate) fn scan(path: &Path, file: &File) -> std::io::Result<Scan> {
     }
     s.zeroed = len;
     if let Some(at) = cut {
-        // A torn tail: zero it, keeping the file's zero-filled space, so
-        // later appends overwrite clean space and no stale bytes remain.
-        tracing::warn!(path = %path.display(), offset = at, bytes = data_end - at, "zeroing torn tail");
-        use std::os::unix::fs::FileExt;
-        let end = data_end.min(len);
-        file.write_all_at(&vec![0u8; (end - at) as usize], at)?;
-        file.sync_all()?;
-        s.torn = data_end - at;
+        // Looks like a torn tail; whether it is one is decided once the
+        // end-writes are known (a flipped length byte in a header also
+        // "runs past the end", and live pages may follow it).
+        s.cut = Some((at, data_end.min(len)));
         s.len = at;
     } else {
         s.len = if s.damaged_at.is_some() {
@@ -192,7 +189,6 @@ pub(crate) fn recover(
             let s = scan(&path, &file).map_err(io(&path))?;
             report.segments += 1;
             report.bytes += s.len;
-            report.torn_bytes += s.torn;
             report.corrupt_pages += s.corrupt;
             report.end_writes += s.ews.len() as u64;
             let mut max_seq = 0;
@@ -219,6 +215,7 @@ pub(crate) fn recover(
                     ew_pages,
                     max_seq,
                     damaged_at: s.damaged_at,
+                    pending_cut: s.cut,
                 },
             );
         }
@@ -382,7 +379,10 @@ pub(crate) fn recover(
         base,
         next_seq,
         meta,
-        ews: copies,
+        ews: copies
+            .values()
+            .map(|ew| (ew.stripe.seq, ew.ew_base))
+            .collect(),
         dedup,
         dedup_order,
         failed: None,
@@ -397,6 +397,45 @@ pub(crate) fn recover(
     }
     writer.meta.store(&zones).map_err(io(&zones[0]))?;
 
+    // Torn-tail candidates: a true torn tail is short (at most one write's
+    // last page) and no live stripe has a page after it; anything else is
+    // damage and the segment is rebuilt instead of cut.
+    {
+        let bound = 2 * config.data_shards as u64 * config.page_bytes as u64 + 4096;
+        let idx = shared.index.read().expect("index lock");
+        for (&id, st) in writer.segs.iter_mut() {
+            let Some((at, end)) = st.pending_cut.take() else {
+                continue;
+            };
+            let live_after = idx
+                .stripes
+                .values()
+                .any(|r| r.pages.iter().any(|&(sg, o)| sg == id && o >= at));
+            if live_after || end - at > bound {
+                tracing::warn!(
+                    segment = id,
+                    offset = at,
+                    "bad page with data after it; segment will be rebuilt"
+                );
+                st.damaged_at = Some(at);
+                st.len = st.zeroed;
+                continue;
+            }
+            use std::os::unix::fs::FileExt;
+            tracing::warn!(
+                segment = id,
+                offset = at,
+                bytes = end - at,
+                "zeroing torn tail"
+            );
+            let path = segment::path(&zones, id);
+            st.file
+                .write_all_at(&vec![0u8; (end - at) as usize], at)
+                .and_then(|_| st.file.sync_all())
+                .map_err(io(&path))?;
+            report.torn_bytes += end - at;
+        }
+    }
     // Repair what is missing or damaged.
     let mut wanted: Vec<u64> = writer
         .segs
@@ -413,8 +452,8 @@ pub(crate) fn recover(
                 }
             }
         }
-        for ew in writer.ews.values() {
-            for seg in ew.ew_base..ew.ew_base + crate::config::END_WRITE_COPIES as u64 {
+        for &base in writer.ews.values() {
+            for seg in base..base + crate::config::END_WRITE_COPIES as u64 {
                 if !writer.segs.contains_key(&seg) {
                     wanted.push(seg);
                 }

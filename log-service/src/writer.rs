@@ -91,6 +91,8 @@ pub(crate) struct SegState {
     /// Bytes beyond this offset are not accounted for (the scan stopped at
     /// damage, or the file was missing): repair refills end-writes by era.
     pub damaged_at: Option<u64>,
+    /// Recovery only: a torn-tail candidate (start, end of data).
+    pub pending_cut: Option<(u64, u64)>,
 }
 
 /// Appends accepted into a batch, one per distinct request.
@@ -115,8 +117,10 @@ pub(crate) struct Writer {
     pub base: u64,
     pub next_seq: u64,
     pub meta: Meta,
-    /// End-writes of live stripes, for refilling a repaired segment.
-    pub ews: BTreeMap<u64, EndWrite>,
+    /// Live stripes' end-writes: stripe number to the first of the three
+    /// segments holding the record (repair re-reads a surviving copy; the
+    /// records themselves are not kept in memory).
+    pub ews: BTreeMap<u64, u64>,
     pub dedup: HashMap<(u64, u64), u64>,
     pub dedup_order: VecDeque<(u64, u64)>,
     /// Set when a failed batch could not be rolled back: the store then
@@ -245,6 +249,7 @@ impl Writer {
                 ew_pages: Vec::new(),
                 max_seq: 0,
                 damaged_at: None,
+                pending_cut: None,
             },
         );
         Ok(())
@@ -835,7 +840,7 @@ impl Writer {
             }
         }
         for ew in ews {
-            self.ews.insert(ew.stripe.seq, ew);
+            self.ews.insert(ew.stripe.seq, ew.ew_base);
         }
         let c = &self.shared.counters;
         c.batches.fetch_add(1, Ordering::Relaxed);
@@ -996,10 +1001,30 @@ impl Writer {
             ),
             None => (None, true, Vec::new(), Vec::new(), self.target_class(seg)),
         };
-        let era_ews = self
-            .ews
-            .values()
-            .any(|ew| ew.ew_base <= seg && seg < ew.ew_base + END_WRITE_COPIES as u64);
+        let in_era = |base: u64| base <= seg && seg < base + END_WRITE_COPIES as u64;
+        let era_ews = self.ews.values().any(|&base| in_era(base));
+        // Where the surviving end-write copies are: this segment's own
+        // pages first (if it is only partly damaged), then the others of
+        // each copy set.
+        let copies: HashMap<u64, Vec<(u64, u64)>> = {
+            let mut m: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
+            let lo = seg.saturating_sub(END_WRITE_COPIES as u64 - 1);
+            for other in lo..seg + END_WRITE_COPIES as u64 {
+                if let Some(st) = self.segs.get(&other) {
+                    for &(off, seq) in &st.ew_pages {
+                        m.entry(seq).or_default().push((other, off));
+                    }
+                }
+            }
+            m
+        };
+        let ew_copy = |seq: u64| -> Option<Vec<u8>> {
+            let mut places = copies.get(&seq)?.clone();
+            places.sort_by_key(|&(s, _)| s != seg);
+            places
+                .into_iter()
+                .find_map(|(s, off)| read_ew_page(&self.segs.get(&s)?.file, off, seq))
+        };
         if known_len.is_none() && refs.is_empty() && !era_ews {
             return Err(format!("segment {seg} holds nothing live; not rebuilt"));
         }
@@ -1007,8 +1032,10 @@ impl Writer {
             pieces.push((*off, page::class_marker(*c)));
         }
         for (off, seq) in &ew_pages {
-            if let Some(ew) = self.ews.get(seq) {
-                pieces.push((*off, ew_page(ew)));
+            if self.ews.contains_key(seq) {
+                if let Some(page) = ew_copy(*seq) {
+                    pieces.push((*off, page));
+                }
             }
         }
         pieces.sort_by_key(|p| p.0);
@@ -1053,13 +1080,12 @@ impl Writer {
             file.extend_from_slice(&page::class_marker(cls));
             new_markers.push((off, cls));
             let have: BTreeSet<u64> = ew_pages.iter().map(|&(_, s)| s).collect();
-            for (seq, ew) in &self.ews {
-                if ew.ew_base + (END_WRITE_COPIES as u64) > seg
-                    && ew.ew_base <= seg
-                    && !have.contains(seq)
-                {
-                    new_ew.push((file.len() as u64, *seq));
-                    file.extend_from_slice(&ew_page(ew));
+            for (&seq, &base) in &self.ews {
+                if in_era(base) && !have.contains(&seq) {
+                    if let Some(page) = ew_copy(seq) {
+                        new_ew.push((file.len() as u64, seq));
+                        file.extend_from_slice(&page);
+                    }
                 }
             }
         } else if let Some(len) = known_len {
@@ -1105,6 +1131,7 @@ impl Writer {
                 ew_pages: new_ew,
                 max_seq,
                 damaged_at: None,
+                pending_cut: None,
             },
         );
         self.shared
@@ -1134,6 +1161,18 @@ fn read_shard(shared: &Shared, r: &StripeRef, i: usize) -> Option<Vec<u8>> {
     file.read_exact_at(&mut buf, off).ok()?;
     let (h, body) = page::decode(&buf).ok()?;
     (h.stripe == r.seq && h.shard as usize == i && h.kind == r.kind).then(|| body.to_vec())
+}
+
+/// Reads the end-write page of stripe `seq` at `off`, if it is intact.
+fn read_ew_page(file: &File, off: u64, seq: u64) -> Option<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut head = [0u8; HEADER];
+    file.read_exact_at(&mut head, off).ok()?;
+    let h = page::header(&head).ok()?;
+    let mut buf = vec![0u8; h.page_len() as usize];
+    file.read_exact_at(&mut buf, off).ok()?;
+    let (h, _) = page::decode(&buf).ok()?;
+    (h.kind == Kind::EndWrite && h.stripe == seq).then_some(buf)
 }
 
 /// The page bytes of an end-write.
