@@ -119,6 +119,38 @@ async fn stop(store: Arc<Store>, running: Running) {
     let _ = tokio::task::spawn_blocking(move || store.shutdown()).await;
 }
 
+/// Waits for the load tasks and turns their latencies (ms) into a point;
+/// throughput is over the measured wall time (at least `secs`).
+#[allow(clippy::too_many_arguments)]
+async fn finish(
+    tasks: Vec<tokio::task::JoinHandle<Vec<f64>>>,
+    label: &str,
+    clients: usize,
+    depth: usize,
+    batch: usize,
+    record: usize,
+    secs: f64,
+) -> Result<Point, String> {
+    let t0 = Instant::now();
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.map_err(|e| e.to_string())?);
+    }
+    let secs = t0.elapsed().as_secs_f64().max(secs);
+    let n = lat.len() as f64;
+    Ok(Point {
+        label: label.into(),
+        clients,
+        depth,
+        batch,
+        record,
+        ops_s: n / secs,
+        mib_s: n * record as f64 / secs / (1 << 20) as f64,
+        p50_ms: pct(&mut lat, 0.5),
+        p99_ms: pct(&mut lat, 0.99),
+    })
+}
+
 /// Closed loop: `clients` connections, each with `depth` appends in
 /// flight, for `secs`.
 #[allow(clippy::too_many_arguments)]
@@ -160,24 +192,7 @@ async fn closed_loop(
             }));
         }
     }
-    let t0 = Instant::now();
-    let mut lat = Vec::new();
-    for t in tasks {
-        lat.extend(t.await.map_err(|e| e.to_string())?);
-    }
-    let secs = t0.elapsed().as_secs_f64().max(secs);
-    let n = lat.len() as f64;
-    Ok(Point {
-        label: label.into(),
-        clients,
-        depth,
-        batch,
-        record,
-        ops_s: n / secs,
-        mib_s: n * record as f64 / secs / (1 << 20) as f64,
-        p50_ms: pct(&mut lat, 0.5),
-        p99_ms: pct(&mut lat, 0.99),
-    })
+    finish(tasks, label, clients, depth, batch, record, secs).await
 }
 
 /// Open loop at `rate` appends/s spread over `clients` connections, in
@@ -222,24 +237,17 @@ async fn open_loop(
             lat
         }));
     }
-    let t0 = Instant::now();
-    let mut lat = Vec::new();
-    for t in tasks {
-        lat.extend(t.await.map_err(|e| e.to_string())?);
-    }
-    let took = t0.elapsed().as_secs_f64();
-    let n = lat.len() as f64;
-    Ok(Point {
-        label: "open loop at half the peak rate".into(),
+    // Open loop: the rate achieved over the time actually taken.
+    finish(
+        tasks,
+        "open loop at half the peak rate",
         clients,
-        depth: 0,
+        0,
         batch,
-        record: 1024,
-        ops_s: n / took,
-        mib_s: n * 1024.0 / took / (1 << 20) as f64,
-        p50_ms: pct(&mut lat, 0.5),
-        p99_ms: pct(&mut lat, 0.99),
-    })
+        1024,
+        0.0,
+    )
+    .await
 }
 
 async fn reads(
@@ -272,24 +280,7 @@ async fn reads(
             }));
         }
     }
-    let t0 = Instant::now();
-    let mut lat = Vec::new();
-    for t in tasks {
-        lat.extend(t.await.map_err(|e| e.to_string())?);
-    }
-    let secs = t0.elapsed().as_secs_f64().max(secs);
-    let n = lat.len() as f64;
-    Ok(Point {
-        label: "random 1 KiB reads".into(),
-        clients,
-        depth,
-        batch: 1,
-        record: 1024,
-        ops_s: n / secs,
-        mib_s: n * 1024.0 / secs / (1 << 20) as f64,
-        p50_ms: pct(&mut lat, 0.5),
-        p99_ms: pct(&mut lat, 0.99),
-    })
+    finish(tasks, "random 1 KiB reads", clients, depth, 1, 1024, secs).await
 }
 
 fn dir_bytes(dir: &Path) -> u64 {

@@ -667,7 +667,7 @@ pub(crate) fn valid_pages(shared: &Shared, r: &StripeRef) -> usize {
 }
 
 /// Reads one page and checks it belongs to stripe `r` as shard `i`.
-fn read_page(shared: &Shared, r: &StripeRef, i: usize) -> Option<Vec<u8>> {
+pub(crate) fn read_page(shared: &Shared, r: &StripeRef, i: usize) -> Option<Vec<u8>> {
     let (seg, off) = r.pages[i];
     let file = shared
         .files

@@ -903,10 +903,12 @@ impl Writer {
             .map_err(|e| StoreError::WriteFailed(format!("metadata: {e}")))?;
         {
             let mut idx = self.shared.index.write().expect("index lock");
-            let l = idx.logs.get_mut(log).expect("log exists below its tail");
-            let drop = (pos - l.first) as usize;
-            l.locs.drain(..drop);
-            l.first = pos;
+            // The log exists: pos > first >= 0 and pos <= tail were checked.
+            if let Some(l) = idx.logs.get_mut(log) {
+                let drop = (pos - l.first) as usize;
+                l.locs.drain(..drop);
+                l.first = pos;
+            }
         }
         self.free_segments();
         Ok(())
@@ -975,7 +977,7 @@ impl Writer {
             // Read every other page; parity decides.
             for (i, slot) in shards.iter_mut().enumerate() {
                 if i != j {
-                    *slot = read_shard(&self.shared, r, i);
+                    *slot = crate::store::read_page(&self.shared, r, i);
                 }
             }
             let all =
@@ -1146,21 +1148,6 @@ impl Writer {
         );
         Ok(())
     }
-}
-
-fn read_shard(shared: &Shared, r: &StripeRef, i: usize) -> Option<Vec<u8>> {
-    use std::os::unix::fs::FileExt;
-    let (seg, off) = r.pages[i];
-    let file = shared
-        .files
-        .read()
-        .expect("files lock")
-        .get(&seg)
-        .cloned()?;
-    let mut buf = vec![0u8; HEADER + r.shard_len as usize];
-    file.read_exact_at(&mut buf, off).ok()?;
-    let (h, body) = page::decode(&buf).ok()?;
-    (h.stripe == r.seq && h.shard as usize == i && h.kind == r.kind).then(|| body.to_vec())
 }
 
 /// Reads the end-write page of stripe `seq` at `off`, if it is intact.
