@@ -6,6 +6,7 @@
 
 use std::collections::VecDeque;
 
+use crate::checkpoint::{self, Loaded, TrackEvent, Tracker};
 use crate::codec::{parse, resolve, Intention};
 use crate::error::DecodeError;
 use crate::genesis::Settings;
@@ -93,6 +94,11 @@ pub struct Melder {
     /// [`Melder::set_deferred_reclaim`]).
     retired: Garbage,
     deferred: bool,
+    /// Where checkpoint parts stand (decided from the log's bytes alone).
+    tracker: Tracker,
+    /// Position of the latest complete checkpoint (0: none): no state
+    /// before it is retained, so no snapshot before it is accepted.
+    barrier: LogPos,
 }
 
 /// Tree memory that meld no longer needs: old states that left the
@@ -149,7 +155,36 @@ impl Melder {
             last_stats: MeldStats::default(),
             retired: Garbage::default(),
             deferred: false,
+            tracker: Tracker::default(),
+            barrier: 0,
         }
+    }
+
+    /// A melder that starts from a loaded checkpoint (see
+    /// [`crate::checkpoint::load`]): its state is the checkpoint's, at the
+    /// position of its last part, and the next entry it melds is the one
+    /// after that. It then agrees with a melder that replayed the whole log.
+    pub fn from_checkpoint(loaded: Loaded) -> Melder {
+        let mut m = Melder::new(loaded.settings);
+        m.barrier = loaded.state.pos;
+        m.window = VecDeque::from([Some(MeldState {
+            snapshot: loaded.state,
+            tombs: Tombstones::default(),
+        })]);
+        m
+    }
+
+    /// Position of the latest complete checkpoint melded (0 if none).
+    /// Intentions after it whose snapshot precedes it abort with
+    /// [`AbortReason::SnapshotUnavailable`].
+    pub fn barrier(&self) -> LogPos {
+        self.barrier
+    }
+
+    /// The checkpoint tracker as of the last entry melded (hosts that
+    /// prepare entries elsewhere replay it to know the barriers ahead).
+    pub fn tracker(&self) -> &Tracker {
+        &self.tracker
     }
 
     /// A melder from the bytes of a genesis record.
@@ -275,6 +310,10 @@ impl Melder {
     /// none for the first member of a group-meld pair (it is decided with
     /// the second), two for the second.
     pub fn apply(&mut self, bytes: &[u8]) -> Vec<Outcome> {
+        if checkpoint::applies(&self.settings, bytes) {
+            return vec![self.apply_checkpoint(bytes)];
+        }
+        self.tracker.not_checkpoint();
         let pos = self.next_pos();
         let mut stats = MeldStats::default();
         if !self.settings.group_meld {
@@ -318,9 +357,10 @@ impl Melder {
     /// back to decoding when it cannot be used (another snapshot tree, or
     /// the first member of a group-meld pair, which waits as bytes).
     pub fn apply_local(&mut self, bytes: &[u8], local: LocalIntention) -> Vec<Outcome> {
-        if self.settings.group_meld {
+        if self.settings.group_meld || checkpoint::applies(&self.settings, bytes) {
             return self.apply(bytes);
         }
+        self.tracker.not_checkpoint();
         let pos = self.next_pos();
         let mut stats = MeldStats::default();
         let decoded = self.prepare(pos, bytes, Some(local), &mut stats);
@@ -370,7 +410,19 @@ impl Melder {
     /// [`crate::pipeline`], run by a host on other threads). Its first
     /// position must be the LCS position + 1.
     pub fn apply_prepared(&mut self, prepared: Prepared) -> Vec<Outcome> {
+        if let Prepared::Checkpoint(_, bytes) = &prepared {
+            if checkpoint::applies(&self.settings, bytes) {
+                return vec![self.apply_checkpoint(bytes)];
+            }
+        }
+        self.tracker.not_checkpoint();
         match prepared {
+            Prepared::Checkpoint(pos, bytes) => {
+                // Only a host that ignores the settings sends these; decode
+                // decides, as for any entry.
+                let decoded = self.decode(pos, &bytes);
+                vec![self.apply_decoded(decoded)]
+            }
             Prepared::One(_, d) => vec![self.apply_decoded(d)],
             Prepared::Split((_, a), (_, b)) => vec![self.apply_decoded(a), self.apply_decoded(b)],
             Prepared::Group { first, group } => self.apply_group(first, group),
@@ -454,6 +506,52 @@ impl Melder {
         };
         self.push(Some(next), pos);
         outcome
+    }
+
+    /// Melds a checkpoint part (see [`crate::checkpoint`]): the state does
+    /// not change; the last part of a complete checkpoint drops every older
+    /// state and the tombstones (the barrier).
+    fn apply_checkpoint(&mut self, bytes: &[u8]) -> Outcome {
+        let pos = self.lcs().pos + 1;
+        let lcs = self.lcs_state().clone();
+        self.last_stats = MeldStats::default();
+        self.prep_stats = MeldStats::default();
+        let csn = lcs.snapshot.csn;
+        let state = |tombs| MeldState {
+            snapshot: Snapshot {
+                pos,
+                ..lcs.snapshot.clone()
+            },
+            tombs,
+        };
+        match self.tracker.feed(&self.settings, pos, bytes) {
+            event @ (TrackEvent::Invalid(_) | TrackEvent::NotCheckpoint) => {
+                let reason = match event {
+                    TrackEvent::Invalid(e) => e,
+                    // Not reached: callers check `checkpoint::applies` first.
+                    _ => DecodeError::BadMagic { what: "checkpoint" },
+                };
+                self.push(Some(state(lcs.tombs.clone())), pos);
+                Outcome::Aborted {
+                    pos,
+                    reason: AbortReason::Malformed(reason),
+                }
+            }
+            TrackEvent::Part => {
+                self.push(Some(state(lcs.tombs.clone())), pos);
+                Outcome::Committed { pos, csn }
+            }
+            TrackEvent::Complete { .. } => {
+                while let Some(old) = self.window.pop_front() {
+                    if let Some(old) = old {
+                        self.retire(old.snapshot.root);
+                    }
+                }
+                self.push(Some(state(Tombstones::default())), pos);
+                self.barrier = pos;
+                Outcome::Committed { pos, csn }
+            }
+        }
     }
 
     /// Appends the state after `pos` to the window and drops what left it.

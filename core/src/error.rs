@@ -165,6 +165,40 @@ pub enum OpenError {
     },
 }
 
+/// Writing or loading a checkpoint failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckpointError {
+    /// One part's framing or checksum is bad.
+    #[error("checkpoint part {index} is corrupt: {source}")]
+    Part {
+        /// 0-based part index.
+        index: u64,
+        /// What is wrong.
+        #[source]
+        source: DecodeError,
+    },
+    /// The parts given are not one whole checkpoint.
+    #[error("checkpoint part {index}: {why}")]
+    Incomplete {
+        /// 0-based part index.
+        index: u64,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// The body does not decode to a valid tree.
+    #[error("checkpoint body is malformed: {0}; recover from an earlier checkpoint or the genesis record")]
+    Body(#[from] DecodeError),
+    /// The rebuilt state differs from the one the writer recorded.
+    #[error("checkpoint digest mismatch: the rebuilt state is not the recorded one")]
+    Digest,
+    /// The state is too large for one checkpoint.
+    #[error("a checkpoint of {bytes} bytes needs more than the allowed number of parts; raise the part size")]
+    TooLarge {
+        /// Encoded body size.
+        bytes: u64,
+    },
+}
+
 /// Committing a transaction failed before its outcome was known.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CommitError {

@@ -54,6 +54,9 @@ pub enum Prepared {
         (LogPos, Result<Intention, AbortReason>),
         (LogPos, Result<Intention, AbortReason>),
     ),
+    /// A checkpoint part (see [`crate::checkpoint`]): final meld decides
+    /// it from its bytes; there is nothing to decode or premeld.
+    Checkpoint(LogPos, Vec<u8>),
 }
 
 impl Prepared {
@@ -63,12 +66,13 @@ impl Prepared {
             Prepared::One(p, _) => *p,
             Prepared::Group { first, .. } => *first,
             Prepared::Split((p, _), _) => *p,
+            Prepared::Checkpoint(p, _) => *p,
         }
     }
     /// Number of log entries this covers (1 or 2).
     pub fn entries(&self) -> u64 {
         match self {
-            Prepared::One(..) => 1,
+            Prepared::One(..) | Prepared::Checkpoint(..) => 1,
             _ => 2,
         }
     }

@@ -282,3 +282,21 @@ pub fn vns(s: &Snapshot) -> Vec<u64> {
     walk(&s.root, &mut out);
     out
 }
+
+/// The VN of every reachable ephemeral node (created by meld, held only in
+/// memory), in key order: a full walk, the reference for
+/// [`crate::checkpoint::unpersisted_nodes`].
+pub fn ephemeral_vns(s: &Snapshot) -> Vec<u64> {
+    fn walk(t: &Link, out: &mut Vec<u64>) {
+        if let Some(n) = t {
+            walk(&n.left, out);
+            if n.owner.kind == crate::node::OwnerKind::Ephemeral {
+                out.push(n.vn());
+            }
+            walk(&n.right, out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&s.root, &mut out);
+    out
+}

@@ -234,6 +234,25 @@ pub fn run_from(
     // as in the single-threaded driver.
     let units = entries.len() as u64 / unit_len;
     let keep = settings.max_conflict_zone as u64 + 2;
+    // Checkpoint barriers follow from the entries' bytes alone: the one in
+    // force for each entry tells its worker which snapshots final meld will
+    // no longer have (melddb::checkpoint), so both agree on the outcome.
+    let mut tracker = melder.tracker().clone();
+    let mut barrier = melder.barrier();
+    let barriers: Arc<[LogPos]> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, bytes)| {
+            let in_force = barrier;
+            let pos = base + 1 + i as u64;
+            if let melddb::checkpoint::TrackEvent::Complete { .. } =
+                tracker.feed(&settings, pos, bytes)
+            {
+                barrier = pos;
+            }
+            in_force
+        })
+        .collect();
     let entries: Arc<[Vec<u8>]> = entries.into();
 
     thread::scope(|scope| {
@@ -243,6 +262,7 @@ pub fn run_from(
             queues.push(rx);
             let board = board.clone();
             let entries = entries.clone();
+            let barriers = barriers.clone();
             let jitter = opts
                 .jitter
                 .map(|(seed, max)| (ChaCha8Rng::seed_from_u64(seed ^ (w as u64 + 1)), max));
@@ -255,6 +275,7 @@ pub fn run_from(
                     base,
                     &settings,
                     &entries,
+                    &barriers,
                     &board,
                     &tx,
                     jitter,
@@ -344,6 +365,7 @@ fn worker(
     base: LogPos,
     settings: &melddb::Settings,
     entries: &[Vec<u8>],
+    barriers: &[LogPos],
     board: &Board,
     out: &SyncSender<Result<Unit, PipelineError>>,
     jitter: Option<(ChaCha8Rng, u64)>,
@@ -363,8 +385,12 @@ fn worker(
                        stats: &mut MeldStats|
          -> Result<Result<melddb::Intention, AbortReason>, PipelineError> {
             let bytes = &entries[(pos - base - 1) as usize];
+            let barrier = barriers[(pos - base - 1) as usize];
             pause();
             let int = match decode_with(settings, pos, bytes, |p| {
+                if p < barrier {
+                    return None;
+                }
                 board.wait(p).map(|s| s.snapshot().clone())
             }) {
                 Ok(int) => int,
@@ -376,6 +402,10 @@ fn worker(
         };
         let prepared = (|| {
             if unit_len == 1 {
+                let bytes = &entries[(first - base - 1) as usize];
+                if melddb::checkpoint::applies(settings, bytes) {
+                    return Ok(Prepared::Checkpoint(first, bytes.clone()));
+                }
                 return Ok(Prepared::One(first, prepare(first, &mut stats)?));
             }
             let a = prepare(first, &mut stats)?;

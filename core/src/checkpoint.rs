@@ -1,0 +1,554 @@
+//! Checkpoints (meld paper App. A, adapted): a committed state written to
+//! the log so that a node can recover from it instead of replaying the log
+//! from the genesis record, and so that the log before it can be trimmed.
+//!
+//! # Design
+//!
+//! Our tree lives in memory, so a checkpoint here is *self-contained*: it
+//! serialises every node reachable from the state (ephemeral and logged
+//! ones alike) with its identity (VN), content and structure versions and
+//! OldestDescendant origin. Recovering from it needs no earlier log entry,
+//! which is what lets garbage collection trim everything before it.
+//!
+//! A checkpoint is `count` consecutive log entries ("parts"), each a chunk
+//! of one encoded body. Whether the entries at `p-count+1 ..= p` form a
+//! complete checkpoint is decided from their bytes alone (the [`Tracker`]),
+//! so every node — one that melded the whole log, one that recovered from
+//! an earlier checkpoint, or a pipelined one — agrees where checkpoints
+//! are. A complete checkpoint at `p` is a *barrier*: the state after `p`
+//! equals the state before its first part (parts change nothing), and no
+//! intention after `p` may use a snapshot older than `p` (a node that
+//! recovered from the checkpoint has no older state to resolve it in). Such
+//! an intention aborts with [`AbortReason::SnapshotUnavailable`] on every
+//! node; tombstones are dropped at the barrier, since every deletion they
+//! remember precedes every snapshot still accepted.
+//!
+//! Checkpoints are only recognised with premeld and group meld off (their
+//! states at fixed distances would cross barriers); with either on, a
+//! checkpoint entry is just malformed and aborts like any other.
+//!
+//! The format is specified in `docs/format.md` ("Checkpoint records").
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use integer_encoding::VarInt;
+
+use crate::error::{CheckpointError, DecodeError, MAX_KEY_LEN, MAX_VALUE_LEN};
+use crate::genesis::Settings;
+use crate::node::{
+    height, oldest_from, Bytes, Link, LogPos, Node, Owner, OwnerKind, Vn, NO_LOGGED_NODE,
+    SUBTREE_ONLY_READ,
+};
+use crate::snapshot::{Digest, Snapshot};
+
+#[cfg(doc)]
+use crate::meld::AbortReason;
+
+/// Magic bytes of a checkpoint part.
+pub const CHECKPOINT_MAGIC: &[u8; 4] = b"MLDC";
+/// Checkpoint format version written and read by this build.
+pub const CHECKPOINT_VERSION: u8 = 1;
+/// Default largest chunk of the body one part carries.
+pub const DEFAULT_PART_BYTES: usize = 8 << 20;
+/// Most parts one checkpoint may have.
+pub const MAX_PARTS: u64 = 1 << 16;
+/// Largest accepted chunk in one part (the intention size limit).
+pub const MAX_PART_BYTES: usize = crate::error::MAX_INTENTION_BYTES - 1024;
+
+const NODE_LEFT: u8 = 1;
+const NODE_RIGHT: u8 = 2;
+const NODE_LOGGED: u8 = 4;
+/// Deepest tree accepted (an AVL tree of 2^64 keys is shallower).
+const MAX_HEIGHT: u8 = 100;
+
+/// Whether `bytes` is a checkpoint part that this database recognises:
+/// it starts with [`CHECKPOINT_MAGIC`] and premeld and group meld are off.
+pub fn applies(settings: &Settings, bytes: &[u8]) -> bool {
+    !settings.premeld() && !settings.group_meld && bytes.starts_with(CHECKPOINT_MAGIC)
+}
+
+/// The header of one checkpoint part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartHeader {
+    /// Database the checkpoint belongs to.
+    pub db_id: u64,
+    /// 0-based index of this part.
+    pub index: u64,
+    /// Number of parts.
+    pub count: u64,
+}
+
+/// Parses one part: its header and its chunk of the body.
+pub fn parse_part(bytes: &[u8]) -> Result<(PartHeader, &[u8]), DecodeError> {
+    if bytes.len() > crate::error::MAX_INTENTION_BYTES {
+        return Err(DecodeError::Limit {
+            field: "checkpoint part size",
+            value: bytes.len() as u64,
+            limit: crate::error::MAX_INTENTION_BYTES as u64,
+        });
+    }
+    let body = crate::codec::checked_body(bytes, CHECKPOINT_MAGIC, "checkpoint", 9)?;
+    if body[4] != CHECKPOINT_VERSION {
+        return Err(DecodeError::UnsupportedVersion {
+            found: body[4],
+            supported: CHECKPOINT_VERSION,
+        });
+    }
+    let mut r = Reader { b: body, at: 5 };
+    let db_id = r.varint("checkpoint db_id")?;
+    let index = r.varint("checkpoint part index")?;
+    let count = r.varint("checkpoint part count")?;
+    if count == 0 || count > MAX_PARTS {
+        return Err(DecodeError::Limit {
+            field: "checkpoint part count",
+            value: count,
+            limit: MAX_PARTS,
+        });
+    }
+    if index >= count {
+        return Err(DecodeError::Invalid {
+            field: "checkpoint part index",
+            why: "not below the part count",
+        });
+    }
+    Ok((
+        PartHeader {
+            db_id,
+            index,
+            count,
+        },
+        &body[r.at..],
+    ))
+}
+
+/// What one log entry means for checkpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TrackEvent {
+    /// Not a checkpoint part (for this database's settings).
+    NotCheckpoint,
+    /// A valid part, not the last one.
+    Part,
+    /// The last part: the checkpoint whose first part is at `first` is
+    /// complete at this position.
+    Complete {
+        /// Position of the first part.
+        first: LogPos,
+    },
+    /// A checkpoint part that is malformed or out of place; the entry
+    /// aborts and any checkpoint in progress is abandoned.
+    Invalid(DecodeError),
+}
+
+/// Follows checkpoint parts through the log from their bytes alone (see
+/// the module docs). Every node feeds it every entry in log order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tracker {
+    /// `(index expected next, count)` while a checkpoint is in progress.
+    progress: Option<(u64, u64)>,
+}
+
+impl Tracker {
+    /// Feeds the entry at `pos` and says what it is.
+    pub fn feed(&mut self, settings: &Settings, pos: LogPos, bytes: &[u8]) -> TrackEvent {
+        if !applies(settings, bytes) {
+            self.progress = None;
+            return TrackEvent::NotCheckpoint;
+        }
+        let expected = self.progress.take();
+        let (h, _) = match parse_part(bytes) {
+            Ok(p) => p,
+            Err(e) => return TrackEvent::Invalid(e),
+        };
+        if h.db_id != settings.db_id {
+            return TrackEvent::Invalid(DecodeError::Invalid {
+                field: "checkpoint db_id",
+                why: "belongs to another database",
+            });
+        }
+        if h.index > 0 && expected != Some((h.index, h.count)) {
+            return TrackEvent::Invalid(DecodeError::Invalid {
+                field: "checkpoint part index",
+                why: "part out of place (its predecessors are not the entries before it)",
+            });
+        }
+        if h.index + 1 == h.count {
+            return TrackEvent::Complete {
+                first: pos - h.index,
+            };
+        }
+        self.progress = Some((h.index + 1, h.count));
+        TrackEvent::Part
+    }
+
+    /// Notes an entry that is not a checkpoint part without its bytes
+    /// (the pipeline's final meld, which sees intentions, not bytes).
+    pub fn not_checkpoint(&mut self) {
+        self.progress = None;
+    }
+}
+
+/// Encodes `state` as a checkpoint whose parts will be appended at
+/// `first, first + 1, …`, each carrying at most `part_bytes` of the body.
+/// The state after the last part is `state` at that position; its digest
+/// is recorded so a loader can verify what it rebuilt.
+pub fn encode(
+    settings: &Settings,
+    state: &Snapshot,
+    first: LogPos,
+    part_bytes: usize,
+) -> Result<Vec<Vec<u8>>, CheckpointError> {
+    let part_bytes = part_bytes.clamp(1, MAX_PART_BYTES);
+    let mut nodes = Vec::new();
+    let count_nodes = encode_tree(&state.root, &mut nodes);
+    let genesis = settings.encode();
+    let mut head = Vec::with_capacity(genesis.len() + 32);
+    put(&mut head, genesis.len() as u64);
+    head.extend_from_slice(&genesis);
+    put(&mut head, state.csn);
+    put(&mut head, count_nodes);
+    // The body's length does not depend on the digest's value, so the part
+    // count (hence the position the state will have) is known first.
+    let len = head.len() + 32 + nodes.len() + 4;
+    let count = len.div_ceil(part_bytes) as u64;
+    if count > MAX_PARTS {
+        return Err(CheckpointError::TooLarge { bytes: len as u64 });
+    }
+    let digest = Snapshot {
+        pos: first + count - 1,
+        ..state.clone()
+    }
+    .digest();
+    let mut body = head;
+    body.reserve_exact(32 + nodes.len() + 4);
+    body.extend_from_slice(&digest);
+    body.extend_from_slice(&nodes);
+    drop(nodes);
+    // The digest covers what the state means; this covers every byte
+    // (a node's origin, say, can change without changing the digest).
+    let crc = crc32fast::hash(&body);
+    body.extend_from_slice(&crc.to_le_bytes());
+    let chunks: Vec<&[u8]> = body.chunks(part_bytes).collect();
+    Ok(frame(settings.db_id, &chunks))
+}
+
+fn frame(db_id: u64, chunks: &[&[u8]]) -> Vec<Vec<u8>> {
+    let count = chunks.len() as u64;
+    chunks
+        .iter()
+        .enumerate()
+        .map(|(i, chunk)| {
+            let mut out = Vec::with_capacity(chunk.len() + 40);
+            out.extend_from_slice(CHECKPOINT_MAGIC);
+            out.push(CHECKPOINT_VERSION);
+            put(&mut out, db_id);
+            put(&mut out, i as u64);
+            put(&mut out, count);
+            out.extend_from_slice(chunk);
+            let crc = crc32fast::hash(&out);
+            out.extend_from_slice(&crc.to_le_bytes());
+            out
+        })
+        .collect()
+}
+
+fn put(out: &mut Vec<u8>, v: u64) {
+    let mut buf = [0u8; 10];
+    let n = v.encode_var(&mut buf);
+    out.extend_from_slice(&buf[..n]);
+}
+
+/// Post-order: children before parents, so the loader needs only a stack.
+fn encode_tree(t: &Link, out: &mut Vec<u8>) -> u64 {
+    let Some(n) = t else { return 0 };
+    let count = encode_tree(&n.left, out) + encode_tree(&n.right, out) + 1;
+    let origin = match n.owner.kind {
+        OwnerKind::Intention(pos) => Some(pos),
+        _ => None,
+    };
+    let mut tag = 0;
+    if n.left.is_some() {
+        tag |= NODE_LEFT;
+    }
+    if n.right.is_some() {
+        tag |= NODE_RIGHT;
+    }
+    if origin.is_some() {
+        tag |= NODE_LOGGED;
+    }
+    out.push(tag);
+    put(out, n.key.len() as u64);
+    out.extend_from_slice(&n.key);
+    put(out, n.value.len() as u64);
+    out.extend_from_slice(&n.value);
+    let vn = n.vn();
+    put(out, vn);
+    put(out, vn.saturating_sub(n.ncv()));
+    put(out, n.nsv());
+    if let Some(p) = origin {
+        put(out, p);
+    }
+    count
+}
+
+/// A checkpoint rebuilt from its parts.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The database settings recorded in it.
+    pub settings: Settings,
+    /// The state after the checkpoint's last part.
+    pub state: Snapshot,
+    /// Nodes rebuilt.
+    pub nodes: u64,
+}
+
+/// Rebuilds the state of a complete checkpoint from its parts, in order;
+/// `last` is the position of the last part. Verifies every part, the tree
+/// (key order, AVL balance, depth) and the recorded digest. Never panics.
+pub fn load(parts: &[&[u8]], last: LogPos) -> Result<Loaded, CheckpointError> {
+    let mut body = Vec::new();
+    let mut db = None;
+    for (i, p) in parts.iter().enumerate() {
+        let (h, chunk) = parse_part(p).map_err(|e| CheckpointError::Part {
+            index: i as u64,
+            source: e,
+        })?;
+        if h.index != i as u64 || h.count != parts.len() as u64 {
+            return Err(CheckpointError::Incomplete {
+                index: i as u64,
+                why: "parts are not the consecutive parts of one checkpoint",
+            });
+        }
+        if *db.get_or_insert(h.db_id) != h.db_id {
+            return Err(CheckpointError::Incomplete {
+                index: i as u64,
+                why: "parts belong to different databases",
+            });
+        }
+        body.extend_from_slice(chunk);
+    }
+    let Some(split) = body.len().checked_sub(4) else {
+        return Err(CheckpointError::Body(DecodeError::Truncated {
+            field: "checkpoint body",
+        }));
+    };
+    let (content, crc) = body.split_at(split);
+    if crc32fast::hash(content).to_le_bytes() != crc {
+        return Err(CheckpointError::Body(DecodeError::Checksum));
+    }
+    let body = content;
+    let mut r = Reader { b: body, at: 0 };
+    let glen = r.len("checkpoint settings", 64)?;
+    let settings = Settings::decode(r.take(glen, "checkpoint settings")?)?;
+    if Some(settings.db_id) != db {
+        return Err(CheckpointError::Body(DecodeError::Invalid {
+            field: "checkpoint settings",
+            why: "db_id differs from the parts' db_id",
+        }));
+    }
+    let csn = r.varint("checkpoint csn")?;
+    let count = r.varint("checkpoint node count")?;
+    let digest: Digest =
+        r.take(32, "checkpoint digest")?
+            .try_into()
+            .map_err(|_| DecodeError::Truncated {
+                field: "checkpoint digest",
+            })?;
+    // A node takes at least 6 bytes: no count beyond that can be honest.
+    if count > (body.len() - r.at) as u64 / 6 {
+        return Err(CheckpointError::Body(DecodeError::Limit {
+            field: "checkpoint node count",
+            value: count,
+            limit: (body.len() - r.at) as u64 / 6,
+        }));
+    }
+    let root = build_tree(&mut r, count, csn)?;
+    if r.at != body.len() {
+        return Err(CheckpointError::Body(DecodeError::Trailing(
+            body.len() - r.at,
+        )));
+    }
+    let state = Snapshot {
+        root,
+        pos: last,
+        csn,
+        db: settings.db_id,
+    };
+    if state.digest() != digest {
+        return Err(CheckpointError::Digest);
+    }
+    Ok(Loaded {
+        settings,
+        state,
+        nodes: count,
+    })
+}
+
+/// A subtree on the loader's stack with its key bounds.
+struct Built {
+    node: Arc<Node>,
+    min: Bytes,
+    max: Bytes,
+}
+
+fn build_tree(r: &mut Reader<'_>, count: u64, csn: Vn) -> Result<Link, CheckpointError> {
+    let bad = |why| CheckpointError::Body(DecodeError::BadTree { why });
+    let ephemeral = Owner::new(OwnerKind::Ephemeral, 0);
+    let mut owners: BTreeMap<LogPos, Arc<Owner>> = BTreeMap::new();
+    let mut stack: Vec<Built> = Vec::new();
+    for _ in 0..count {
+        let tag = r.u8("checkpoint node tag")?;
+        if tag & !(NODE_LEFT | NODE_RIGHT | NODE_LOGGED) != 0 {
+            return Err(bad("unknown node tag bits"));
+        }
+        let klen = r.len("checkpoint key length", MAX_KEY_LEN)?;
+        let key = Bytes::from(r.take(klen, "checkpoint key")?);
+        let vlen = r.len("checkpoint value length", MAX_VALUE_LEN)?;
+        let value = Bytes::from(r.take(vlen, "checkpoint value")?);
+        let vn = r.varint("checkpoint vn")?;
+        let ncv_delta = r.varint("checkpoint content version")?;
+        let nsv = r.varint("checkpoint structure version")?;
+        if vn == 0 || vn > csn || ncv_delta >= vn || nsv > csn {
+            return Err(bad("version numbers out of range"));
+        }
+        let origin = if tag & NODE_LOGGED != 0 {
+            let p = r.varint("checkpoint node origin")?;
+            if p == NO_LOGGED_NODE {
+                return Err(bad("node origin out of range"));
+            }
+            Some(p)
+        } else {
+            None
+        };
+        let right = if tag & NODE_RIGHT != 0 {
+            Some(stack.pop().ok_or_else(|| bad("child missing"))?)
+        } else {
+            None
+        };
+        let left = if tag & NODE_LEFT != 0 {
+            Some(stack.pop().ok_or_else(|| bad("child missing"))?)
+        } else {
+            None
+        };
+        if left.as_ref().is_some_and(|l| l.max[..] >= key[..])
+            || right.as_ref().is_some_and(|r| r.min[..] <= key[..])
+        {
+            return Err(bad("keys out of order"));
+        }
+        let (min, max) = (
+            left.as_ref().map_or_else(|| key.clone(), |l| l.min.clone()),
+            right
+                .as_ref()
+                .map_or_else(|| key.clone(), |r| r.max.clone()),
+        );
+        let l: Link = left.map(|b| b.node);
+        let rr: Link = right.map(|b| b.node);
+        let (hl, hr) = (height(&l), height(&rr));
+        if hl.abs_diff(hr) > 1 {
+            return Err(bad("unbalanced subtree"));
+        }
+        let h = hl.max(hr) + 1;
+        if h > MAX_HEIGHT {
+            return Err(bad("tree too deep"));
+        }
+        let owner = match origin {
+            Some(p) => owners
+                .entry(p)
+                .or_insert_with(|| Owner::new(OwnerKind::Intention(p), 0))
+                .clone(),
+            None => ephemeral.clone(),
+        };
+        let oldest = oldest_from(&l, &rr, origin.unwrap_or(NO_LOGGED_NODE));
+        let node = Node {
+            key: key.clone(),
+            left: l,
+            right: rr,
+            vn_cache: AtomicU64::new(vn),
+            scv: vn - ncv_delta,
+            flags: SUBTREE_ONLY_READ,
+            height: h,
+            seq: 0,
+            ssv: nsv,
+            owner,
+            value,
+            ranges: None,
+            oldest,
+        };
+        stack.push(Built {
+            node: Arc::new(node),
+            min,
+            max,
+        });
+    }
+    match stack.len() {
+        0 if count == 0 => Ok(None),
+        1 => Ok(stack.pop().map(|b| b.node)),
+        _ => Err(bad("more than one root")),
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn varint(&mut self, field: &'static str) -> Result<u64, DecodeError> {
+        let (v, n) = u64::decode_var(&self.b[self.at..]).ok_or(if self.at >= self.b.len() {
+            DecodeError::Truncated { field }
+        } else {
+            DecodeError::BadVarint { field }
+        })?;
+        self.at += n;
+        Ok(v)
+    }
+    fn u8(&mut self, field: &'static str) -> Result<u8, DecodeError> {
+        let v = *self
+            .b
+            .get(self.at)
+            .ok_or(DecodeError::Truncated { field })?;
+        self.at += 1;
+        Ok(v)
+    }
+    fn len(&mut self, field: &'static str, limit: usize) -> Result<usize, DecodeError> {
+        let v = self.varint(field)?;
+        if v > limit as u64 {
+            return Err(DecodeError::Limit {
+                field,
+                value: v,
+                limit: limit as u64,
+            });
+        }
+        Ok(v as usize)
+    }
+    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], DecodeError> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|e| *e <= self.b.len())
+            .ok_or(DecodeError::Truncated { field })?;
+        let s = &self.b[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+}
+
+/// Counts the nodes reachable from `state` that are ephemeral (exist only
+/// in memory, rebuilt by replaying the log) and newer than `since` (a
+/// CSN, typically the last checkpoint's): the state a crash would have to
+/// recompute. Skips every subtree whose root is no newer than `since`,
+/// so the walk is proportional to what changed.
+pub fn unpersisted_nodes(state: &Snapshot, since: Vn) -> u64 {
+    fn walk(t: &Link, since: Vn) -> u64 {
+        let Some(n) = t else { return 0 };
+        // A parent is created after its children (nodes are immutable),
+        // so no node below one at or before `since` is newer.
+        if n.vn() <= since {
+            return 0;
+        }
+        let own = u64::from(n.owner.kind == OwnerKind::Ephemeral && n.vn() > since);
+        own + walk(&n.left, since) + walk(&n.right, since)
+    }
+    walk(&state.root, since)
+}
