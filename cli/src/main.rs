@@ -97,6 +97,12 @@ enum Cmd {
         first_id: u64,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Checkpoint every this many log bytes (small: kills land in them).
+        #[arg(long, default_value_t = melddb_runtime::DEFAULT_CHECKPOINT_BYTES)]
+        checkpoint_bytes: u64,
+        /// Segment file size (small: trimming deletes files).
+        #[arg(long, default_value_t = 64 << 20)]
+        segment_bytes: u64,
     },
 }
 
@@ -238,9 +244,18 @@ fn run(args: Args) -> Result<ExitCode, String> {
             accounts,
             first_id,
             seed,
+            checkpoint_bytes,
+            segment_bytes,
         } => {
             drop(db);
-            crash_child(&args.dir, accounts, first_id, seed)?;
+            let opts = DbOptions {
+                durability: Durability::Sync,
+                max_attempts: 1000,
+                checkpoint_bytes,
+                segment_bytes,
+                ..DbOptions::default()
+            };
+            crash_child(&args.dir, opts, accounts, first_id, seed)?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -402,21 +417,12 @@ fn bench(
 /// threads; each transfer also writes a marker `x/ID`. Runs until killed.
 fn crash_child(
     dir: &std::path::Path,
+    opts: DbOptions,
     accounts: u64,
     first_id: u64,
     seed: u64,
 ) -> Result<(), String> {
-    let db = std::sync::Arc::new(
-        Database::open_with(
-            dir,
-            DbOptions {
-                durability: Durability::Sync,
-                max_attempts: 1000,
-                ..DbOptions::default()
-            },
-        )
-        .map_err(|e| e.to_string())?,
-    );
+    let db = std::sync::Arc::new(Database::open_with(dir, opts).map_err(|e| e.to_string())?);
     let key = |i: u64| format!("acct/{i:04}").into_bytes();
     if db.get(&key(0)).is_none() {
         db.transact(Isolation::Serializable, |tx| {
@@ -428,6 +434,25 @@ fn crash_child(
         .map_err(|e| e.to_string())?;
     }
     println!("ready");
+    {
+        // Tell the test when checkpoints happen, so it can count kills
+        // that land near them.
+        let db = db.clone();
+        std::thread::spawn(move || {
+            let mut seen = db.log_stats().checkpoints_written;
+            loop {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                let st = db.log_stats();
+                if st.checkpoints_written != seen {
+                    seen = st.checkpoints_written;
+                    let pos = st.last_checkpoint.map_or(0, |c| c.pos);
+                    let mut out = std::io::stdout().lock();
+                    let _ = writeln!(out, "checkpoint {pos}");
+                    let _ = out.flush();
+                }
+            }
+        });
+    }
     let threads: Vec<_> = (0..2u64)
         .map(|t| {
             let db = db.clone();

@@ -123,6 +123,28 @@ pub fn parse_part(bytes: &[u8]) -> Result<(PartHeader, &[u8]), DecodeError> {
     ))
 }
 
+/// The database settings recorded at the start of a checkpoint's first
+/// part (a log trimmed up to a checkpoint no longer has its genesis record).
+pub fn peek_settings(first_part: &[u8]) -> Result<Settings, DecodeError> {
+    let (h, chunk) = parse_part(first_part)?;
+    if h.index != 0 {
+        return Err(DecodeError::Invalid {
+            field: "checkpoint part index",
+            why: "settings are in the first part",
+        });
+    }
+    let mut r = Reader { b: chunk, at: 0 };
+    let glen = r.len("checkpoint settings", 64)?;
+    let settings = Settings::decode(r.take(glen, "checkpoint settings")?)?;
+    if settings.db_id != h.db_id {
+        return Err(DecodeError::Invalid {
+            field: "checkpoint settings",
+            why: "db_id differs from the part's db_id",
+        });
+    }
+    Ok(settings)
+}
+
 /// What one log entry means for checkpoints.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TrackEvent {

@@ -15,6 +15,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use melddb::checkpoint;
 use melddb::pipeline::trial_meld;
 use melddb::{
     AbortReason, Bytes, Isolation, Log, LogPos, MeldState, Melder, Outcome, Settings, Snapshot,
@@ -24,6 +25,9 @@ use melddb::{
 use rand::Rng;
 
 use crate::filelog::{FileLog, FileLogError, OpenReport};
+
+/// Default of [`Options::checkpoint_bytes`]: 64 MiB of log between checkpoints.
+pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
 
 /// When a commit is acknowledged relative to the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +62,20 @@ pub struct Options {
     /// default: it costs one meld per commit on the client thread and only
     /// pays off under contention (measured in docs/benchmarks.md).
     pub trial_meld: bool,
+    /// Write a checkpoint (melddb::checkpoint) once this many bytes were
+    /// appended since the last one — and at least twice the last
+    /// checkpoint's size, so a large database does not spend its log on
+    /// checkpoints. Recovery starts from the latest checkpoint, so this
+    /// bounds the log replayed on open. `0` turns automatic checkpoints
+    /// off ([`Database::checkpoint`] still works). Needs premeld and group
+    /// meld off; otherwise no checkpoint is written.
+    pub checkpoint_bytes: u64,
+    /// Largest chunk of a checkpoint in one log record (at least 4 KiB).
+    pub checkpoint_part_bytes: usize,
+    /// Garbage collection: after a checkpoint, delete the log segments
+    /// that hold only entries before the *previous* checkpoint (two are
+    /// kept, so one damaged checkpoint still leaves a way to recover).
+    pub trim_log: bool,
 }
 
 impl Default for Options {
@@ -70,6 +88,9 @@ impl Default for Options {
             segment_bytes: crate::filelog::DEFAULT_SEGMENT_BYTES,
             max_attempts: 16,
             trial_meld: false,
+            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
+            checkpoint_part_bytes: checkpoint::DEFAULT_PART_BYTES,
+            trim_log: true,
         }
     }
 }
@@ -102,6 +123,18 @@ pub enum DbError {
         /// Why the last one aborted.
         last: AbortReason,
     },
+    /// No state to recover from: every checkpoint still in the log is
+    /// damaged and the log before them was trimmed.
+    #[error("{path}: cannot recover: {why}")]
+    Unrecoverable {
+        /// The directory.
+        path: PathBuf,
+        /// What was tried and failed.
+        why: String,
+    },
+    /// A checkpoint could not be written.
+    #[error("checkpoint failed: {0}")]
+    Checkpoint(String),
     /// The writer thread stopped (after an I/O error it reported, or at
     /// shutdown); reopen the database.
     #[error("the database writer stopped: {0}")]
@@ -126,6 +159,48 @@ struct Shared {
     latest: RwLock<MeldState>,
     settings: Settings,
     dir: PathBuf,
+    log: std::sync::Mutex<LogStats>,
+}
+
+/// A checkpoint that was written (or recovered from).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    /// Position of its first part.
+    pub first: LogPos,
+    /// Position of its last part: the state it holds is the state there.
+    pub pos: LogPos,
+    /// CSN of that state.
+    pub csn: melddb::Vn,
+    /// Tree nodes it holds.
+    pub nodes: u64,
+    /// Bytes of its records.
+    pub bytes: u64,
+    /// Ephemeral nodes created since the previous checkpoint that were
+    /// still reachable when it was written: state that existed only in
+    /// memory (a crash would have recomputed it by replay) and that this
+    /// checkpoint persisted — the job of the paper's flush intentions.
+    pub flushed_ephemeral: u64,
+    /// Time to encode, append, sync and trim (0 for a recovered one).
+    pub micros: u64,
+}
+
+/// The log as the writer last saw it (see [`Database::stats`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// First position still in the log (earlier ones were trimmed).
+    pub first: LogPos,
+    /// Next position to be written.
+    pub tail: LogPos,
+    /// Bytes in the segment files.
+    pub bytes: u64,
+    /// The latest checkpoint, if any.
+    pub last_checkpoint: Option<CheckpointInfo>,
+    /// Checkpoints written by this process.
+    pub checkpoints_written: u64,
+    /// Times the log was trimmed by this process.
+    pub trims: u64,
+    /// Why automatic checkpoints stopped, if they did.
+    pub checkpoint_error: Option<String>,
 }
 
 /// What opening the database found.
@@ -137,6 +212,14 @@ pub struct Recovery {
     pub torn_bytes: u64,
     /// Time spent verifying and replaying the log.
     pub elapsed: Duration,
+    /// Position of the checkpoint recovery started from (`None`: from
+    /// the genesis record).
+    pub checkpoint: Option<LogPos>,
+    /// Entries melded after the starting point.
+    pub replayed: u64,
+    /// Checkpoints that were found damaged and skipped (each with why);
+    /// recovery then used an older one or the genesis record.
+    pub skipped_checkpoints: Vec<String>,
 }
 
 /// An embedded MeldDB database in a directory. Cheap to share: wrap it in
@@ -193,6 +276,14 @@ impl Database {
                 "max_in_flight and max_batch must be at least 1".into(),
             ));
         }
+        if opts.checkpoint_part_bytes < 4096
+            || opts.checkpoint_part_bytes > checkpoint::MAX_PART_BYTES
+        {
+            return Err(DbError::Options(format!(
+                "checkpoint_part_bytes must be between 4096 and {}",
+                checkpoint::MAX_PART_BYTES
+            )));
+        }
         let started = Instant::now();
         let (mut log, report): (FileLog, OpenReport) =
             FileLog::open_with(&dir, opts.segment_bytes)?;
@@ -208,14 +299,26 @@ impl Database {
                 .map_err(|e| not_db(e.to_string()))?;
             log.sync()?;
         }
-        let genesis = log.read(0).map_err(|e| not_db(e.to_string()))?;
-        let mut melder = Melder::from_genesis(&genesis).map_err(|e| not_db(e.to_string()))?;
+        let start = recover(&log, &dir)?;
+        let mut melder = start.melder;
         melder.set_deferred_reclaim(false);
-        log.replay(1, |_, e| {
+        let (mut replayed, mut replayed_bytes) = (0u64, 0u64);
+        log.replay(melder.next_pos(), |_, e| {
             melder.apply(e);
+            replayed += 1;
+            replayed_bytes += e.len() as u64;
         })?;
         close_pair(&mut log, &mut melder)?;
         log.sync()?;
+        let log_stats = LogStats {
+            first: log.first(),
+            tail: log.tail(),
+            bytes: log.bytes(),
+            last_checkpoint: start.checkpoint.clone(),
+            checkpoints_written: 0,
+            trims: 0,
+            checkpoint_error: None,
+        };
         let shared = Arc::new(Shared {
             latest: RwLock::new(
                 melder
@@ -225,7 +328,18 @@ impl Database {
             ),
             settings: *melder.settings(),
             dir: dir.clone(),
+            log: std::sync::Mutex::new(log_stats),
         });
+        let plan = CheckpointPlan {
+            every: opts.checkpoint_bytes,
+            part_bytes: opts.checkpoint_part_bytes,
+            trim: opts.trim_log,
+            last: start.checkpoint.clone(),
+            previous_first: start.previous_first,
+            // The log since the last checkpoint counts, not just this
+            // process's share of it.
+            appended: replayed_bytes,
+        };
         let (tx, rx) = sync_channel::<Msg>(opts.max_in_flight);
         let w_shared = shared.clone();
         let durability = opts.durability;
@@ -233,7 +347,20 @@ impl Database {
         let to_writer = tx.clone();
         let writer = thread::Builder::new()
             .name("melddb-writer".into())
-            .spawn(move || writer_loop(log, melder, rx, to_writer, w_shared, durability, max_batch))
+            .spawn(move || {
+                writer_loop(
+                    log,
+                    melder,
+                    rx,
+                    to_writer,
+                    w_shared,
+                    WriterSetup {
+                        durability,
+                        max_batch,
+                        plan,
+                    },
+                )
+            })
             .map_err(|e| DbError::Stopped(format!("cannot start the writer thread: {e}")))?;
         Ok(Database {
             shared,
@@ -245,6 +372,9 @@ impl Database {
                 records: report.records,
                 torn_bytes: report.torn_bytes,
                 elapsed: started.elapsed(),
+                checkpoint: start.checkpoint.map(|c| c.pos),
+                replayed,
+                skipped_checkpoints: start.skipped,
             },
         })
     }
@@ -352,6 +482,43 @@ impl Database {
         })
     }
 
+    /// Writes a checkpoint of the latest state now (after every commit
+    /// queued before this call) and waits until it is durable. Recovery
+    /// then starts from it, and with [`Options::trim_log`] the log below
+    /// the previous checkpoint is deleted.
+    pub fn checkpoint(&self) -> Result<CheckpointInfo, DbError> {
+        let (reply, rx) = sync_channel(1);
+        let q = self
+            .queue
+            .as_ref()
+            .ok_or_else(|| DbError::Stopped("database is closed".into()))?;
+        q.send(Msg::Checkpoint(reply))
+            .map_err(|_| DbError::Stopped("the writer thread has stopped".into()))?;
+        match rx.recv() {
+            Ok(Ok(info)) => Ok(info),
+            Ok(Err(e)) => Err(DbError::Checkpoint(e)),
+            Err(_) => Err(DbError::Stopped("writer exited before answering".into())),
+        }
+    }
+
+    /// The log's extent, the latest checkpoint and garbage collection
+    /// counters, as of the writer's last step.
+    pub fn log_stats(&self) -> LogStats {
+        self.shared
+            .log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Reachable ephemeral nodes of the latest state created since the
+    /// latest checkpoint: the state only memory holds (a crash recomputes
+    /// it by replaying the log after the checkpoint). Checkpoints bound it.
+    pub fn unpersisted_nodes(&self) -> u64 {
+        let since = self.log_stats().last_checkpoint.map_or(0, |c| c.csn);
+        checkpoint::unpersisted_nodes(&self.snapshot(), since)
+    }
+
     /// Stops the writer after it answered every queued commit.
     pub fn close(mut self) -> Result<(), DbError> {
         self.shutdown()
@@ -376,6 +543,116 @@ impl Drop for Database {
     }
 }
 
+/// Where recovery starts: a melder at the latest usable checkpoint (or at
+/// the genesis record), and what it found on the way.
+struct Start {
+    melder: Melder,
+    checkpoint: Option<CheckpointInfo>,
+    /// First part of the checkpoint used: the next one trims below it.
+    previous_first: Option<LogPos>,
+    skipped: Vec<String>,
+}
+
+/// Finds the complete checkpoints in the log (from the records' bytes,
+/// as every melder does), loads the latest one that verifies, and falls
+/// back to older ones, then to the genesis record if the log still has it.
+fn recover(log: &FileLog, dir: &Path) -> Result<Start, DbError> {
+    let not_db = |why: String| DbError::NotADatabase {
+        path: dir.to_path_buf(),
+        why,
+    };
+    let first = log.first();
+    let head = log.read(first).map_err(|e| not_db(e.to_string()))?;
+    let settings = if first == 0 {
+        Settings::decode(&head).map_err(|e| not_db(e.to_string()))?
+    } else {
+        checkpoint::peek_settings(&head).map_err(|e| {
+            not_db(format!(
+                "the log was trimmed to {first}, which is not the start of a checkpoint: {e}"
+            ))
+        })?
+    };
+    let mut tracker = checkpoint::Tracker::default();
+    let mut complete: Vec<(LogPos, LogPos)> = Vec::new();
+    log.replay(first.max(1), |pos, e| {
+        if let checkpoint::TrackEvent::Complete { first } = tracker.feed(&settings, pos, e) {
+            complete.push((first, pos));
+        }
+    })?;
+    let mut skipped = Vec::new();
+    for &(f, l) in complete.iter().rev() {
+        let parts: Result<Vec<_>, _> = (f..=l).map(|p| log.read(p)).collect();
+        let loaded = parts
+            .map_err(|e| e.to_string())
+            .and_then(|parts| {
+                let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+                let bytes = refs.iter().map(|p| p.len() as u64).sum::<u64>();
+                checkpoint::load(&refs, l)
+                    .map(|c| (c, bytes))
+                    .map_err(|e| e.to_string())
+            })
+            .and_then(|(c, bytes)| {
+                if c.settings == settings {
+                    Ok((c, bytes))
+                } else {
+                    Err("its settings differ from the database's".into())
+                }
+            });
+        match loaded {
+            Ok((c, bytes)) => {
+                let info = CheckpointInfo {
+                    first: f,
+                    pos: l,
+                    csn: c.state.csn(),
+                    nodes: c.nodes,
+                    bytes,
+                    flushed_ephemeral: 0,
+                    micros: 0,
+                };
+                return Ok(Start {
+                    melder: Melder::from_checkpoint(c),
+                    checkpoint: Some(info),
+                    // The next checkpoint trims below this one.
+                    previous_first: Some(f),
+                    skipped,
+                });
+            }
+            Err(why) => skipped.push(format!("checkpoint at {l}: {why}")),
+        }
+    }
+    if first > 0 {
+        return Err(DbError::Unrecoverable {
+            path: dir.to_path_buf(),
+            why: format!(
+                "the log starts at {first} (older entries were trimmed) and no checkpoint in it \
+                 verifies: {}",
+                skipped.join("; ")
+            ),
+        });
+    }
+    Ok(Start {
+        melder: Melder::new(settings),
+        checkpoint: None,
+        previous_first: None,
+        skipped,
+    })
+}
+
+/// Whether the database's settings allow checkpoints.
+fn checkpoints_supported(settings: &Settings) -> bool {
+    !settings.premeld() && !settings.group_meld
+}
+
+/// When and how the writer checkpoints.
+struct CheckpointPlan {
+    every: u64,
+    part_bytes: usize,
+    trim: bool,
+    last: Option<CheckpointInfo>,
+    previous_first: Option<LogPos>,
+    appended: u64,
+}
+
 /// With group meld on, an entry that ends the log in the middle of a pair
 /// is decided only with its partner: append an empty filler (rejected as
 /// malformed by every node) so it is decided now.
@@ -393,6 +670,7 @@ fn close_pair(log: &mut FileLog, melder: &mut Melder) -> Result<Vec<Outcome>, Db
 enum Msg {
     Commit(Request),
     Synced(std::io::Result<()>),
+    Checkpoint(SyncSender<Result<CheckpointInfo, String>>),
     Shutdown,
 }
 
@@ -445,6 +723,9 @@ struct Writer {
     unsynced: Vec<(Request, LogPos)>,
     /// Covered by the flush in progress: (tail it covers, requests).
     syncing: Option<(LogPos, Vec<(Request, LogPos)>)>,
+    plan: CheckpointPlan,
+    /// Intention bytes appended since the last checkpoint.
+    appended: u64,
 }
 
 impl Writer {
@@ -464,6 +745,7 @@ impl Writer {
                     self.outcomes.insert(p, o);
                 }
             }
+            self.appended += r.bytes.len() as u64;
             self.unsynced.push((r, pos));
         }
         for o in close_pair(&mut self.log, &mut self.melder)? {
@@ -477,9 +759,12 @@ impl Writer {
     /// Publishes the state up to `upto` (exclusive) and answers `done`.
     fn release(&mut self, upto: LogPos, done: Vec<(Request, LogPos)>) {
         let lcs = self.melder.lcs().pos();
+        // Before a checkpoint's barrier no state is kept; the checkpoint's
+        // own state is durable (it was synced when written).
+        let barrier = self.melder.barrier();
         let Some(state) = self
             .melder
-            .meld_state(upto.saturating_sub(1))
+            .meld_state(upto.saturating_sub(1).max(barrier))
             .or_else(|| self.melder.meld_state(lcs))
             .cloned()
         else {
@@ -532,6 +817,98 @@ impl Writer {
         Ok(())
     }
 
+    fn due_for_checkpoint(&self) -> bool {
+        let last = self.plan.last.as_ref().map_or(0, |c| c.bytes);
+        self.plan.every > 0
+            && self.appended >= self.plan.every.max(2 * last)
+            && checkpoints_supported(self.melder.settings())
+    }
+
+    /// Writes a checkpoint of the latest state, syncs it, and trims the log
+    /// below the previous one.
+    /// `Err(Checkpoint)` leaves the log untouched; `Err(Stopped)` is fatal.
+    fn checkpoint(&mut self) -> Result<CheckpointInfo, DbError> {
+        let settings = *self.melder.settings();
+        if !checkpoints_supported(&settings) {
+            return Err(DbError::Checkpoint(
+                "checkpoints need premeld and group meld off (a database setting)".into(),
+            ));
+        }
+        let started = Instant::now();
+        let first = self.log.tail();
+        let since = self.plan.last.as_ref().map_or(0, |c| c.csn);
+        let flushed = checkpoint::unpersisted_nodes(self.melder.lcs(), since);
+        let nodes = self.melder.lcs().len() as u64;
+        let parts = checkpoint::encode(&settings, self.melder.lcs(), first, self.plan.part_bytes)
+            .map_err(|e| DbError::Checkpoint(e.to_string()))?;
+        let mut bytes = 0;
+        for p in &parts {
+            self.log
+                .append(p)
+                .map_err(|e| DbError::Stopped(e.to_string()))?;
+            bytes += p.len() as u64;
+            if let Some(o) = self.melder.apply(p).into_iter().find(|o| !o.is_committed()) {
+                return Err(DbError::Stopped(format!(
+                    "the melder refused a checkpoint part this process wrote: {o:?}"
+                )));
+            }
+        }
+        let pos = first + parts.len() as u64 - 1;
+        // Commits appended before the checkpoint are durable now too; they
+        // are answered by the usual flush path, in order. Publish the
+        // checkpoint's state at once: transactions begun on older states
+        // would abort at the barrier.
+        self.log.sync()?;
+        if let Some(state) = self.melder.meld_state(pos).cloned() {
+            *self
+                .shared
+                .latest
+                .write()
+                .unwrap_or_else(PoisonError::into_inner) = state;
+        }
+        let mut trimmed = false;
+        if self.plan.trim {
+            if let Some(prev) = self.plan.previous_first {
+                self.log
+                    .trim(prev)
+                    .map_err(|e| DbError::Stopped(format!("trimming the log: {e}")))?;
+                trimmed = true;
+            }
+        }
+        let info = CheckpointInfo {
+            first,
+            pos,
+            csn: self.melder.lcs().csn(),
+            nodes,
+            bytes,
+            flushed_ephemeral: flushed,
+            micros: started.elapsed().as_micros() as u64,
+        };
+        self.plan.previous_first = Some(first);
+        self.plan.last = Some(info.clone());
+        self.appended = 0;
+        let mut st = self
+            .shared
+            .log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        st.last_checkpoint = Some(info.clone());
+        st.checkpoints_written += 1;
+        st.trims += u64::from(trimmed);
+        Ok(info)
+    }
+
+    fn publish_log_stats(&self) {
+        let mut st = self
+            .shared
+            .log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        st.first = self.log.first();
+        st.tail = self.log.tail();
+        st.bytes = self.log.bytes();
+    }
+
     fn fail(&mut self, msg: &str, rx: &Receiver<Msg>) {
         let mut all: Vec<Request> = self.unsynced.drain(..).map(|(r, _)| r).collect();
         if let Some((_, b)) = self.syncing.take() {
@@ -541,11 +918,24 @@ impl Writer {
             let _ = r.reply.send(Err(msg.to_string()));
         }
         while let Ok(m) = rx.try_recv() {
-            if let Msg::Commit(r) = m {
-                let _ = r.reply.send(Err(msg.to_string()));
+            match m {
+                Msg::Commit(r) => {
+                    let _ = r.reply.send(Err(msg.to_string()));
+                }
+                Msg::Checkpoint(reply) => {
+                    let _ = reply.send(Err(msg.to_string()));
+                }
+                _ => {}
             }
         }
     }
+}
+
+/// How the writer thread runs (from [`Options`]).
+struct WriterSetup {
+    durability: Durability,
+    max_batch: usize,
+    plan: CheckpointPlan,
 }
 
 fn writer_loop(
@@ -554,9 +944,13 @@ fn writer_loop(
     rx: Receiver<Msg>,
     report: SyncSender<Msg>,
     shared: Arc<Shared>,
-    durability: Durability,
-    max_batch: usize,
+    setup: WriterSetup,
 ) {
+    let WriterSetup {
+        durability,
+        max_batch,
+        plan,
+    } = setup;
     let syncer = if durability == Durability::Sync {
         Syncer::start(report).ok()
     } else {
@@ -571,6 +965,8 @@ fn writer_loop(
         outcomes: Default::default(),
         unsynced: Vec::new(),
         syncing: None,
+        appended: plan.appended,
+        plan,
     };
     let mut shutting_down = false;
     // Adaptive group commit: clients just answered usually commit again
@@ -595,6 +991,7 @@ fn writer_loop(
             },
         };
         let mut batch = Vec::new();
+        let mut asked: Vec<SyncSender<Result<CheckpointInfo, String>>> = Vec::new();
         let mut next = first;
         while let Some(m) = next.take() {
             match m {
@@ -610,6 +1007,7 @@ fn writer_loop(
                     w.fail(&format!("fdatasync failed: {e}"), &rx);
                     return;
                 }
+                Msg::Checkpoint(reply) => asked.push(reply),
                 Msg::Shutdown => shutting_down = true,
             }
             if batch.len() < max_batch {
@@ -617,6 +1015,32 @@ fn writer_loop(
             }
         }
         let mut step = w.append(batch);
+        if step.is_ok() && (!asked.is_empty() || w.due_for_checkpoint()) {
+            let result = w.checkpoint();
+            for reply in asked {
+                let answer = match &result {
+                    Ok(info) => Ok(info.clone()),
+                    Err(e) => Err(e.to_string()),
+                };
+                let _ = reply.send(answer);
+            }
+            step = match result {
+                Ok(_) => Ok(()),
+                // Nothing was written: keep serving; stop trying
+                // automatically and say why in the stats.
+                Err(DbError::Checkpoint(e)) => {
+                    w.plan.every = 0;
+                    w.shared
+                        .log
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .checkpoint_error = Some(e);
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            };
+        }
+        w.publish_log_stats();
         if step.is_ok() && w.syncing.is_none() && !w.unsynced.is_empty() {
             let now = Instant::now();
             let waited_enough = deadline.is_some_and(|d| now >= d);

@@ -38,7 +38,10 @@
 pub mod embedded;
 pub mod filelog;
 
-pub use embedded::{Database, DbError, Durability, Options as DbOptions};
+pub use embedded::{
+    CheckpointInfo, Database, DbError, Durability, LogStats, Options as DbOptions, Recovery,
+    DEFAULT_CHECKPOINT_BYTES,
+};
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};

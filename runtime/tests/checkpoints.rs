@@ -1,0 +1,258 @@
+//! Checkpoints and log trimming in the embedded database: recovery starts
+//! at the latest checkpoint and reaches the same state, the log below the
+//! previous checkpoint is deleted, a checkpoint that does not verify is
+//! skipped for an older one, and nothing is lost on the way.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::thread;
+
+use melddb::validate::check_tree;
+use melddb::{Isolation, Log, Settings};
+use melddb_runtime::filelog::FileLog;
+use melddb_runtime::{Database, DbError, DbOptions, Durability};
+
+fn account(i: u64) -> Vec<u8> {
+    format!("acct/{i:04}").into_bytes()
+}
+
+fn balance(v: Option<melddb::Bytes>) -> i64 {
+    v.map(|b| String::from_utf8_lossy(&b).parse().unwrap_or(0))
+        .unwrap_or(0)
+}
+
+fn small_checkpoints() -> DbOptions {
+    DbOptions {
+        durability: Durability::Buffered,
+        max_in_flight: 16,
+        max_attempts: 500,
+        segment_bytes: 128 << 10,
+        checkpoint_bytes: 48 << 10,
+        checkpoint_part_bytes: 4096,
+        ..DbOptions::default()
+    }
+}
+
+/// Transfers on 4 threads plus inserts on a fifth; returns the inserted
+/// pairs (the model).
+fn workload(db: &Arc<Database>, accounts: u64, rounds: u64) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    db.transact(Isolation::Serializable, |tx| {
+        for i in 0..accounts {
+            tx.put(&account(i), b"1000")?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    let movers: Vec<_> = (0..4u64)
+        .map(|w| {
+            let db = db.clone();
+            thread::spawn(move || {
+                for j in 0..rounds {
+                    let (a, b) = ((w * 7 + j) % accounts, (w * 3 + j * 5 + 1) % accounts);
+                    if a == b {
+                        continue;
+                    }
+                    db.transact(Isolation::Serializable, |tx| {
+                        let x = balance(tx.get(&account(a))?);
+                        let y = balance(tx.get(&account(b))?);
+                        tx.put(&account(a), (x - 3).to_string().as_bytes())?;
+                        tx.put(&account(b), (y + 3).to_string().as_bytes())?;
+                        Ok(())
+                    })
+                    .unwrap();
+                }
+            })
+        })
+        .collect();
+    let mut model = BTreeMap::new();
+    for i in 0..rounds {
+        let k = format!("item/{:06}", (i * 7919) % 100_000).into_bytes();
+        let v = format!("{i}-").repeat(40).into_bytes();
+        db.transact(Isolation::Serializable, |tx| tx.put(&k, &v))
+            .unwrap();
+        model.insert(k, v);
+    }
+    for m in movers {
+        m.join().unwrap();
+    }
+    model
+}
+
+fn check(db: &Database, accounts: u64, model: &BTreeMap<Vec<u8>, Vec<u8>>) {
+    let s = db.snapshot();
+    check_tree(&s).unwrap();
+    let total: i64 = (0..accounts).map(|i| balance(s.get(&account(i)))).sum();
+    assert_eq!(total, 1000 * accounts as i64, "money was created or lost");
+    let items: BTreeMap<Vec<u8>, Vec<u8>> = s
+        .to_vec()
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(b"item/"))
+        .map(|(k, v)| (k.to_vec(), v.to_vec()))
+        .collect();
+    assert_eq!(&items, model);
+}
+
+#[test]
+fn recovery_starts_at_the_latest_checkpoint_and_the_log_is_trimmed() {
+    let d = tempfile::tempdir().unwrap();
+    let accounts = 16;
+    let db = Arc::new(Database::open_with(d.path(), small_checkpoints()).unwrap());
+    let model = workload(&db, accounts, 400);
+    check(&db, accounts, &model);
+    let stats = db.log_stats();
+    assert!(stats.checkpoints_written >= 3, "{stats:?}");
+    assert!(stats.trims >= 1 && stats.first > 0, "{stats:?}");
+    let last = stats.last_checkpoint.clone().unwrap();
+    let digest = db.snapshot().digest();
+    let tail = db.log_stats().tail;
+    drop(db);
+    // The genesis record and old segments are gone from the directory.
+    let segments = std::fs::read_dir(d.path())
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".seg"))
+        })
+        .count();
+    assert!(segments < 6, "{segments} segments left after trimming");
+
+    let db = Database::open_with(d.path(), small_checkpoints()).unwrap();
+    let r = db.recovery().clone();
+    assert_eq!(r.checkpoint, Some(last.pos), "{r:?}");
+    assert_eq!(r.replayed, tail - last.pos - 1);
+    assert!(r.skipped_checkpoints.is_empty());
+    assert_eq!(
+        db.snapshot().digest(),
+        digest,
+        "same state as before closing"
+    );
+    check(&db, accounts, &model);
+    // And it keeps working: commit, reopen again.
+    db.transact(Isolation::Serializable, |tx| tx.put(b"after", b"reopen"))
+        .unwrap();
+    let digest = db.snapshot().digest();
+    drop(db);
+    let db = Database::open_with(d.path(), small_checkpoints()).unwrap();
+    assert_eq!(db.snapshot().digest(), digest);
+}
+
+#[test]
+fn an_explicit_checkpoint_makes_recovery_replay_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = DbOptions {
+        checkpoint_bytes: 0,
+        ..DbOptions::default()
+    };
+    let db = Arc::new(Database::open_with(d.path(), opts.clone()).unwrap());
+    let model = workload(&db, 8, 120);
+    assert_eq!(
+        db.log_stats().checkpoints_written,
+        0,
+        "automatic ones are off"
+    );
+    let before = db.unpersisted_nodes();
+    let info = db.checkpoint().unwrap();
+    assert_eq!(info.flushed_ephemeral, before);
+    assert_eq!(db.unpersisted_nodes(), 0, "the checkpoint persisted them");
+    assert_eq!(info.nodes, db.snapshot().len() as u64);
+    let digest = db.snapshot().digest();
+    drop(db);
+    let db = Database::open_with(d.path(), opts).unwrap();
+    assert_eq!(db.recovery().checkpoint, Some(info.pos));
+    assert_eq!(db.recovery().replayed, 0);
+    assert_eq!(db.snapshot().digest(), digest);
+    check(&db, 8, &model);
+}
+
+#[test]
+fn concurrent_commits_create_unpersisted_state_that_a_checkpoint_flushes() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = DbOptions {
+        checkpoint_bytes: 0,
+        durability: Durability::Buffered,
+        ..DbOptions::default()
+    };
+    let db = Arc::new(Database::open_with(d.path(), opts).unwrap());
+    let runner = {
+        let db = db.clone();
+        thread::spawn(move || workload(&db, 16, 300))
+    };
+    // Five threads commit on snapshots that are often behind: meld merges
+    // their intentions, creating ephemeral nodes along the way.
+    let mut most = 0;
+    while !runner.is_finished() {
+        most = most.max(db.unpersisted_nodes());
+        thread::sleep(std::time::Duration::from_micros(300));
+    }
+    runner.join().unwrap();
+    assert!(most > 0, "no ephemeral node was ever reachable");
+    db.checkpoint().unwrap();
+    assert_eq!(db.unpersisted_nodes(), 0);
+}
+
+#[test]
+fn a_checkpoint_that_does_not_verify_is_skipped_for_the_previous_one() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = DbOptions {
+        checkpoint_bytes: 0,
+        ..DbOptions::default()
+    };
+    let db = Arc::new(Database::open_with(d.path(), opts.clone()).unwrap());
+    let model = workload(&db, 8, 60);
+    let good = db.checkpoint().unwrap();
+    let settings = db.settings();
+    let snap = db.snapshot();
+    let contents = snap.to_vec();
+    drop(db);
+    // A well-framed checkpoint whose content lies (a value changed and the
+    // part re-sealed): the log's CRCs hold, the digest does not.
+    {
+        let (mut log, _) = FileLog::open(d.path()).unwrap();
+        let first = log.tail();
+        let mut parts = melddb::checkpoint::encode(&settings, &snap, first, 1 << 20).unwrap();
+        let p = &mut parts[0];
+        let at = p.len() / 2;
+        p[at] ^= 0x01;
+        let n = p.len() - 4;
+        let crc = crc32fast::hash(&p[..n]);
+        p[n..].copy_from_slice(&crc.to_le_bytes());
+        for p in &parts {
+            log.append(p).unwrap();
+        }
+        log.sync().unwrap();
+    }
+    let db = Database::open_with(d.path(), opts).unwrap();
+    let r = db.recovery().clone();
+    assert_eq!(r.checkpoint, Some(good.pos), "{r:?}");
+    assert_eq!(r.skipped_checkpoints.len(), 1, "{r:?}");
+    assert_eq!(db.snapshot().to_vec(), contents);
+    check(&db, 8, &model);
+}
+
+#[test]
+fn premeld_databases_refuse_checkpoints_and_keep_working() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = DbOptions {
+        settings: Settings {
+            premeld_threads: 1,
+            premeld_distance: 2,
+            ..Settings::default()
+        },
+        checkpoint_bytes: 1024,
+        ..DbOptions::default()
+    };
+    let db = Database::open_with(d.path(), opts.clone()).unwrap();
+    for i in 0..50u32 {
+        db.transact(Isolation::Serializable, |tx| {
+            tx.put(&i.to_be_bytes(), &[7u8; 100])
+        })
+        .unwrap();
+    }
+    assert!(matches!(db.checkpoint(), Err(DbError::Checkpoint(_))));
+    assert_eq!(db.log_stats().checkpoints_written, 0);
+    let digest = db.snapshot().digest();
+    drop(db);
+    let db = Database::open_with(d.path(), opts).unwrap();
+    assert_eq!(db.snapshot().digest(), digest);
+    assert_eq!(db.recovery().checkpoint, None);
+}
