@@ -66,6 +66,19 @@ fn commands_round_trip_and_report_for_tools() {
     let b: serde_json::Value = serde_json::from_str(&bench).unwrap();
     assert!(b["committed"].as_u64().unwrap() > 0, "{b}");
     assert_eq!(melddb(&dir, &["bench", "--mix", "nope"]).0, 1);
+    // An explicit checkpoint: the next open starts from it.
+    let (code, cp, _) = melddb(&dir, &["checkpoint", "--json"]);
+    assert_eq!(code, 0);
+    let cp: serde_json::Value = serde_json::from_str(&cp).unwrap();
+    assert!(cp["nodes"].as_u64().unwrap() >= 2, "{cp}");
+    let (_, check, _) = melddb(&dir, &["check", "--json"]);
+    let c: serde_json::Value = serde_json::from_str(&check).unwrap();
+    assert_eq!(c["ok"], true);
+    assert_eq!(c["recovered_from_checkpoint"], cp["position"]);
+    let (_, stats, _) = melddb(&dir, &["stats", "--json"]);
+    let s: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    assert_eq!(s["last_checkpoint"], cp["position"]);
+    assert_eq!(s["replayed_entries"], 0);
     // A damaged segment is reported, not used.
     let seg = std::fs::read_dir(&dir)
         .unwrap()
