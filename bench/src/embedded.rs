@@ -405,36 +405,179 @@ pub fn run_cell(
     })
 }
 
-/// Recovery: a MeldDB directory with about `target_bytes` of log is
-/// reopened; returns (seconds, log bytes).
-pub fn recovery(target_bytes: u64) -> Result<(f64, u64), String> {
+/// One recovery measurement.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RecoveryRun {
+    /// Automatic checkpoint interval used while writing (0: off).
+    pub checkpoint_bytes: u64,
+    /// Record bytes appended while writing (intentions and checkpoints).
+    pub appended_bytes: u64,
+    /// Bytes in the directory when it was reopened (after trimming).
+    pub dir_bytes: u64,
+    /// Time to reopen: verify the segments, load the checkpoint (if
+    /// any) and meld the log after it.
+    pub secs: f64,
+    /// Log entries melded after the starting point.
+    pub replayed: u64,
+    /// Checkpoint recovery started from.
+    pub from_checkpoint: Option<u64>,
+    /// Checkpoints written while writing.
+    pub checkpoints: u64,
+}
+
+/// Recovery: `keys` keys are loaded, then transactions of 1,000 updates
+/// to random keys are committed until `target_bytes` of log were
+/// appended, with automatic checkpoints every `checkpoint_bytes` (0: none)
+/// on segments of `segment_bytes`; then the directory is reopened and timed.
+pub fn recovery(
+    target_bytes: u64,
+    checkpoint_bytes: u64,
+    segment_bytes: u64,
+    keys: u64,
+) -> Result<RecoveryRun, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    {
-        let db = Database::open_with(
-            dir.path(),
-            DbOptions {
-                durability: Durability::Buffered,
-                ..DbOptions::default()
-            },
-        )
-        .map_err(|e| e.to_string())?;
-        let mut i = 0u64;
-        while dir_bytes(dir.path()) < target_bytes {
+    let opts = DbOptions {
+        durability: Durability::Buffered,
+        checkpoint_bytes,
+        segment_bytes,
+        ..DbOptions::default()
+    };
+    let (appended, checkpoints) = {
+        let db = Database::open_with(dir.path(), opts.clone()).map_err(|e| e.to_string())?;
+        let mut i = 0;
+        while i < keys {
+            let end = (i + 10_000).min(keys);
             db.transact(Isolation::SnapshotIsolation, |tx| {
-                for j in 0..1000 {
-                    tx.put(&key(i * 1000 + j), &VALUE)?;
+                for j in i..end {
+                    tx.put(&key(j), &VALUE)?;
                 }
                 Ok(())
             })
             .map_err(|e| e.to_string())?;
-            i += 1;
+            i = end;
         }
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        while db.log_stats().bytes_appended < target_bytes {
+            let mut value = VALUE;
+            value[..8].copy_from_slice(&rng.random::<u64>().to_le_bytes());
+            let ks: Vec<u64> = (0..1000).map(|_| rng.random_range(0..keys)).collect();
+            db.transact(Isolation::SnapshotIsolation, |tx| {
+                for k in &ks {
+                    tx.put(&key(*k), &value)?;
+                }
+                Ok(())
+            })
+            .map_err(|e| e.to_string())?;
+        }
+        let st = db.log_stats();
         db.close().map_err(|e| e.to_string())?;
-    }
-    let bytes = dir_bytes(dir.path());
+        (st.bytes_appended, st.checkpoints_written)
+    };
+    let dir_bytes = dir_bytes(dir.path());
     let t0 = Instant::now();
-    let db = Database::open(dir.path()).map_err(|e| e.to_string())?;
+    let db = Database::open_with(dir.path(), opts).map_err(|e| e.to_string())?;
     let secs = t0.elapsed().as_secs_f64();
+    let r = db.recovery().clone();
     drop(db);
-    Ok((secs, bytes))
+    Ok(RecoveryRun {
+        checkpoint_bytes,
+        appended_bytes: appended,
+        dir_bytes,
+        secs,
+        replayed: r.replayed,
+        from_checkpoint: r.checkpoint,
+        checkpoints,
+    })
+}
+
+/// One sample of a long run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Sample {
+    /// Seconds since the start.
+    pub t: f64,
+    /// Reachable ephemeral nodes created since the last checkpoint.
+    pub unpersisted_nodes: u64,
+    /// Bytes in the log's segment files.
+    pub log_bytes: u64,
+    /// Checkpoints written so far.
+    pub checkpoints: u64,
+    /// Transactions committed so far.
+    pub committed: u64,
+}
+
+/// A long 8r2w run on MeldDB (durable) with automatic checkpoints every
+/// `checkpoint_bytes`, sampled every 100 ms: how much state exists only in
+/// memory (what the paper's flush intentions bound) and how large the log
+/// stays with trimming.
+pub fn long_run(
+    keys: u64,
+    threads: usize,
+    duration: Duration,
+    checkpoint_bytes: u64,
+    seed: u64,
+) -> Result<Vec<Sample>, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let db = Database::open_with(
+        dir.path(),
+        DbOptions {
+            checkpoint_bytes,
+            // Segments small enough for trimming to delete files.
+            segment_bytes: (checkpoint_bytes / 2).clamp(1 << 20, 64 << 20),
+            ..DbOptions::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let mut i = 0;
+    while i < keys {
+        let end = (i + 10_000).min(keys);
+        db.transact(Isolation::SnapshotIsolation, |tx| {
+            for j in i..end {
+                tx.put(&key(j), &VALUE)?;
+            }
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+        i = end;
+    }
+    let client = Arc::new(Meld(db));
+    let stop = Arc::new(AtomicBool::new(false));
+    let committed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (client, stop, committed) = (client.clone(), stop.clone(), committed.clone());
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut rng = ChaCha8Rng::seed_from_u64(seed ^ ((t as u64 + 1) * 0x9876_5431));
+                while !stop.load(Ordering::Relaxed) {
+                    let reads: Vec<[u8; 8]> =
+                        (0..8).map(|_| key(rng.random_range(0..keys))).collect();
+                    let writes: Vec<[u8; 8]> =
+                        (0..2).map(|_| key(rng.random_range(0..keys))).collect();
+                    let mut value = VALUE;
+                    value[..8].copy_from_slice(&rng.random::<u64>().to_le_bytes());
+                    client.txn(&reads, &writes, &value)?;
+                    committed.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    let mut samples = Vec::new();
+    while start.elapsed() < duration {
+        std::thread::sleep(Duration::from_millis(100));
+        let st = client.0.log_stats();
+        samples.push(Sample {
+            t: start.elapsed().as_secs_f64(),
+            unpersisted_nodes: client.0.unpersisted_nodes(),
+            log_bytes: st.bytes,
+            checkpoints: st.checkpoints_written,
+            committed: committed.load(Ordering::Relaxed),
+        });
+    }
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.join()
+            .map_err(|_| "client thread panicked".to_string())??;
+    }
+    Ok(samples)
 }

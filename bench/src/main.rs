@@ -471,7 +471,7 @@ fn pipeline_suite(args: &Args) -> Result<(), String> {
 }
 
 fn embedded_suite(args: &Args) -> Result<(), String> {
-    use melddb_bench::embedded::{recovery, run_cell, Engine, Mix};
+    use melddb_bench::embedded::{long_run, recovery, run_cell, Engine, Mix};
     use std::time::Duration;
     let (keys, secs, threads): (u64, f64, &[usize]) = if args.quick {
         (20_000, 0.6, &[1, 4])
@@ -511,8 +511,40 @@ fn embedded_suite(args: &Args) -> Result<(), String> {
         }
     }
     eprintln!();
-    eprintln!("recovery ...");
-    let (rec_s, rec_bytes) = recovery(if args.quick { 64 << 20 } else { 512 << 20 })?;
+    let (rec_target, rec_keys, rec_every) = if args.quick {
+        (64u64 << 20, 20_000, 8u64 << 20)
+    } else {
+        (512 << 20, 200_000, melddb_runtime::DEFAULT_CHECKPOINT_BYTES)
+    };
+    eprintln!(
+        "recovery: {} MiB of updates without checkpoints ...",
+        rec_target >> 20
+    );
+    // Segments of half a checkpoint interval, in both runs, so trimming
+    // can delete files.
+    let rec_seg = (rec_every / 2).clamp(1 << 20, 64 << 20);
+    let rec_off = recovery(rec_target, 0, rec_seg, rec_keys)?;
+    eprintln!(
+        "recovery: the same with a checkpoint every {} MiB ...",
+        rec_every >> 20
+    );
+    let rec_on = recovery(rec_target, rec_every, rec_seg, rec_keys)?;
+    let (long_secs, long_every) = if args.quick {
+        (3.0, 2u64 << 20)
+    } else {
+        (30.0, 16u64 << 20)
+    };
+    eprintln!(
+        "long run: 8r2w, 4 threads, {long_secs} s, checkpoint every {} MiB ...",
+        long_every >> 20
+    );
+    let samples = long_run(
+        keys,
+        4,
+        Duration::from_secs_f64(long_secs),
+        long_every,
+        args.seed,
+    )?;
     println!(
         "{:<16} {:<10} {:<5} {:>3} {:>10} {:>9} {:>9} {:>12} {:>9}",
         "engine", "durability", "mix", "thr", "tps", "p50 ms", "p99 ms", "bytes/txn", "retries"
@@ -531,12 +563,37 @@ fn embedded_suite(args: &Args) -> Result<(), String> {
             c.retries_per_txn
         );
     }
-    let gib = rec_bytes as f64 / (1u64 << 30) as f64;
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let gib = rec_off.appended_bytes as f64 / (1u64 << 30) as f64;
+    let rec_s = rec_off.secs;
     println!(
-        "recovery: {:.3} s for {:.1} MiB of log = {:.2} s/GiB",
+        "recovery without checkpoints: {:.3} s for {:.1} MiB of log = {:.2} s/GiB ({} entries replayed, directory {:.1} MiB)",
         rec_s,
-        rec_bytes as f64 / (1 << 20) as f64,
-        rec_s / gib
+        mib(rec_off.appended_bytes),
+        rec_s / gib,
+        rec_off.replayed,
+        mib(rec_off.dir_bytes)
+    );
+    println!(
+        "recovery with checkpoints:    {:.3} s after {:.1} MiB of log ({} checkpoints; started at {:?}, {} entries replayed, directory {:.1} MiB) = {:.1}x faster",
+        rec_on.secs,
+        mib(rec_on.appended_bytes),
+        rec_on.checkpoints,
+        rec_on.from_checkpoint,
+        rec_on.replayed,
+        mib(rec_on.dir_bytes),
+        rec_off.secs / rec_on.secs.max(1e-9)
+    );
+    let unpersisted: Vec<u64> = samples.iter().map(|x| x.unpersisted_nodes).collect();
+    let un_max = unpersisted.iter().copied().max().unwrap_or(0);
+    let un_mean = unpersisted.iter().sum::<u64>() as f64 / unpersisted.len().max(1) as f64;
+    let last = samples.last();
+    let long_ckpts = last.map_or(0, |x| x.checkpoints);
+    let long_tps = last.map_or(0.0, |x| x.committed as f64 / x.t.max(1e-9));
+    let log_max = samples.iter().map(|x| x.log_bytes).max().unwrap_or(0);
+    println!(
+        "long run: {long_tps:.0} tps, {long_ckpts} checkpoints; unpersisted (ephemeral, in memory only) nodes: max {un_max}, mean {un_mean:.0}; log on disk at most {:.1} MiB",
+        mib(log_max)
     );
     let mut metrics = serde_json::Map::new();
     for c in &cells {
@@ -551,6 +608,23 @@ fn embedded_suite(args: &Args) -> Result<(), String> {
         "recovery_s_per_gib".into(),
         serde_json::json!(round2(rec_s / gib)),
     );
+    for (k, v) in [
+        ("recovery_s_no_checkpoints", rec_off.secs),
+        ("recovery_s_with_checkpoints", rec_on.secs),
+        (
+            "recovery_speedup_checkpoints",
+            rec_off.secs / rec_on.secs.max(1e-9),
+        ),
+        ("log_dir_mib_no_checkpoints", mib(rec_off.dir_bytes)),
+        ("log_dir_mib_with_checkpoints", mib(rec_on.dir_bytes)),
+        ("long_run_tps", long_tps),
+        ("long_run_checkpoints", long_ckpts as f64),
+        ("long_run_unpersisted_nodes_max", un_max as f64),
+        ("long_run_unpersisted_nodes_mean", un_mean),
+        ("long_run_log_mib_max", mib(log_max)),
+    ] {
+        metrics.insert(k.into(), serde_json::json!(round2(v)));
+    }
     let get = |k: &str| metrics.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
     let m4 = get("melddb_tps_8r2w_t4");
     let ratio_full = m4 / get("sqlite_full_tps_8r2w_t4").max(1e-9);
@@ -572,6 +646,10 @@ fn embedded_suite(args: &Args) -> Result<(), String> {
         "melddb_buffered_over_sqlite_normal_8r2w_t4".into(),
         serde_json::json!(round2(ratio_normal)),
     );
+    if let Some(dir) = &args.plots {
+        plot::embedded_plots(dir, &cells, &samples)?;
+        eprintln!("plots written to {}", dir.display());
+    }
     if let Some(path) = &args.json {
         let rows: Vec<_> = cells
             .iter()
@@ -589,9 +667,13 @@ fn embedded_suite(args: &Args) -> Result<(), String> {
             "config": {
                 "quick": args.quick, "seed": args.seed, "keys": keys, "seconds_per_cell": secs,
                 "key_bytes": 8, "value_bytes": 100, "isolation": "serializable",
-                "recovery_log_bytes": rec_bytes,
+                "recovery_log_bytes": rec_off.appended_bytes,
+                "recovery_keys": rec_keys,
+                "long_run_seconds": long_secs, "long_run_checkpoint_bytes": long_every,
             },
             "rows": rows,
+            "recovery": [rec_off, rec_on],
+            "long_run": samples,
         });
         write_json(path, &doc)?;
     }

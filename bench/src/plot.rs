@@ -46,6 +46,8 @@ fn line_chart(
         .x_label_formatter(&|v| {
             if log_x {
                 format!("{:.0}", 2f64.powf(*v))
+            } else if xmax - xmin < 20.0 {
+                format!("{v:.1}")
             } else {
                 format!("{v:.0}")
             }
@@ -266,5 +268,62 @@ pub fn log_plots(dir: &Path, r: &melddb_bench::logsvc::Results) -> Result<(), St
         "seconds",
         false,
         &[("recovery".into(), rec)],
+    )
+}
+
+/// Embedded suite: 8r2w throughput per engine against client threads, and
+/// the long run's in-memory-only state and log size over time.
+pub fn embedded_plots(
+    dir: &Path,
+    cells: &[melddb_bench::embedded::Cell],
+    samples: &[melddb_bench::embedded::Sample],
+) -> Result<(), String> {
+    use melddb_bench::embedded::Mix;
+    register_font()?;
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let mut engines: Vec<&'static str> = cells.iter().map(|c| c.engine.name()).collect();
+    engines.dedup();
+    let series: Vec<Series> = engines
+        .iter()
+        .map(|e| {
+            let pts = cells
+                .iter()
+                .filter(|c| c.engine.name() == *e && c.mix == Mix::R8W2)
+                .map(|c| (c.threads as f64, c.tps))
+                .collect();
+            (e.to_string(), pts)
+        })
+        .collect();
+    line_chart(
+        &dir.join("embedded-8r2w-tps.png"),
+        "Embedded: 8-read/2-write serializable transactions/s vs client threads",
+        "client threads",
+        "committed tps",
+        true,
+        &series,
+    )?;
+    let un: Vec<(f64, f64)> = samples
+        .iter()
+        .map(|x| (x.t, x.unpersisted_nodes as f64))
+        .collect();
+    let log: Vec<(f64, f64)> = samples
+        .iter()
+        .map(|x| (x.t, x.log_bytes as f64 / 1024.0))
+        .collect();
+    line_chart(
+        &dir.join("embedded-unpersisted.png"),
+        "Embedded long run: reachable ephemeral nodes not yet in a checkpoint",
+        "seconds",
+        "nodes",
+        false,
+        &[("unpersisted ephemeral nodes".into(), un)],
+    )?;
+    line_chart(
+        &dir.join("embedded-log-size.png"),
+        "Embedded long run: log on disk with checkpoints and trimming",
+        "seconds",
+        "KiB",
+        false,
+        &[("log segment bytes (KiB)".into(), log)],
     )
 }

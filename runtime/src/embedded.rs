@@ -201,6 +201,8 @@ pub struct LogStats {
     pub trims: u64,
     /// Why automatic checkpoints stopped, if they did.
     pub checkpoint_error: Option<String>,
+    /// Record bytes appended by this process (intentions and checkpoints).
+    pub bytes_appended: u64,
 }
 
 /// What opening the database found.
@@ -318,6 +320,7 @@ impl Database {
             checkpoints_written: 0,
             trims: 0,
             checkpoint_error: None,
+            bytes_appended: 0,
         };
         let shared = Arc::new(Shared {
             latest: RwLock::new(
@@ -726,6 +729,8 @@ struct Writer {
     plan: CheckpointPlan,
     /// Intention bytes appended since the last checkpoint.
     appended: u64,
+    /// Record bytes appended by this process.
+    appended_total: u64,
 }
 
 impl Writer {
@@ -746,6 +751,7 @@ impl Writer {
                 }
             }
             self.appended += r.bytes.len() as u64;
+            self.appended_total += r.bytes.len() as u64;
             self.unsynced.push((r, pos));
         }
         for o in close_pair(&mut self.log, &mut self.melder)? {
@@ -847,6 +853,7 @@ impl Writer {
                 .append(p)
                 .map_err(|e| DbError::Stopped(e.to_string()))?;
             bytes += p.len() as u64;
+            self.appended_total += p.len() as u64;
             if let Some(o) = self.melder.apply(p).into_iter().find(|o| !o.is_committed()) {
                 return Err(DbError::Stopped(format!(
                     "the melder refused a checkpoint part this process wrote: {o:?}"
@@ -907,6 +914,7 @@ impl Writer {
         st.first = self.log.first();
         st.tail = self.log.tail();
         st.bytes = self.log.bytes();
+        st.bytes_appended = self.appended_total;
     }
 
     fn fail(&mut self, msg: &str, rx: &Receiver<Msg>) {
@@ -966,6 +974,7 @@ fn writer_loop(
         unsynced: Vec::new(),
         syncing: None,
         appended: plan.appended,
+        appended_total: 0,
         plan,
     };
     let mut shutting_down = false;
