@@ -216,7 +216,8 @@ fn run(args: Args) -> Result<ExitCode, String> {
                         if ok { "ok" } else { "NOT ok" },
                         r.records,
                         match r.checkpoint {
-                            Some(p) => format!("checkpoint at {p} loaded and verified"),
+                            Some(p) =>
+                                format!("checkpoint of the state at {p} loaded and verified"),
                             None => "replayed from the genesis record".into(),
                         },
                         s.digest_hex()
@@ -230,8 +231,8 @@ fn run(args: Args) -> Result<ExitCode, String> {
         Cmd::Checkpoint { json } => {
             let c = db.checkpoint().map_err(|e| e.to_string())?;
             let v = serde_json::json!({
-                "first_part": c.first,
-                "position": c.pos,
+                "begin": c.first,
+                "last_part": c.pos,
                 "csn": c.csn,
                 "nodes": c.nodes,
                 "bytes": c.bytes,
@@ -243,9 +244,9 @@ fn run(args: Args) -> Result<ExitCode, String> {
                 println!("{v}");
             } else {
                 println!(
-                    "checkpoint at {} ({} parts): {} nodes, {} bytes, {} ephemeral nodes persisted, {:.3} s; log now starts at {}",
+                    "checkpoint of the state at {} (parts up to {}): {} nodes, {} bytes, {} ephemeral nodes persisted, {:.3} s; log now starts at {}",
+                    c.first,
                     c.pos,
-                    c.pos - c.first + 1,
                     c.nodes,
                     c.bytes,
                     c.flushed_ephemeral,
@@ -263,7 +264,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
                 "log_first": log.first,
                 "log_tail": log.tail,
                 "log_bytes": log.bytes,
-                "last_checkpoint": log.last_checkpoint.as_ref().map(|c| c.pos),
+                "last_checkpoint": log.last_checkpoint.as_ref().map(|c| c.first),
                 "last_checkpoint_bytes": log.last_checkpoint.as_ref().map(|c| c.bytes),
                 "recovered_from_checkpoint": r.checkpoint,
                 "replayed_entries": r.replayed,

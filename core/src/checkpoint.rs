@@ -10,18 +10,23 @@
 //! OldestDescendant origin. Recovering from it needs no earlier log entry,
 //! which is what lets garbage collection trim everything before it.
 //!
-//! A checkpoint is `count` consecutive log entries ("parts"), each a chunk
-//! of one encoded body. Whether the entries at `p-count+1 ..= p` form a
-//! complete checkpoint is decided from their bytes alone (the [`Tracker`]),
-//! so every node — one that melded the whole log, one that recovered from
-//! an earlier checkpoint, or a pipelined one — agrees where checkpoints
-//! are. A complete checkpoint at `p` is a *barrier*: the state after `p`
-//! equals the state before its first part (parts change nothing), and no
-//! intention after `p` may use a snapshot older than `p` (a node that
-//! recovered from the checkpoint has no older state to resolve it in). Such
-//! an intention aborts with [`AbortReason::SnapshotUnavailable`] on every
-//! node; tombstones are dropped at the barrier, since every deletion they
-//! remember precedes every snapshot still accepted.
+//! A checkpoint is a *begin* record at position `m` followed, later, by
+//! `count` *parts* carrying the encoded state after `m`. Parts may be
+//! interleaved with ordinary intentions: the writer encodes the state on
+//! another thread while commits go on. Whether records form a complete
+//! checkpoint is decided from their bytes alone (the [`Tracker`]), so every
+//! node — one that melded the whole log, one that recovered from an
+//! earlier checkpoint, or a pipelined one — agrees.
+//!
+//! The begin record is a *barrier*: the state does not change, but every
+//! node drops all states before it and its tombstones, and no intention
+//! after it may use a snapshot older than it (a node that recovers from
+//! this checkpoint starts with the state at `m` and nothing older). Such an
+//! intention aborts with [`AbortReason::SnapshotUnavailable`] on every
+//! node. Tombstones can go because every deletion they remember precedes
+//! every snapshot still accepted. Parts change nothing; a node recovering
+//! from the checkpoint loads the state at `m` and melds every entry after
+//! `m`, parts included (as no-ops), exactly as the running node did.
 //!
 //! Checkpoints are only recognised with premeld and group meld off (their
 //! states at fixed distances would cross barriers); with either on, a
@@ -69,19 +74,46 @@ pub fn applies(settings: &Settings, bytes: &[u8]) -> bool {
     !settings.premeld() && !settings.group_meld && bytes.starts_with(CHECKPOINT_MAGIC)
 }
 
-/// The header of one checkpoint part.
+const KIND_BEGIN: u8 = 0;
+const KIND_PART: u8 = 1;
+
+/// A parsed checkpoint record.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PartHeader {
-    /// Database the checkpoint belongs to.
-    pub db_id: u64,
-    /// 0-based index of this part.
-    pub index: u64,
-    /// Number of parts.
-    pub count: u64,
+pub enum Record<'a> {
+    /// The begin record (the barrier): the checkpoint holds the state here.
+    Begin {
+        /// Database the checkpoint belongs to.
+        db_id: u64,
+    },
+    /// One part of the encoded state.
+    Part {
+        /// Database the checkpoint belongs to.
+        db_id: u64,
+        /// Log position of the checkpoint's begin record.
+        begin: LogPos,
+        /// 0-based index of this part.
+        index: u64,
+        /// Number of parts.
+        count: u64,
+        /// This part's slice of the body.
+        chunk: &'a [u8],
+    },
 }
 
-/// Parses one part: its header and its chunk of the body.
-pub fn parse_part(bytes: &[u8]) -> Result<(PartHeader, &[u8]), DecodeError> {
+/// Encodes the begin record of a checkpoint.
+pub fn begin_record(db_id: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(24);
+    out.extend_from_slice(CHECKPOINT_MAGIC);
+    out.push(CHECKPOINT_VERSION);
+    out.push(KIND_BEGIN);
+    put(&mut out, db_id);
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Parses one checkpoint record (begin or part).
+pub fn parse_record(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
     if bytes.len() > crate::error::MAX_INTENTION_BYTES {
         return Err(DecodeError::Limit {
             field: "checkpoint part size",
@@ -89,15 +121,29 @@ pub fn parse_part(bytes: &[u8]) -> Result<(PartHeader, &[u8]), DecodeError> {
             limit: crate::error::MAX_INTENTION_BYTES as u64,
         });
     }
-    let body = crate::codec::checked_body(bytes, CHECKPOINT_MAGIC, "checkpoint", 9)?;
+    let body = crate::codec::checked_body(bytes, CHECKPOINT_MAGIC, "checkpoint", 10)?;
     if body[4] != CHECKPOINT_VERSION {
         return Err(DecodeError::UnsupportedVersion {
             found: body[4],
             supported: CHECKPOINT_VERSION,
         });
     }
-    let mut r = Reader { b: body, at: 5 };
+    let kind = body[5];
+    let mut r = Reader { b: body, at: 6 };
     let db_id = r.varint("checkpoint db_id")?;
+    if kind == KIND_BEGIN {
+        if r.at != body.len() {
+            return Err(DecodeError::Trailing(body.len() - r.at));
+        }
+        return Ok(Record::Begin { db_id });
+    }
+    if kind != KIND_PART {
+        return Err(DecodeError::Invalid {
+            field: "checkpoint record kind",
+            why: "neither begin nor part",
+        });
+    }
+    let begin = r.varint("checkpoint begin position")?;
     let index = r.varint("checkpoint part index")?;
     let count = r.varint("checkpoint part count")?;
     if count == 0 || count > MAX_PARTS {
@@ -113,30 +159,36 @@ pub fn parse_part(bytes: &[u8]) -> Result<(PartHeader, &[u8]), DecodeError> {
             why: "not below the part count",
         });
     }
-    Ok((
-        PartHeader {
-            db_id,
-            index,
-            count,
-        },
-        &body[r.at..],
-    ))
+    Ok(Record::Part {
+        db_id,
+        begin,
+        index,
+        count,
+        chunk: &body[r.at..],
+    })
 }
 
 /// The database settings recorded at the start of a checkpoint's first
 /// part (a log trimmed up to a checkpoint no longer has its genesis record).
 pub fn peek_settings(first_part: &[u8]) -> Result<Settings, DecodeError> {
-    let (h, chunk) = parse_part(first_part)?;
-    if h.index != 0 {
-        return Err(DecodeError::Invalid {
-            field: "checkpoint part index",
-            why: "settings are in the first part",
-        });
-    }
+    let (db_id, chunk) = match parse_record(first_part)? {
+        Record::Part {
+            db_id,
+            index: 0,
+            chunk,
+            ..
+        } => (db_id, chunk),
+        _ => {
+            return Err(DecodeError::Invalid {
+                field: "checkpoint part index",
+                why: "settings are in the first part",
+            })
+        }
+    };
     let mut r = Reader { b: chunk, at: 0 };
     let glen = r.len("checkpoint settings", 64)?;
     let settings = Settings::decode(r.take(glen, "checkpoint settings")?)?;
-    if settings.db_id != h.db_id {
+    if settings.db_id != db_id {
         return Err(DecodeError::Invalid {
             field: "checkpoint settings",
             why: "db_id differs from the part's db_id",
@@ -148,77 +200,101 @@ pub fn peek_settings(first_part: &[u8]) -> Result<Settings, DecodeError> {
 /// What one log entry means for checkpoints.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TrackEvent {
-    /// Not a checkpoint part (for this database's settings).
+    /// Not a checkpoint record (for this database's settings).
     NotCheckpoint,
+    /// A begin record: a barrier, and a checkpoint in progress from here.
+    Begin,
     /// A valid part, not the last one.
     Part,
-    /// The last part: the checkpoint whose first part is at `first` is
-    /// complete at this position.
+    /// The last part: the checkpoint begun at `begin` is complete here.
     Complete {
-        /// Position of the first part.
-        first: LogPos,
+        /// Position of its begin record (the state it holds is the one there).
+        begin: LogPos,
     },
-    /// A checkpoint part that is malformed or out of place; the entry
-    /// aborts and any checkpoint in progress is abandoned.
+    /// A checkpoint record that is malformed, of another database, or out
+    /// of place; the entry aborts (a checkpoint in progress is unaffected).
     Invalid(DecodeError),
 }
 
-/// Follows checkpoint parts through the log from their bytes alone (see
+/// Follows checkpoint records through the log from their bytes alone (see
 /// the module docs). Every node feeds it every entry in log order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Tracker {
-    /// `(index expected next, count)` while a checkpoint is in progress.
-    progress: Option<(u64, u64)>,
+    /// `(begin position, next index, part count once known)` while a
+    /// checkpoint is in progress.
+    open: Option<(LogPos, u64, Option<u64>)>,
 }
 
 impl Tracker {
+    /// The tracker of a node that starts from the checkpoint begun at
+    /// `begin`: it expects that checkpoint's parts next, as the node that
+    /// wrote them did.
+    pub fn resuming(begin: LogPos) -> Tracker {
+        Tracker {
+            open: Some((begin, 0, None)),
+        }
+    }
+
     /// Feeds the entry at `pos` and says what it is.
     pub fn feed(&mut self, settings: &Settings, pos: LogPos, bytes: &[u8]) -> TrackEvent {
         if !applies(settings, bytes) {
-            self.progress = None;
             return TrackEvent::NotCheckpoint;
         }
-        let expected = self.progress.take();
-        let (h, _) = match parse_part(bytes) {
-            Ok(p) => p,
+        let rec = match parse_record(bytes) {
+            Ok(r) => r,
             Err(e) => return TrackEvent::Invalid(e),
         };
-        if h.db_id != settings.db_id {
+        let db_id = match rec {
+            Record::Begin { db_id } | Record::Part { db_id, .. } => db_id,
+        };
+        if db_id != settings.db_id {
             return TrackEvent::Invalid(DecodeError::Invalid {
                 field: "checkpoint db_id",
                 why: "belongs to another database",
             });
         }
-        if h.index > 0 && expected != Some((h.index, h.count)) {
-            return TrackEvent::Invalid(DecodeError::Invalid {
-                field: "checkpoint part index",
-                why: "part out of place (its predecessors are not the entries before it)",
-            });
+        match rec {
+            Record::Begin { .. } => {
+                self.open = Some((pos, 0, None));
+                TrackEvent::Begin
+            }
+            Record::Part {
+                begin,
+                index,
+                count,
+                ..
+            } => {
+                let Some((b, next, known)) = self.open else {
+                    return TrackEvent::Invalid(DecodeError::Invalid {
+                        field: "checkpoint part",
+                        why: "no checkpoint in progress",
+                    });
+                };
+                if begin != b || index != next || known.is_some_and(|c| c != count) {
+                    return TrackEvent::Invalid(DecodeError::Invalid {
+                        field: "checkpoint part",
+                        why: "part out of place (not the next part of the checkpoint in progress)",
+                    });
+                }
+                if index + 1 == count {
+                    self.open = None;
+                    return TrackEvent::Complete { begin };
+                }
+                self.open = Some((b, next + 1, Some(count)));
+                TrackEvent::Part
+            }
         }
-        if h.index + 1 == h.count {
-            return TrackEvent::Complete {
-                first: pos - h.index,
-            };
-        }
-        self.progress = Some((h.index + 1, h.count));
-        TrackEvent::Part
-    }
-
-    /// Notes an entry that is not a checkpoint part without its bytes
-    /// (the pipeline's final meld, which sees intentions, not bytes).
-    pub fn not_checkpoint(&mut self) {
-        self.progress = None;
     }
 }
 
-/// Encodes `state` as a checkpoint whose parts will be appended at
-/// `first, first + 1, …`, each carrying at most `part_bytes` of the body.
-/// The state after the last part is `state` at that position; its digest
-/// is recorded so a loader can verify what it rebuilt.
+/// Encodes `state`, the state at the checkpoint's begin record (its
+/// position is `state.pos()`), as parts of at most `part_bytes` of body
+/// each, to be appended after the begin record in order (other entries may
+/// come between them). The state's digest is recorded so a loader can
+/// verify what it rebuilt.
 pub fn encode(
     settings: &Settings,
     state: &Snapshot,
-    first: LogPos,
     part_bytes: usize,
 ) -> Result<Vec<Vec<u8>>, CheckpointError> {
     let part_bytes = part_bytes.clamp(1, MAX_PART_BYTES);
@@ -230,18 +306,12 @@ pub fn encode(
     head.extend_from_slice(&genesis);
     put(&mut head, state.csn);
     put(&mut head, count_nodes);
-    // The body's length does not depend on the digest's value, so the part
-    // count (hence the position the state will have) is known first.
     let len = head.len() + 32 + nodes.len() + 4;
     let count = len.div_ceil(part_bytes) as u64;
     if count > MAX_PARTS {
         return Err(CheckpointError::TooLarge { bytes: len as u64 });
     }
-    let digest = Snapshot {
-        pos: first + count - 1,
-        ..state.clone()
-    }
-    .digest();
+    let digest = state.digest();
     let mut body = head;
     body.reserve_exact(32 + nodes.len() + 4);
     body.extend_from_slice(&digest);
@@ -252,10 +322,10 @@ pub fn encode(
     let crc = crc32fast::hash(&body);
     body.extend_from_slice(&crc.to_le_bytes());
     let chunks: Vec<&[u8]> = body.chunks(part_bytes).collect();
-    Ok(frame(settings.db_id, &chunks))
+    Ok(frame(settings.db_id, state.pos, &chunks))
 }
 
-fn frame(db_id: u64, chunks: &[&[u8]]) -> Vec<Vec<u8>> {
+fn frame(db_id: u64, begin: LogPos, chunks: &[&[u8]]) -> Vec<Vec<u8>> {
     let count = chunks.len() as u64;
     chunks
         .iter()
@@ -264,7 +334,9 @@ fn frame(db_id: u64, chunks: &[&[u8]]) -> Vec<Vec<u8>> {
             let mut out = Vec::with_capacity(chunk.len() + 40);
             out.extend_from_slice(CHECKPOINT_MAGIC);
             out.push(CHECKPOINT_VERSION);
+            out.push(KIND_PART);
             put(&mut out, db_id);
+            put(&mut out, begin);
             put(&mut out, i as u64);
             put(&mut out, count);
             out.extend_from_slice(chunk);
@@ -319,37 +391,57 @@ fn encode_tree(t: &Link, out: &mut Vec<u8>) -> u64 {
 pub struct Loaded {
     /// The database settings recorded in it.
     pub settings: Settings,
-    /// The state after the checkpoint's last part.
+    /// The state at the checkpoint's begin record.
     pub state: Snapshot,
     /// Nodes rebuilt.
     pub nodes: u64,
 }
 
-/// Rebuilds the state of a complete checkpoint from its parts, in order;
-/// `last` is the position of the last part. Verifies every part, the tree
-/// (key order, AVL balance, depth) and the recorded digest. Never panics.
-pub fn load(parts: &[&[u8]], last: LogPos) -> Result<Loaded, CheckpointError> {
+/// Rebuilds the state of a complete checkpoint from its parts, in order.
+/// Verifies every part, that they belong together, the tree (key order,
+/// AVL balance, depth), the body checksum and the recorded digest. Never
+/// panics.
+pub fn load(parts: &[&[u8]]) -> Result<Loaded, CheckpointError> {
     let mut body = Vec::new();
-    let mut db = None;
+    let mut first: Option<(u64, LogPos)> = None;
     for (i, p) in parts.iter().enumerate() {
-        let (h, chunk) = parse_part(p).map_err(|e| CheckpointError::Part {
+        let rec = parse_record(p).map_err(|e| CheckpointError::Part {
             index: i as u64,
             source: e,
         })?;
-        if h.index != i as u64 || h.count != parts.len() as u64 {
+        let Record::Part {
+            db_id,
+            begin,
+            index,
+            count,
+            chunk,
+        } = rec
+        else {
             return Err(CheckpointError::Incomplete {
                 index: i as u64,
-                why: "parts are not the consecutive parts of one checkpoint",
+                why: "a begin record where a part was expected",
+            });
+        };
+        if index != i as u64 || count != parts.len() as u64 {
+            return Err(CheckpointError::Incomplete {
+                index: i as u64,
+                why: "parts are not the parts of one checkpoint, in order",
             });
         }
-        if *db.get_or_insert(h.db_id) != h.db_id {
+        if *first.get_or_insert((db_id, begin)) != (db_id, begin) {
             return Err(CheckpointError::Incomplete {
                 index: i as u64,
-                why: "parts belong to different databases",
+                why: "parts belong to different checkpoints",
             });
         }
         body.extend_from_slice(chunk);
     }
+    let Some((db_id, begin)) = first else {
+        return Err(CheckpointError::Incomplete {
+            index: 0,
+            why: "no parts",
+        });
+    };
     let Some(split) = body.len().checked_sub(4) else {
         return Err(CheckpointError::Body(DecodeError::Truncated {
             field: "checkpoint body",
@@ -363,7 +455,7 @@ pub fn load(parts: &[&[u8]], last: LogPos) -> Result<Loaded, CheckpointError> {
     let mut r = Reader { b: body, at: 0 };
     let glen = r.len("checkpoint settings", 64)?;
     let settings = Settings::decode(r.take(glen, "checkpoint settings")?)?;
-    if Some(settings.db_id) != db {
+    if settings.db_id != db_id {
         return Err(CheckpointError::Body(DecodeError::Invalid {
             field: "checkpoint settings",
             why: "db_id differs from the parts' db_id",
@@ -393,7 +485,7 @@ pub fn load(parts: &[&[u8]], last: LogPos) -> Result<Loaded, CheckpointError> {
     }
     let state = Snapshot {
         root,
-        pos: last,
+        pos: begin,
         csn,
         db: settings.db_id,
     };

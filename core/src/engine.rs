@@ -96,7 +96,7 @@ pub struct Melder {
     deferred: bool,
     /// Where checkpoint parts stand (decided from the log's bytes alone).
     tracker: Tracker,
-    /// Position of the latest complete checkpoint (0: none): no state
+    /// Position of the latest checkpoint begin record (0: none): no state
     /// before it is retained, so no snapshot before it is accepted.
     barrier: LogPos,
 }
@@ -162,11 +162,13 @@ impl Melder {
 
     /// A melder that starts from a loaded checkpoint (see
     /// [`crate::checkpoint::load`]): its state is the checkpoint's, at the
-    /// position of its last part, and the next entry it melds is the one
-    /// after that. It then agrees with a melder that replayed the whole log.
+    /// position of its begin record, and the next entry it melds is the one
+    /// after that (the checkpoint's parts included). It then agrees with a
+    /// melder that melded the whole log.
     pub fn from_checkpoint(loaded: Loaded) -> Melder {
         let mut m = Melder::new(loaded.settings);
         m.barrier = loaded.state.pos;
+        m.tracker = Tracker::resuming(loaded.state.pos);
         m.window = VecDeque::from([Some(MeldState {
             snapshot: loaded.state,
             tombs: Tombstones::default(),
@@ -174,7 +176,7 @@ impl Melder {
         m
     }
 
-    /// Position of the latest complete checkpoint melded (0 if none).
+    /// Position of the latest checkpoint begin record melded (0 if none).
     /// Intentions after it whose snapshot precedes it abort with
     /// [`AbortReason::SnapshotUnavailable`].
     pub fn barrier(&self) -> LogPos {
@@ -313,7 +315,6 @@ impl Melder {
         if checkpoint::applies(&self.settings, bytes) {
             return vec![self.apply_checkpoint(bytes)];
         }
-        self.tracker.not_checkpoint();
         let pos = self.next_pos();
         let mut stats = MeldStats::default();
         if !self.settings.group_meld {
@@ -360,7 +361,6 @@ impl Melder {
         if self.settings.group_meld || checkpoint::applies(&self.settings, bytes) {
             return self.apply(bytes);
         }
-        self.tracker.not_checkpoint();
         let pos = self.next_pos();
         let mut stats = MeldStats::default();
         let decoded = self.prepare(pos, bytes, Some(local), &mut stats);
@@ -415,7 +415,6 @@ impl Melder {
                 return vec![self.apply_checkpoint(bytes)];
             }
         }
-        self.tracker.not_checkpoint();
         match prepared {
             Prepared::Checkpoint(pos, bytes) => {
                 // Only a host that ignores the settings sends these; decode
@@ -508,9 +507,9 @@ impl Melder {
         outcome
     }
 
-    /// Melds a checkpoint part (see [`crate::checkpoint`]): the state does
-    /// not change; the last part of a complete checkpoint drops every older
-    /// state and the tombstones (the barrier).
+    /// Melds a checkpoint record (see [`crate::checkpoint`]): the state
+    /// does not change; a begin record drops every older state and the
+    /// tombstones (the barrier).
     fn apply_checkpoint(&mut self, bytes: &[u8]) -> Outcome {
         let pos = self.lcs().pos + 1;
         let lcs = self.lcs_state().clone();
@@ -537,11 +536,11 @@ impl Melder {
                     reason: AbortReason::Malformed(reason),
                 }
             }
-            TrackEvent::Part => {
+            TrackEvent::Part | TrackEvent::Complete { .. } => {
                 self.push(Some(state(lcs.tombs.clone())), pos);
                 Outcome::Committed { pos, csn }
             }
-            TrackEvent::Complete { .. } => {
+            TrackEvent::Begin => {
                 while let Some(old) = self.window.pop_front() {
                     if let Some(old) = old {
                         self.retire(old.snapshot.root);

@@ -26,6 +26,10 @@ use rand::Rng;
 
 use crate::filelog::{FileLog, FileLogError, OpenReport};
 
+/// Default of [`Options::checkpoint_part_bytes`]: 1 MiB, so appending one
+/// part between two commit batches holds commits up only briefly.
+pub const DEFAULT_CHECKPOINT_PART_BYTES: usize = 1 << 20;
+
 /// Default of [`Options::checkpoint_bytes`]: 64 MiB of log between checkpoints.
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
 
@@ -70,7 +74,9 @@ pub struct Options {
     /// off ([`Database::checkpoint`] still works). Needs premeld and group
     /// meld off; otherwise no checkpoint is written.
     pub checkpoint_bytes: u64,
-    /// Largest chunk of a checkpoint in one log record (at least 4 KiB).
+    /// Largest chunk of a checkpoint in one log record (at least 4 KiB;
+    /// default 1 MiB). The writer appends about one part between two
+    /// commit batches.
     pub checkpoint_part_bytes: usize,
     /// Garbage collection: after a checkpoint, delete the log segments
     /// that hold only entries before the *previous* checkpoint (two are
@@ -89,7 +95,7 @@ impl Default for Options {
             max_attempts: 16,
             trial_meld: false,
             checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
-            checkpoint_part_bytes: checkpoint::DEFAULT_PART_BYTES,
+            checkpoint_part_bytes: DEFAULT_CHECKPOINT_PART_BYTES,
             trim_log: true,
         }
     }
@@ -165,9 +171,9 @@ struct Shared {
 /// A checkpoint that was written (or recovered from).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckpointInfo {
-    /// Position of its first part.
+    /// Position of its begin record: the state it holds is the state there.
     pub first: LogPos,
-    /// Position of its last part: the state it holds is the state there.
+    /// Position of its last part (where it became complete).
     pub pos: LogPos,
     /// CSN of that state.
     pub csn: melddb::Vn,
@@ -214,8 +220,8 @@ pub struct Recovery {
     pub torn_bytes: u64,
     /// Time spent verifying and replaying the log.
     pub elapsed: Duration,
-    /// Position of the checkpoint recovery started from (`None`: from
-    /// the genesis record).
+    /// Position of the begin record of the checkpoint recovery started
+    /// from (`None`: from the genesis record).
     pub checkpoint: Option<LogPos>,
     /// Entries melded after the starting point.
     pub replayed: u64,
@@ -375,7 +381,7 @@ impl Database {
                 records: report.records,
                 torn_bytes: report.torn_bytes,
                 elapsed: started.elapsed(),
-                checkpoint: start.checkpoint.map(|c| c.pos),
+                checkpoint: start.checkpoint.map(|c| c.first),
                 replayed,
                 skipped_checkpoints: start.skipped,
             },
@@ -565,47 +571,60 @@ fn recover(log: &FileLog, dir: &Path) -> Result<Start, DbError> {
         why,
     };
     let first = log.first();
-    let head = log.read(first).map_err(|e| not_db(e.to_string()))?;
     let settings = if first == 0 {
+        let head = log.read(0).map_err(|e| not_db(e.to_string()))?;
         Settings::decode(&head).map_err(|e| not_db(e.to_string()))?
     } else {
-        checkpoint::peek_settings(&head).map_err(|e| {
+        // Trimmed: the log starts at a checkpoint's begin record, and the
+        // settings are at the start of its first part, a little later.
+        first_part_settings(log).map_err(|why| {
             not_db(format!(
-                "the log was trimmed to {first}, which is not the start of a checkpoint: {e}"
+                "the log was trimmed to {first}, but no checkpoint part after it holds the settings: {why}"
             ))
         })?
     };
     let mut tracker = checkpoint::Tracker::default();
-    let mut complete: Vec<(LogPos, LogPos)> = Vec::new();
+    let mut complete: Vec<(LogPos, Vec<LogPos>)> = Vec::new();
+    let mut parts = Vec::new();
     log.replay(first.max(1), |pos, e| {
-        if let checkpoint::TrackEvent::Complete { first } = tracker.feed(&settings, pos, e) {
-            complete.push((first, pos));
+        match tracker.feed(&settings, pos, e) {
+            checkpoint::TrackEvent::Begin => parts.clear(),
+            checkpoint::TrackEvent::Part => parts.push(pos),
+            checkpoint::TrackEvent::Complete { begin } => {
+                parts.push(pos);
+                complete.push((begin, std::mem::take(&mut parts)));
+            }
+            _ => {}
         }
     })?;
     let mut skipped = Vec::new();
-    for &(f, l) in complete.iter().rev() {
-        let parts: Result<Vec<_>, _> = (f..=l).map(|p| log.read(p)).collect();
-        let loaded = parts
+    for (begin, positions) in complete.iter().rev() {
+        let begin = *begin;
+        let last = positions.last().copied().unwrap_or(begin);
+        let records: Result<Vec<_>, _> = positions.iter().map(|p| log.read(*p)).collect();
+        let loaded = records
             .map_err(|e| e.to_string())
-            .and_then(|parts| {
-                let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+            .and_then(|records| {
+                let refs: Vec<&[u8]> = records.iter().map(|p| &p[..]).collect();
                 let bytes = refs.iter().map(|p| p.len() as u64).sum::<u64>();
-                checkpoint::load(&refs, l)
+                checkpoint::load(&refs)
                     .map(|c| (c, bytes))
                     .map_err(|e| e.to_string())
             })
             .and_then(|(c, bytes)| {
-                if c.settings == settings {
-                    Ok((c, bytes))
-                } else {
+                if c.settings != settings {
                     Err("its settings differ from the database's".into())
+                } else if c.state.pos() != begin {
+                    Err("its parts name another begin record".into())
+                } else {
+                    Ok((c, bytes))
                 }
             });
         match loaded {
             Ok((c, bytes)) => {
                 let info = CheckpointInfo {
-                    first: f,
-                    pos: l,
+                    first: begin,
+                    pos: last,
                     csn: c.state.csn(),
                     nodes: c.nodes,
                     bytes,
@@ -616,11 +635,11 @@ fn recover(log: &FileLog, dir: &Path) -> Result<Start, DbError> {
                     melder: Melder::from_checkpoint(c),
                     checkpoint: Some(info),
                     // The next checkpoint trims below this one.
-                    previous_first: Some(f),
+                    previous_first: Some(begin),
                     skipped,
                 });
             }
-            Err(why) => skipped.push(format!("checkpoint at {l}: {why}")),
+            Err(why) => skipped.push(format!("checkpoint begun at {begin}: {why}")),
         }
     }
     if first > 0 {
@@ -641,9 +660,46 @@ fn recover(log: &FileLog, dir: &Path) -> Result<Start, DbError> {
     })
 }
 
+/// A checkpoint's parts, from the encoder thread.
+#[derive(Debug, Default)]
+struct Encoded {
+    parts: Vec<Vec<u8>>,
+    nodes: u64,
+    flushed: u64,
+}
+
+/// A checkpoint whose begin record is in the log and whose parts are not
+/// all appended yet.
+struct InProgress {
+    begin: LogPos,
+    csn: melddb::Vn,
+    started: Instant,
+    encoder: Option<JoinHandle<()>>,
+    encoded: Option<Encoded>,
+    /// Index of the next part to append.
+    next: usize,
+    bytes: u64,
+    waiters: Vec<SyncSender<Result<CheckpointInfo, String>>>,
+}
+
 /// Whether the database's settings allow checkpoints.
 fn checkpoints_supported(settings: &Settings) -> bool {
     !settings.premeld() && !settings.group_meld
+}
+
+/// The settings in the first checkpoint part found from the log's start.
+fn first_part_settings(log: &FileLog) -> Result<Settings, String> {
+    let mut why = "the log holds no checkpoint part".to_string();
+    for pos in log.first()..log.tail() {
+        let rec = log.read(pos).map_err(|e| e.to_string())?;
+        if let Ok(checkpoint::Record::Part { index: 0, .. }) = checkpoint::parse_record(&rec) {
+            match checkpoint::peek_settings(&rec) {
+                Ok(s) => return Ok(s),
+                Err(e) => why = e.to_string(),
+            }
+        }
+    }
+    Err(why)
 }
 
 /// When and how the writer checkpoints.
@@ -674,6 +730,7 @@ enum Msg {
     Commit(Request),
     Synced(std::io::Result<()>),
     Checkpoint(SyncSender<Result<CheckpointInfo, String>>),
+    Encoded(Result<Encoded, String>),
     Shutdown,
 }
 
@@ -731,6 +788,9 @@ struct Writer {
     appended: u64,
     /// Record bytes appended by this process.
     appended_total: u64,
+    ckpt: Option<InProgress>,
+    /// Who asked for a checkpoint that has not begun yet.
+    ckpt_waiters: Vec<SyncSender<Result<CheckpointInfo, String>>>,
 }
 
 impl Writer {
@@ -823,17 +883,25 @@ impl Writer {
         Ok(())
     }
 
+    /// Whether encoded checkpoint parts wait to be appended.
+    fn parts_ready(&self) -> bool {
+        self.ckpt.as_ref().is_some_and(|c| c.encoded.is_some())
+    }
+
     fn due_for_checkpoint(&self) -> bool {
         let last = self.plan.last.as_ref().map_or(0, |c| c.bytes);
-        self.plan.every > 0
+        self.ckpt.is_none()
+            && self.plan.every > 0
             && self.appended >= self.plan.every.max(2 * last)
             && checkpoints_supported(self.melder.settings())
     }
 
-    /// Writes a checkpoint of the latest state, syncs it, and trims the log
-    /// below the previous one.
-    /// `Err(Checkpoint)` leaves the log untouched; `Err(Stopped)` is fatal.
-    fn checkpoint(&mut self) -> Result<CheckpointInfo, DbError> {
+    /// Starts a checkpoint: appends the begin record (the barrier), syncs,
+    /// publishes the state there, and encodes that state on another
+    /// thread; its parts are appended later, between commits
+    /// ([`Writer::append_parts`]). `Err(Checkpoint)` wrote nothing;
+    /// `Err(Stopped)` is fatal.
+    fn begin_checkpoint(&mut self, to_writer: &SyncSender<Msg>) -> Result<(), DbError> {
         let settings = *self.melder.settings();
         if !checkpoints_supported(&settings) {
             return Err(DbError::Checkpoint(
@@ -841,31 +909,102 @@ impl Writer {
             ));
         }
         let started = Instant::now();
-        let first = self.log.tail();
+        let begin = self.log.tail();
+        let record = checkpoint::begin_record(settings.db_id);
+        self.log
+            .append(&record)
+            .map_err(|e| DbError::Stopped(e.to_string()))?;
+        self.appended_total += record.len() as u64;
+        if let Some(o) = self
+            .melder
+            .apply(&record)
+            .into_iter()
+            .find(|o| !o.is_committed())
+        {
+            return Err(DbError::Stopped(format!(
+                "the melder refused a checkpoint record this process wrote: {o:?}"
+            )));
+        }
+        // Everything up to the barrier is durable after this sync, so its
+        // state can be published at once (commits appended before it are
+        // still answered by the usual flush path, in order). Transactions
+        // begun on older states would abort at the barrier.
+        self.log.sync()?;
+        let Some(state) = self.melder.meld_state(begin).cloned() else {
+            return Err(DbError::Stopped(
+                "no state at the checkpoint barrier".into(),
+            ));
+        };
+        *self
+            .shared
+            .latest
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = state.clone();
         let since = self.plan.last.as_ref().map_or(0, |c| c.csn);
-        let flushed = checkpoint::unpersisted_nodes(self.melder.lcs(), since);
-        let nodes = self.melder.lcs().len() as u64;
-        let parts = checkpoint::encode(&settings, self.melder.lcs(), first, self.plan.part_bytes)
-            .map_err(|e| DbError::Checkpoint(e.to_string()))?;
-        let mut bytes = 0;
-        for p in &parts {
+        let snapshot = state.snapshot().clone();
+        let part_bytes = self.plan.part_bytes;
+        let tx = to_writer.clone();
+        let encoder = thread::Builder::new()
+            .name("melddb-checkpoint".into())
+            .spawn(move || {
+                let flushed = checkpoint::unpersisted_nodes(&snapshot, since);
+                let nodes = snapshot.len() as u64;
+                let parts =
+                    checkpoint::encode(&settings, &snapshot, part_bytes).map_err(|e| e.to_string());
+                let _ = tx.send(Msg::Encoded(parts.map(|p| Encoded {
+                    parts: p,
+                    nodes,
+                    flushed,
+                })));
+            })
+            .map_err(|e| DbError::Checkpoint(format!("cannot start the encoder thread: {e}")))?;
+        self.appended = 0;
+        self.ckpt = Some(InProgress {
+            begin,
+            csn: self.melder.lcs().csn(),
+            started,
+            encoder: Some(encoder),
+            encoded: None,
+            next: 0,
+            bytes: 0,
+            waiters: std::mem::take(&mut self.ckpt_waiters),
+        });
+        Ok(())
+    }
+
+    /// Appends the next encoded parts of the checkpoint in progress (about
+    /// one part per call, so commits are not held up); after the last one,
+    /// syncs, trims the log below the previous checkpoint and answers who
+    /// asked.
+    fn append_parts(&mut self) -> Result<(), DbError> {
+        let Some(ck) = self.ckpt.as_mut() else {
+            return Ok(());
+        };
+        let Some(enc) = ck.encoded.as_ref() else {
+            return Ok(());
+        };
+        let mut budget = self.plan.part_bytes;
+        while ck.next < enc.parts.len() && budget > 0 {
+            let p = &enc.parts[ck.next];
             self.log
                 .append(p)
                 .map_err(|e| DbError::Stopped(e.to_string()))?;
-            bytes += p.len() as u64;
             self.appended_total += p.len() as u64;
+            ck.bytes += p.len() as u64;
+            budget = budget.saturating_sub(p.len());
             if let Some(o) = self.melder.apply(p).into_iter().find(|o| !o.is_committed()) {
                 return Err(DbError::Stopped(format!(
                     "the melder refused a checkpoint part this process wrote: {o:?}"
                 )));
             }
+            ck.next += 1;
         }
-        let pos = first + parts.len() as u64 - 1;
-        // Commits appended before the checkpoint are durable now too; they
-        // are answered by the usual flush path, in order. Publish the
-        // checkpoint's state at once: transactions begun on older states
-        // would abort at the barrier.
+        if ck.next < enc.parts.len() {
+            return Ok(());
+        }
+        let pos = self.log.tail() - 1;
         self.log.sync()?;
+        // Everything appended is durable now: publish the latest state.
         if let Some(state) = self.melder.meld_state(pos).cloned() {
             *self
                 .shared
@@ -873,6 +1012,10 @@ impl Writer {
                 .write()
                 .unwrap_or_else(PoisonError::into_inner) = state;
         }
+        let Some(ck) = self.ckpt.take() else {
+            return Ok(());
+        };
+        let enc = ck.encoded.unwrap_or_default();
         let mut trimmed = false;
         if self.plan.trim {
             if let Some(prev) = self.plan.previous_first {
@@ -883,26 +1026,57 @@ impl Writer {
             }
         }
         let info = CheckpointInfo {
-            first,
+            first: ck.begin,
             pos,
-            csn: self.melder.lcs().csn(),
-            nodes,
-            bytes,
-            flushed_ephemeral: flushed,
-            micros: started.elapsed().as_micros() as u64,
+            csn: ck.csn,
+            nodes: enc.nodes,
+            bytes: ck.bytes,
+            flushed_ephemeral: enc.flushed,
+            micros: ck.started.elapsed().as_micros() as u64,
         };
-        self.plan.previous_first = Some(first);
+        self.plan.previous_first = Some(ck.begin);
         self.plan.last = Some(info.clone());
-        self.appended = 0;
-        let mut st = self
-            .shared
-            .log
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        st.last_checkpoint = Some(info.clone());
-        st.checkpoints_written += 1;
-        st.trims += u64::from(trimmed);
-        Ok(info)
+        {
+            let mut st = self
+                .shared
+                .log
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            st.last_checkpoint = Some(info.clone());
+            st.checkpoints_written += 1;
+            st.trims += u64::from(trimmed);
+        }
+        for w in ck.waiters {
+            let _ = w.send(Ok(info.clone()));
+        }
+        Ok(())
+    }
+
+    /// The encoder thread finished.
+    fn encoded(&mut self, result: Result<Encoded, String>) {
+        let Some(ck) = self.ckpt.as_mut() else {
+            return;
+        };
+        if let Some(h) = ck.encoder.take() {
+            let _ = h.join();
+        }
+        match result {
+            Ok(enc) => ck.encoded = Some(enc),
+            Err(e) => {
+                // The barrier stays (harmless); the checkpoint is abandoned
+                // and automatic ones stop, saying why.
+                let ck = self.ckpt.take();
+                for w in ck.map(|c| c.waiters).unwrap_or_default() {
+                    let _ = w.send(Err(e.clone()));
+                }
+                self.plan.every = 0;
+                self.shared
+                    .log
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .checkpoint_error = Some(e);
+            }
+        }
     }
 
     fn publish_log_stats(&self) {
@@ -936,6 +1110,10 @@ impl Writer {
                 _ => {}
             }
         }
+        let waiting = self.ckpt.take().map(|c| c.waiters).unwrap_or_default();
+        for reply in waiting.into_iter().chain(self.ckpt_waiters.drain(..)) {
+            let _ = reply.send(Err(msg.to_string()));
+        }
     }
 }
 
@@ -959,6 +1137,8 @@ fn writer_loop(
         max_batch,
         plan,
     } = setup;
+    // The checkpoint encoder reports through the writer's own queue.
+    let to_self = report.clone();
     let syncer = if durability == Durability::Sync {
         Syncer::start(report).ok()
     } else {
@@ -975,6 +1155,8 @@ fn writer_loop(
         syncing: None,
         appended: plan.appended,
         appended_total: 0,
+        ckpt: None,
+        ckpt_waiters: Vec::new(),
         plan,
     };
     let mut shutting_down = false;
@@ -988,7 +1170,14 @@ fn writer_loop(
         if shutting_down && w.syncing.is_none() && w.unsynced.is_empty() {
             break;
         }
-        let first = match deadline {
+        // With checkpoint parts waiting, do not block: append them between
+        // commits.
+        let wait = if w.parts_ready() {
+            Some(Instant::now())
+        } else {
+            deadline
+        };
+        let first = match wait {
             None => match rx.recv() {
                 Ok(m) => Some(m),
                 Err(_) => break,
@@ -1017,6 +1206,7 @@ fn writer_loop(
                     return;
                 }
                 Msg::Checkpoint(reply) => asked.push(reply),
+                Msg::Encoded(r) => w.encoded(r),
                 Msg::Shutdown => shutting_down = true,
             }
             if batch.len() < max_batch {
@@ -1024,30 +1214,34 @@ fn writer_loop(
             }
         }
         let mut step = w.append(batch);
-        if step.is_ok() && (!asked.is_empty() || w.due_for_checkpoint()) {
-            let result = w.checkpoint();
-            for reply in asked {
-                let answer = match &result {
-                    Ok(info) => Ok(info.clone()),
-                    Err(e) => Err(e.to_string()),
-                };
-                let _ = reply.send(answer);
+        if step.is_ok() {
+            match w.ckpt.as_mut() {
+                Some(ck) => ck.waiters.append(&mut asked),
+                None => w.ckpt_waiters.append(&mut asked),
             }
-            step = match result {
-                Ok(_) => Ok(()),
-                // Nothing was written: keep serving; stop trying
-                // automatically and say why in the stats.
-                Err(DbError::Checkpoint(e)) => {
-                    w.plan.every = 0;
-                    w.shared
-                        .log
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .checkpoint_error = Some(e);
-                    Ok(())
-                }
-                Err(e) => Err(e),
-            };
+            if w.ckpt.is_none() && (!w.ckpt_waiters.is_empty() || w.due_for_checkpoint()) {
+                step = match w.begin_checkpoint(&to_self) {
+                    Ok(()) => Ok(()),
+                    // Nothing was written: keep serving; stop trying
+                    // automatically and say why in the stats.
+                    Err(DbError::Checkpoint(e)) => {
+                        for reply in w.ckpt_waiters.drain(..) {
+                            let _ = reply.send(Err(e.clone()));
+                        }
+                        w.plan.every = 0;
+                        w.shared
+                            .log
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .checkpoint_error = Some(e);
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                };
+            }
+            if step.is_ok() {
+                step = w.append_parts();
+            }
         }
         w.publish_log_stats();
         if step.is_ok() && w.syncing.is_none() && !w.unsynced.is_empty() {
@@ -1072,4 +1266,17 @@ fn writer_loop(
         }
     }
     let _ = w.log.sync();
+    // An unfinished checkpoint is abandoned (its barrier is harmless);
+    // closing the queue first lets a blocked encoder finish.
+    drop(rx);
+    if let Some(mut ck) = w.ckpt.take() {
+        for reply in ck.waiters.drain(..) {
+            let _ = reply.send(Err(
+                "the database closed before the checkpoint completed".into()
+            ));
+        }
+        if let Some(h) = ck.encoder.take() {
+            let _ = h.join();
+        }
+    }
 }

@@ -248,9 +248,7 @@ pub fn run_from(
         .map(|(i, bytes)| {
             let in_force = barrier;
             let pos = base + 1 + i as u64;
-            if let melddb::checkpoint::TrackEvent::Complete { .. } =
-                tracker.feed(&settings, pos, bytes)
-            {
+            if let melddb::checkpoint::TrackEvent::Begin = tracker.feed(&settings, pos, bytes) {
                 barrier = pos;
             }
             in_force

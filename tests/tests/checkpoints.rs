@@ -67,34 +67,39 @@ fn history(shape: Shape) -> History {
         h.digests.push(m.lcs().digest_hex());
         h.log.push(bytes);
     };
+    let mut pending: std::collections::VecDeque<Vec<u8>> = Default::default();
     for _ in 0..shape.txns {
-        if rng.random_range(0..shape.every.max(1)) == 0 {
-            let first = m.next_pos();
-            let mut parts = checkpoint::encode(&settings, m.lcs(), first, shape.part_bytes)
+        if pending.is_empty() && rng.random_range(0..shape.every.max(1)) == 0 {
+            append(&mut m, &mut h, checkpoint::begin_record(settings.db_id));
+            let mut parts = checkpoint::encode(&settings, m.lcs(), shape.part_bytes)
                 .expect("checkpoint encodes");
             if shape.broken && rng.random_bool(0.3) {
-                match rng.random_range(0..3) {
+                match rng.random_range(0..4) {
                     // A flipped byte: the part's checksum fails.
                     0 => {
                         let i = rng.random_range(0..parts.len());
                         let j = rng.random_range(0..parts[i].len());
                         parts[i][j] ^= 0x20;
                     }
-                    // A missing middle or last part.
+                    // A missing part.
                     1 if parts.len() > 1 => {
-                        let i = rng.random_range(1..parts.len());
+                        let i = rng.random_range(0..parts.len());
                         parts.remove(i);
                     }
                     // Parts in the wrong order.
-                    _ if parts.len() > 1 => parts.swap(0, 1),
+                    2 if parts.len() > 1 => parts.swap(0, 1),
+                    // A begin record and nothing else.
                     _ => parts.truncate(0),
                 }
             } else {
                 h.checkpoints += 1;
             }
-            for p in parts {
-                append(&mut m, &mut h, p);
-            }
+            pending.extend(parts);
+        }
+        // Parts are interleaved with transactions, as the writer does.
+        while !pending.is_empty() && rng.random_bool(0.5) {
+            let p = pending.pop_front().expect("a part");
+            append(&mut m, &mut h, p);
         }
         // Snapshots up to `degree` entries back, sometimes across a checkpoint.
         let lcs = m.lcs().pos();
@@ -144,28 +149,36 @@ fn history(shape: Shape) -> History {
             append(&mut m, &mut h, bytes);
         }
     }
+    for p in pending {
+        append(&mut m, &mut h, p);
+    }
     h
 }
 
-/// Every complete checkpoint in `log`: (first part, last part).
-fn complete_checkpoints(log: &[Vec<u8>]) -> Vec<(u64, u64)> {
+/// Every complete checkpoint in `log`: (begin position, part positions).
+fn complete_checkpoints(log: &[Vec<u8>]) -> Vec<(u64, Vec<u64>)> {
     let settings = Settings::decode(&log[0]).expect("genesis");
     let mut t = Tracker::default();
     let mut out = Vec::new();
+    let mut parts = Vec::new();
     for (pos, e) in log.iter().enumerate().skip(1) {
-        if let TrackEvent::Complete { first } = t.feed(&settings, pos as u64, e) {
-            out.push((first, pos as u64));
+        let pos = pos as u64;
+        match t.feed(&settings, pos, e) {
+            TrackEvent::Begin => parts.clear(),
+            TrackEvent::Part => parts.push(pos),
+            TrackEvent::Complete { begin } => {
+                parts.push(pos);
+                out.push((begin, std::mem::take(&mut parts)));
+            }
+            _ => {}
         }
     }
     out
 }
 
-fn recover(log: &[Vec<u8>], first: u64, last: u64) -> Melder {
-    let parts: Vec<&[u8]> = log[first as usize..=last as usize]
-        .iter()
-        .map(|p| &p[..])
-        .collect();
-    let loaded = checkpoint::load(&parts, last).expect("a complete checkpoint loads");
+fn recover(log: &[Vec<u8>], parts: &[u64]) -> Melder {
+    let parts: Vec<&[u8]> = parts.iter().map(|p| &log[*p as usize][..]).collect();
+    let loaded = checkpoint::load(&parts).expect("a complete checkpoint loads");
     check_tree(&loaded.state).expect("a loaded state is a valid tree");
     Melder::from_checkpoint(loaded)
 }
@@ -177,8 +190,9 @@ fn check_history(h: &History) {
         h.checkpoints,
         "every intact checkpoint is found, no broken one"
     );
-    for &(first, last) in &cps {
-        let mut m = recover(&h.log, first, last);
+    for (last, parts) in &cps {
+        let last = *last;
+        let mut m = recover(&h.log, parts);
         assert_eq!(
             m.lcs().digest_hex(),
             h.digests[last as usize],
@@ -210,8 +224,9 @@ fn check_history(h: &History) {
         all.melder.lcs().digest_hex(),
         *h.digests.last().expect("digest")
     );
-    if let Some(&(first, last)) = cps.last() {
-        let m = recover(&h.log, first, last);
+    if let Some((last, parts)) = cps.last() {
+        let last = *last;
+        let m = recover(&h.log, parts);
         let rest = run_from(m, &h.log[last as usize + 1..], &opts).expect("pipeline runs");
         assert_eq!(
             rest.outcomes,
@@ -296,6 +311,7 @@ proptest! {
                 if with_magic {
                     let mut q = checkpoint::CHECKPOINT_MAGIC.to_vec();
                     q.push(checkpoint::CHECKPOINT_VERSION);
+                    q.push(p.first().copied().unwrap_or(1) % 3);
                     q.append(&mut p);
                     let crc = crc_of(&q);
                     q.extend_from_slice(&crc.to_le_bytes());
@@ -306,7 +322,7 @@ proptest! {
             })
             .collect();
         let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
-        let _ = checkpoint::load(&refs, 9);
+        let _ = checkpoint::load(&refs);
         let mut t = Tracker::default();
         for (i, p) in parts.iter().enumerate() {
             let _ = t.feed(&Settings::default(), i as u64 + 1, p);
@@ -352,17 +368,18 @@ fn sample_state() -> (Settings, Melder) {
 #[test]
 fn every_corrupted_body_byte_is_rejected() {
     let (settings, m) = sample_state();
-    let parts = checkpoint::encode(&settings, m.lcs(), 6, 4096).expect("encode");
+    let parts = checkpoint::encode(&settings, m.lcs(), 4096).expect("encode");
     assert!(parts.len() > 3);
     let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
-    let good = checkpoint::load(&refs, 5 + parts.len() as u64).expect("loads");
+    let good = checkpoint::load(&refs).expect("loads");
+    assert_eq!(good.state.digest(), m.lcs().digest());
     assert_eq!(good.state.to_vec(), m.lcs().to_vec());
     assert_eq!(good.nodes, 1000);
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     for _ in 0..300 {
         let mut bad = parts.clone();
         let i = rng.random_range(0..bad.len());
-        let header = 12; // magic, version, three short varints
+        let header = 14; // magic, version, kind, four short varints
         let j = rng.random_range(header..bad[i].len() - 4);
         bad[i][j] ^= 1 << rng.random_range(0..8);
         // Re-seal the part, so only the body checks can notice.
@@ -371,21 +388,25 @@ fn every_corrupted_body_byte_is_rejected() {
         bad[i][n..].copy_from_slice(&crc.to_le_bytes());
         let refs: Vec<&[u8]> = bad.iter().map(|p| &p[..]).collect();
         assert!(
-            checkpoint::load(&refs, 5 + parts.len() as u64).is_err(),
+            checkpoint::load(&refs).is_err(),
             "flipped bit in part {i} byte {j} went unnoticed"
         );
         // Without re-sealing, the part checksum catches it.
         bad[i][n] ^= 0xff;
         let refs: Vec<&[u8]> = bad.iter().map(|p| &p[..]).collect();
         assert!(matches!(
-            checkpoint::load(&refs, 5 + parts.len() as u64),
+            checkpoint::load(&refs),
             Err(melddb::CheckpointError::Part { .. })
         ));
     }
-    // The state is recorded at the last part's position: naming another fails.
+    // A part of another checkpoint (begun elsewhere) does not fit in.
+    let other =
+        checkpoint::encode(&settings, m.state_at(4).expect("retained"), 4096).expect("encode");
+    let mut mixed = refs.clone();
+    mixed[1] = &other[1];
     assert!(matches!(
-        checkpoint::load(&refs, 4 + parts.len() as u64),
-        Err(melddb::CheckpointError::Digest)
+        checkpoint::load(&mixed),
+        Err(melddb::CheckpointError::Incomplete { .. })
     ));
 }
 
@@ -403,8 +424,8 @@ fn with_premeld_or_group_meld_a_checkpoint_entry_is_just_malformed() {
         },
     ] {
         let mut m = Melder::new(settings);
-        let parts = checkpoint::encode(&settings, m.lcs(), 1, 1 << 20).expect("encode");
-        let mut log = vec![settings.encode()];
+        let parts = checkpoint::encode(&settings, m.lcs(), 1 << 20).expect("encode");
+        let mut log = vec![settings.encode(), checkpoint::begin_record(settings.db_id)];
         log.extend(parts.iter().cloned());
         log.push(Vec::new());
         let single: Vec<Outcome> = log[1..].iter().flat_map(|e| m.apply(e)).collect();
