@@ -56,7 +56,7 @@ pub const CHECKPOINT_MAGIC: &[u8; 4] = b"MLDC";
 /// Checkpoint format version written and read by this build.
 pub const CHECKPOINT_VERSION: u8 = 1;
 /// Default largest chunk of the body one part carries.
-pub const DEFAULT_PART_BYTES: usize = 8 << 20;
+pub const DEFAULT_PART_BYTES: usize = 1 << 20;
 /// Most parts one checkpoint may have.
 pub const MAX_PARTS: u64 = 1 << 16;
 /// Largest accepted chunk in one part (the intention size limit).

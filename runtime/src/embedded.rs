@@ -28,7 +28,7 @@ use crate::filelog::{FileLog, FileLogError, OpenReport};
 
 /// Default of [`Options::checkpoint_part_bytes`]: 1 MiB, so appending one
 /// part between two commit batches holds commits up only briefly.
-pub const DEFAULT_CHECKPOINT_PART_BYTES: usize = 1 << 20;
+pub const DEFAULT_CHECKPOINT_PART_BYTES: usize = checkpoint::DEFAULT_PART_BYTES;
 
 /// Default of [`Options::checkpoint_bytes`]: 64 MiB of log between checkpoints.
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
