@@ -190,7 +190,7 @@ pub struct CheckpointInfo {
     pub micros: u64,
 }
 
-/// The log as the writer last saw it (see [`Database::stats`]).
+/// The log as the writer last saw it (see [`Database::log_stats`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogStats {
     /// First position still in the log (earlier ones were trimmed).
@@ -826,11 +826,20 @@ impl Writer {
     fn release(&mut self, upto: LogPos, done: Vec<(Request, LogPos)>) {
         let lcs = self.melder.lcs().pos();
         // Before a checkpoint's barrier no state is kept; the checkpoint's
-        // own state is durable (it was synced when written).
+        // own state is durable (it was synced when written). With no commit
+        // waiting for a flush, every entry after `upto` is a checkpoint
+        // record (no content): publish the latest state, so a quiet
+        // database's snapshot is exactly the state a reopen recovers.
         let barrier = self.melder.barrier();
+        let quiet = self.unsynced.is_empty() && self.syncing.is_none();
+        let at = if quiet {
+            lcs
+        } else {
+            upto.saturating_sub(1).max(barrier)
+        };
         let Some(state) = self
             .melder
-            .meld_state(upto.saturating_sub(1).max(barrier))
+            .meld_state(at)
             .or_else(|| self.melder.meld_state(lcs))
             .cloned()
         else {
@@ -1000,6 +1009,10 @@ impl Writer {
             ck.next += 1;
         }
         if ck.next < enc.parts.len() {
+            if self.unsynced.is_empty() && self.syncing.is_none() {
+                // No commit waits: the new entries are parts only.
+                self.release(self.log.tail(), Vec::new());
+            }
             return Ok(());
         }
         let pos = self.log.tail() - 1;
