@@ -892,6 +892,30 @@ impl Writer {
         Ok(())
     }
 
+    /// Begins a checkpoint if one was asked for or is due and none is in
+    /// progress. A checkpoint that cannot be written (settings) is
+    /// reported to who asked and stops the automatic ones.
+    fn maybe_begin_checkpoint(&mut self, to_writer: &SyncSender<Msg>) -> Result<(), DbError> {
+        if self.ckpt.is_some() || (self.ckpt_waiters.is_empty() && !self.due_for_checkpoint()) {
+            return Ok(());
+        }
+        match self.begin_checkpoint(to_writer) {
+            Err(DbError::Checkpoint(e)) => {
+                for reply in self.ckpt_waiters.drain(..) {
+                    let _ = reply.send(Err(e.clone()));
+                }
+                self.plan.every = 0;
+                self.shared
+                    .log
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .checkpoint_error = Some(e);
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
     /// Whether encoded checkpoint parts wait to be appended.
     fn parts_ready(&self) -> bool {
         self.ckpt.as_ref().is_some_and(|c| c.encoded.is_some())
@@ -1228,32 +1252,16 @@ fn writer_loop(
         }
         let mut step = w.append(batch);
         if step.is_ok() {
-            match w.ckpt.as_mut() {
-                Some(ck) => ck.waiters.append(&mut asked),
-                None => w.ckpt_waiters.append(&mut asked),
-            }
-            if w.ckpt.is_none() && (!w.ckpt_waiters.is_empty() || w.due_for_checkpoint()) {
-                step = match w.begin_checkpoint(&to_self) {
-                    Ok(()) => Ok(()),
-                    // Nothing was written: keep serving; stop trying
-                    // automatically and say why in the stats.
-                    Err(DbError::Checkpoint(e)) => {
-                        for reply in w.ckpt_waiters.drain(..) {
-                            let _ = reply.send(Err(e.clone()));
-                        }
-                        w.plan.every = 0;
-                        w.shared
-                            .log
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .checkpoint_error = Some(e);
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                };
-            }
+            // A checkpoint already in progress holds an older state: who
+            // asks now gets the next one.
+            w.ckpt_waiters.append(&mut asked);
+            step = w.maybe_begin_checkpoint(&to_self);
             if step.is_ok() {
                 step = w.append_parts();
+            }
+            // One that just completed may have left askers for the next.
+            if step.is_ok() {
+                step = w.maybe_begin_checkpoint(&to_self);
             }
         }
         w.publish_log_stats();
@@ -1278,9 +1286,16 @@ fn writer_loop(
             return;
         }
     }
+    // A checkpoint whose parts are encoded is finished (appending them is
+    // quick and saves redoing the work after reopening); one still being
+    // encoded is abandoned (its begin record is a harmless barrier).
+    while w.parts_ready() {
+        if w.append_parts().is_err() {
+            break;
+        }
+    }
     let _ = w.log.sync();
-    // An unfinished checkpoint is abandoned (its barrier is harmless);
-    // closing the queue first lets a blocked encoder finish.
+    // Closing the queue first lets a blocked encoder finish.
     drop(rx);
     if let Some(mut ck) = w.ckpt.take() {
         for reply in ck.waiters.drain(..) {

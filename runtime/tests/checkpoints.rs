@@ -332,3 +332,36 @@ fn with_every_checkpoint_damaged_recovery_falls_back_to_genesis_or_refuses() {
         other => panic!("expected Unrecoverable, got {other:?}"),
     }
 }
+
+#[test]
+fn a_checkpoint_asked_for_covers_every_commit_made_before_the_call() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = DbOptions {
+        checkpoint_bytes: 0,
+        durability: Durability::Buffered,
+        ..DbOptions::default()
+    };
+    let db = Arc::new(Database::open_with(d.path(), opts).unwrap());
+    let askers: Vec<_> = (0..4u64)
+        .map(|t| {
+            let db = db.clone();
+            thread::spawn(move || {
+                for i in 0..50u64 {
+                    db.transact(Isolation::Serializable, |tx| {
+                        tx.put(format!("t{t}/{i}").as_bytes(), &[1u8; 200])
+                    })
+                    .unwrap();
+                    let seen = db.snapshot().csn();
+                    let info = db.checkpoint().unwrap();
+                    // Joining a checkpoint already in progress would give
+                    // an older state than this caller has seen.
+                    assert!(info.csn >= seen, "checkpoint csn {} < {seen}", info.csn);
+                }
+            })
+        })
+        .collect();
+    for a in askers {
+        a.join().unwrap();
+    }
+    assert!(db.log_stats().checkpoints_written >= 50);
+}
