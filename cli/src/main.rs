@@ -269,6 +269,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
                 "recovered_from_checkpoint": r.checkpoint,
                 "replayed_entries": r.replayed,
                 "unpersisted_nodes": db.unpersisted_nodes(),
+                "tree_memory_bytes_estimate": s.approx_bytes(),
                 "dir": args.dir.display().to_string(),
                 "log_records": r.records,
                 "last_position": s.pos(),

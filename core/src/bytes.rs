@@ -64,6 +64,17 @@ impl Bytes {
     }
 }
 
+impl Bytes {
+    /// Heap bytes behind this string (0 when stored inline): the shared
+    /// allocation's length plus its two reference counts.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        match &self.0 {
+            Repr::Inline { .. } => 0,
+            Repr::Shared(a) => a.len() + 16,
+        }
+    }
+}
+
 impl Deref for Bytes {
     type Target = [u8];
     #[inline]
