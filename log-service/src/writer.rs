@@ -15,7 +15,7 @@ use std::fs::File;
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 
 use melddb::Entry;
 use tokio::sync::{mpsc, oneshot};
@@ -130,6 +130,12 @@ pub(crate) struct Writer {
     pub dirty: BTreeSet<u64>,
 }
 
+/// A segment the writer's own bookkeeping says is open is not: a bug, but
+/// reported as a failed write rather than a panic.
+fn vanished(what: &str) -> StoreError {
+    StoreError::WriteFailed(format!("{what} is not open in the writer"))
+}
+
 fn io_err(e: io::Error) -> String {
     e.to_string()
 }
@@ -216,7 +222,7 @@ impl Writer {
             s.zeroed = s.len;
         }
         let off = self.append_durable(seg, &page::class_marker(to))?;
-        let s = self.segs.get_mut(&seg).expect("just written");
+        let s = self.segs.get_mut(&seg).ok_or("segment vanished")?;
         s.markers.push((off, to));
         s.class = to;
         Ok(())
@@ -236,7 +242,7 @@ impl Writer {
         self.shared
             .files
             .write()
-            .expect("files lock")
+            .unwrap_or_else(PoisonError::into_inner)
             .insert(seg, file.clone());
         self.segs.insert(
             seg,
@@ -390,7 +396,11 @@ impl Writer {
     }
 
     fn tail_of(&self, log: &str) -> u64 {
-        let idx = self.shared.index.read().expect("index lock");
+        let idx = self
+            .shared
+            .index
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
         idx.logs.get(log).map(|l| l.tail()).unwrap_or(0)
     }
 
@@ -681,7 +691,10 @@ impl Writer {
         self.write_and_sync(&written)?;
         let max_seq = refs.iter().map(|(r, _)| r.seq).max().unwrap_or(0);
         for &s in &window {
-            let st = self.segs.get_mut(&s).expect("window segment");
+            let st = self
+                .segs
+                .get_mut(&s)
+                .ok_or_else(|| vanished("window segment"))?;
             st.max_seq = st.max_seq.max(max_seq);
         }
         // End-writes: one page per stripe, the same bytes on three segments.
@@ -715,7 +728,10 @@ impl Writer {
         let ew_window = self.window(Kind::EndWrite);
         let mut written = Vec::with_capacity(ew_window.len());
         for &seg in &ew_window {
-            let st = self.segs.get_mut(&seg).expect("end-write segment");
+            let st = self
+                .segs
+                .get_mut(&seg)
+                .ok_or_else(|| vanished("end-write segment"))?;
             let mut off = st.len;
             let mut buf = Vec::with_capacity(ew_total as usize);
             for (p, ew) in bodies.iter().zip(&ews) {
@@ -741,7 +757,7 @@ impl Writer {
         let limit = self.shared.config.segment_bytes;
         let fill = self.shared.config.zero_fill_ahead;
         for (seg, buf) in bufs {
-            let st = self.segs.get_mut(seg).expect("segment");
+            let st = self.segs.get_mut(seg).ok_or_else(|| vanished("segment"))?;
             let upto = st.len + buf.len() as u64;
             let zeros = if fill {
                 zero_ahead(st, upto, limit)
@@ -819,7 +835,11 @@ impl Writer {
     /// and push it to subscribers.
     fn publish(&mut self, pending: Vec<Pending>, ews: Vec<EndWrite>, batch_seq: u64) {
         {
-            let mut idx = self.shared.index.write().expect("index lock");
+            let mut idx = self
+                .shared
+                .index
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
             for ew in &ews {
                 for (i, e) in ew.entries.iter().enumerate() {
                     let l = idx.logs.entry(e.log.clone()).or_insert_with(|| LogIndex {
@@ -844,7 +864,12 @@ impl Writer {
         }
         let c = &self.shared.counters;
         c.batches.fetch_add(1, Ordering::Relaxed);
-        let subs = self.shared.subs.lock().expect("subs lock").clone();
+        let subs = self
+            .shared
+            .subs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         for p in pending {
             c.appends.fetch_add(1, Ordering::Relaxed);
             c.append_bytes
@@ -873,7 +898,11 @@ impl Writer {
 
     fn trim(&mut self, log: &str, pos: u64) -> Result<(), StoreError> {
         let (first, tail) = {
-            let idx = self.shared.index.read().expect("index lock");
+            let idx = self
+                .shared
+                .index
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
             idx.logs
                 .get(log)
                 .map(|l| (l.first, l.tail()))
@@ -902,7 +931,11 @@ impl Writer {
             .store(&zones)
             .map_err(|e| StoreError::WriteFailed(format!("metadata: {e}")))?;
         {
-            let mut idx = self.shared.index.write().expect("index lock");
+            let mut idx = self
+                .shared
+                .index
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
             // The log exists: pos > first >= 0 and pos <= tail were checked.
             if let Some(l) = idx.logs.get_mut(log) {
                 let drop = (pos - l.first) as usize;
@@ -916,7 +949,11 @@ impl Writer {
 
     /// The lowest stripe anything live may need.
     pub fn live_floor(&self) -> u64 {
-        let idx = self.shared.index.read().expect("index lock");
+        let idx = self
+            .shared
+            .index
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
         idx.logs
             .values()
             .filter_map(|l| l.locs.front().map(|loc| loc.batch_seq))
@@ -944,14 +981,22 @@ impl Writer {
                 let _ = segment::sync_dir(dir);
             }
             self.segs.remove(&seg);
-            self.shared.files.write().expect("files lock").remove(&seg);
+            self.shared
+                .files
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&seg);
             self.shared
                 .counters
                 .segments_freed
                 .fetch_add(1, Ordering::Relaxed);
         }
         self.ews = self.ews.split_off(&floor);
-        let mut idx = self.shared.index.write().expect("index lock");
+        let mut idx = self
+            .shared
+            .index
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         idx.stripes = idx.stripes.split_off(&floor);
     }
 
@@ -962,7 +1007,11 @@ impl Writer {
     /// (they are found in the other two copies).
     pub fn repair(&mut self, seg: u64) -> Result<(), String> {
         let refs: Vec<StripeRef> = {
-            let idx = self.shared.index.read().expect("index lock");
+            let idx = self
+                .shared
+                .index
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
             idx.stripes
                 .values()
                 .filter(|r| r.pages.iter().any(|p| p.0 == seg))
@@ -971,7 +1020,9 @@ impl Writer {
         };
         let mut pieces: Vec<(u64, Vec<u8>)> = Vec::new();
         for r in &refs {
-            let j = r.pages.iter().position(|p| p.0 == seg).expect("filtered");
+            let Some(j) = r.pages.iter().position(|p| p.0 == seg) else {
+                continue;
+            };
             let (k, m) = (r.k as usize, r.m as usize);
             let mut shards: Vec<Option<Vec<u8>>> = vec![None; k + m];
             // Read every other page; parity decides.
@@ -1113,7 +1164,7 @@ impl Writer {
         self.shared
             .files
             .write()
-            .expect("files lock")
+            .unwrap_or_else(PoisonError::into_inner)
             .insert(seg, f.clone());
         let max_seq = refs
             .iter()
