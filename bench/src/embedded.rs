@@ -256,6 +256,23 @@ impl Client for Redb {
     }
 }
 
+/// Loads keys `0..keys` into a MeldDB database, 10,000 per transaction.
+fn load_meld(db: &Database, keys: u64) -> Result<(), String> {
+    let mut i = 0;
+    while i < keys {
+        let end = (i + 10_000).min(keys);
+        db.transact(Isolation::SnapshotIsolation, |tx| {
+            for j in i..end {
+                tx.put(&key(j), &VALUE)?;
+            }
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+        i = end;
+    }
+    Ok(())
+}
+
 /// Creates and loads an engine with `keys` keys in `dir`.
 fn load(engine: Engine, dir: &Path, keys: u64) -> Result<Arc<dyn Client>, String> {
     match engine {
@@ -272,18 +289,7 @@ fn load(engine: Engine, dir: &Path, keys: u64) -> Result<Arc<dyn Client>, String
                 },
             )
             .map_err(|e| e.to_string())?;
-            let mut i = 0;
-            while i < keys {
-                let end = (i + 10_000).min(keys);
-                db.transact(Isolation::SnapshotIsolation, |tx| {
-                    for j in i..end {
-                        tx.put(&key(j), &VALUE)?;
-                    }
-                    Ok(())
-                })
-                .map_err(|e| e.to_string())?;
-                i = end;
-            }
+            load_meld(&db, keys)?;
             Ok(Arc::new(Meld(db)))
         }
         Engine::SqliteFull | Engine::SqliteNormal => {
@@ -444,18 +450,7 @@ pub fn recovery(
     };
     let (appended, checkpoints) = {
         let db = Database::open_with(dir.path(), opts.clone()).map_err(|e| e.to_string())?;
-        let mut i = 0;
-        while i < keys {
-            let end = (i + 10_000).min(keys);
-            db.transact(Isolation::SnapshotIsolation, |tx| {
-                for j in i..end {
-                    tx.put(&key(j), &VALUE)?;
-                }
-                Ok(())
-            })
-            .map_err(|e| e.to_string())?;
-            i = end;
-        }
+        load_meld(&db, keys)?;
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         while db.log_stats().bytes_appended < target_bytes {
             let mut value = VALUE;
@@ -527,18 +522,7 @@ pub fn long_run(
         },
     )
     .map_err(|e| e.to_string())?;
-    let mut i = 0;
-    while i < keys {
-        let end = (i + 10_000).min(keys);
-        db.transact(Isolation::SnapshotIsolation, |tx| {
-            for j in i..end {
-                tx.put(&key(j), &VALUE)?;
-            }
-            Ok(())
-        })
-        .map_err(|e| e.to_string())?;
-        i = end;
-    }
+    load_meld(&db, keys)?;
     let client = Arc::new(Meld(db));
     let stop = Arc::new(AtomicBool::new(false));
     let committed = Arc::new(std::sync::atomic::AtomicU64::new(0));

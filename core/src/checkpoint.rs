@@ -40,6 +40,7 @@ use std::sync::Arc;
 
 use integer_encoding::VarInt;
 
+use crate::codec::Reader;
 use crate::error::{CheckpointError, DecodeError, MAX_KEY_LEN, MAX_VALUE_LEN};
 use crate::genesis::Settings;
 use crate::node::{
@@ -129,7 +130,7 @@ pub fn parse_record(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
         });
     }
     let kind = body[5];
-    let mut r = Reader { b: body, at: 6 };
+    let mut r = Reader { buf: body, at: 6 };
     let db_id = r.varint("checkpoint db_id")?;
     if kind == KIND_BEGIN {
         if r.at != body.len() {
@@ -185,9 +186,8 @@ pub fn peek_settings(first_part: &[u8]) -> Result<Settings, DecodeError> {
             })
         }
     };
-    let mut r = Reader { b: chunk, at: 0 };
-    let glen = r.len("checkpoint settings", 64)?;
-    let settings = Settings::decode(r.take(glen, "checkpoint settings")?)?;
+    let mut r = Reader { buf: chunk, at: 0 };
+    let settings = Settings::decode(r.bytes("checkpoint settings", 64)?)?;
     if settings.db_id != db_id {
         return Err(DecodeError::Invalid {
             field: "checkpoint settings",
@@ -452,9 +452,8 @@ pub fn load(parts: &[&[u8]]) -> Result<Loaded, CheckpointError> {
         return Err(CheckpointError::Body(DecodeError::Checksum));
     }
     let body = content;
-    let mut r = Reader { b: body, at: 0 };
-    let glen = r.len("checkpoint settings", 64)?;
-    let settings = Settings::decode(r.take(glen, "checkpoint settings")?)?;
+    let mut r = Reader { buf: body, at: 0 };
+    let settings = Settings::decode(r.bytes("checkpoint settings", 64)?)?;
     if settings.db_id != db_id {
         return Err(CheckpointError::Body(DecodeError::Invalid {
             field: "checkpoint settings",
@@ -470,11 +469,11 @@ pub fn load(parts: &[&[u8]]) -> Result<Loaded, CheckpointError> {
                 field: "checkpoint digest",
             })?;
     // A node takes at least 6 bytes: no count beyond that can be honest.
-    if count > (body.len() - r.at) as u64 / 6 {
+    if count > r.remaining() as u64 / 6 {
         return Err(CheckpointError::Body(DecodeError::Limit {
             field: "checkpoint node count",
             value: count,
-            limit: (body.len() - r.at) as u64 / 6,
+            limit: r.remaining() as u64 / 6,
         }));
     }
     let root = build_tree(&mut r, count, csn)?;
@@ -516,10 +515,8 @@ fn build_tree(r: &mut Reader<'_>, count: u64, csn: Vn) -> Result<Link, Checkpoin
         if tag & !(NODE_LEFT | NODE_RIGHT | NODE_LOGGED) != 0 {
             return Err(bad("unknown node tag bits"));
         }
-        let klen = r.len("checkpoint key length", MAX_KEY_LEN)?;
-        let key = Bytes::from(r.take(klen, "checkpoint key")?);
-        let vlen = r.len("checkpoint value length", MAX_VALUE_LEN)?;
-        let value = Bytes::from(r.take(vlen, "checkpoint value")?);
+        let key = Bytes::from(r.bytes("checkpoint key", MAX_KEY_LEN)?);
+        let value = Bytes::from(r.bytes("checkpoint value", MAX_VALUE_LEN)?);
         let vn = r.varint("checkpoint vn")?;
         let ncv_delta = r.varint("checkpoint content version")?;
         let nsv = r.varint("checkpoint structure version")?;
@@ -599,52 +596,6 @@ fn build_tree(r: &mut Reader<'_>, count: u64, csn: Vn) -> Result<Link, Checkpoin
         0 if count == 0 => Ok(None),
         1 => Ok(stack.pop().map(|b| b.node)),
         _ => Err(bad("more than one root")),
-    }
-}
-
-struct Reader<'a> {
-    b: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn varint(&mut self, field: &'static str) -> Result<u64, DecodeError> {
-        let (v, n) = u64::decode_var(&self.b[self.at..]).ok_or(if self.at >= self.b.len() {
-            DecodeError::Truncated { field }
-        } else {
-            DecodeError::BadVarint { field }
-        })?;
-        self.at += n;
-        Ok(v)
-    }
-    fn u8(&mut self, field: &'static str) -> Result<u8, DecodeError> {
-        let v = *self
-            .b
-            .get(self.at)
-            .ok_or(DecodeError::Truncated { field })?;
-        self.at += 1;
-        Ok(v)
-    }
-    fn len(&mut self, field: &'static str, limit: usize) -> Result<usize, DecodeError> {
-        let v = self.varint(field)?;
-        if v > limit as u64 {
-            return Err(DecodeError::Limit {
-                field,
-                value: v,
-                limit: limit as u64,
-            });
-        }
-        Ok(v as usize)
-    }
-    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], DecodeError> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|e| *e <= self.b.len())
-            .ok_or(DecodeError::Truncated { field })?;
-        let s = &self.b[self.at..end];
-        self.at = end;
-        Ok(s)
     }
 }
 

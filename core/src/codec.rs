@@ -266,13 +266,19 @@ impl ParsedIntention<'_> {
     }
 }
 
-struct Reader<'a> {
-    buf: &'a [u8],
-    at: usize,
+/// Reads fields from a record, never past its end (shared by the
+/// intention and checkpoint decoders).
+pub(crate) struct Reader<'a> {
+    pub(crate) buf: &'a [u8],
+    pub(crate) at: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn u8(&mut self, field: &'static str) -> Result<u8, DecodeError> {
+    /// Bytes not read yet.
+    pub(crate) fn remaining(&self) -> usize {
+        self.buf.len() - self.at
+    }
+    pub(crate) fn u8(&mut self, field: &'static str) -> Result<u8, DecodeError> {
         let b = *self
             .buf
             .get(self.at)
@@ -280,7 +286,7 @@ impl<'a> Reader<'a> {
         self.at += 1;
         Ok(b)
     }
-    fn varint(&mut self, field: &'static str) -> Result<u64, DecodeError> {
+    pub(crate) fn varint(&mut self, field: &'static str) -> Result<u64, DecodeError> {
         let rest = &self.buf[self.at..];
         if rest.is_empty() {
             return Err(DecodeError::Truncated { field });
@@ -296,7 +302,11 @@ impl<'a> Reader<'a> {
             None => Err(DecodeError::BadVarint { field }),
         }
     }
-    fn count(&mut self, field: &'static str, limit: usize) -> Result<usize, DecodeError> {
+    pub(crate) fn count(
+        &mut self,
+        field: &'static str,
+        limit: usize,
+    ) -> Result<usize, DecodeError> {
         let v = self.varint(field)?;
         if v > limit as u64 {
             return Err(DecodeError::Limit {
@@ -307,13 +317,22 @@ impl<'a> Reader<'a> {
         }
         Ok(v as usize)
     }
-    fn bytes(&mut self, field: &'static str, limit: usize) -> Result<&'a [u8], DecodeError> {
+    /// A length-prefixed byte string of at most `limit` bytes.
+    pub(crate) fn bytes(
+        &mut self,
+        field: &'static str,
+        limit: usize,
+    ) -> Result<&'a [u8], DecodeError> {
         let len = self.count(field, limit)?;
-        if self.buf.len() - self.at < len {
+        self.take(len, field)
+    }
+    /// The next `n` bytes.
+    pub(crate) fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], DecodeError> {
+        if self.remaining() < n {
             return Err(DecodeError::Truncated { field });
         }
-        let b = &self.buf[self.at..self.at + len];
-        self.at += len;
+        let b = &self.buf[self.at..self.at + n];
+        self.at += n;
         Ok(b)
     }
     /// Reads `csn - v` and returns `v`, which must lie in `1..=csn`.

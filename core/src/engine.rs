@@ -523,34 +523,31 @@ impl Melder {
             },
             tombs,
         };
-        match self.tracker.feed(&self.settings, pos, bytes) {
-            event @ (TrackEvent::Invalid(_) | TrackEvent::NotCheckpoint) => {
-                let reason = match event {
-                    TrackEvent::Invalid(e) => e,
-                    // Not reached: callers check `checkpoint::applies` first.
-                    _ => DecodeError::BadMagic { what: "checkpoint" },
-                };
-                self.push(Some(state(lcs.tombs.clone())), pos);
-                Outcome::Aborted {
-                    pos,
-                    reason: AbortReason::Malformed(reason),
+        let event = self.tracker.feed(&self.settings, pos, bytes);
+        if event == TrackEvent::Begin {
+            while let Some(old) = self.window.pop_front() {
+                if let Some(old) = old {
+                    self.retire(old.snapshot.root);
                 }
             }
-            TrackEvent::Part | TrackEvent::Complete { .. } => {
-                self.push(Some(state(lcs.tombs.clone())), pos);
-                Outcome::Committed { pos, csn }
-            }
-            TrackEvent::Begin => {
-                while let Some(old) = self.window.pop_front() {
-                    if let Some(old) = old {
-                        self.retire(old.snapshot.root);
-                    }
-                }
-                self.push(Some(state(Tombstones::default())), pos);
-                self.barrier = pos;
-                Outcome::Committed { pos, csn }
-            }
+            self.push(Some(state(Tombstones::default())), pos);
+            self.barrier = pos;
+            return Outcome::Committed { pos, csn };
         }
+        let outcome = match event {
+            TrackEvent::Invalid(e) => Outcome::Aborted {
+                pos,
+                reason: AbortReason::Malformed(e),
+            },
+            // Not reached: callers check `checkpoint::applies` first.
+            TrackEvent::NotCheckpoint => Outcome::Aborted {
+                pos,
+                reason: AbortReason::Malformed(DecodeError::BadMagic { what: "checkpoint" }),
+            },
+            _ => Outcome::Committed { pos, csn },
+        };
+        self.push(Some(state(lcs.tombs.clone())), pos);
+        outcome
     }
 
     /// Appends the state after `pos` to the window and drops what left it.

@@ -168,6 +168,17 @@ struct Shared {
     log: std::sync::Mutex<LogStats>,
 }
 
+impl Shared {
+    /// Makes `state` the one new transactions begin on.
+    fn publish(&self, state: MeldState) {
+        *self.latest.write().unwrap_or_else(PoisonError::into_inner) = state;
+    }
+    /// The writer's published log figures.
+    fn log_stats(&self) -> std::sync::MutexGuard<'_, LogStats> {
+        self.log.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// A checkpoint that was written (or recovered from).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckpointInfo {
@@ -513,18 +524,19 @@ impl Database {
     /// The log's extent, the latest checkpoint and garbage collection
     /// counters, as of the writer's last step.
     pub fn log_stats(&self) -> LogStats {
-        self.shared
-            .log
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.shared.log_stats().clone()
     }
 
     /// Reachable ephemeral nodes of the latest state created since the
     /// latest checkpoint: the state only memory holds (a crash recomputes
     /// it by replaying the log after the checkpoint). Checkpoints bound it.
     pub fn unpersisted_nodes(&self) -> u64 {
-        let since = self.log_stats().last_checkpoint.map_or(0, |c| c.csn);
+        let since = self
+            .shared
+            .log_stats()
+            .last_checkpoint
+            .as_ref()
+            .map_or(0, |c| c.csn);
         checkpoint::unpersisted_nodes(&self.snapshot(), since)
     }
 
@@ -845,11 +857,7 @@ impl Writer {
         else {
             return;
         };
-        *self
-            .shared
-            .latest
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = state;
+        self.shared.publish(state);
         for (req, pos) in done {
             let o = self
                 .outcomes
@@ -901,19 +909,26 @@ impl Writer {
         }
         match self.begin_checkpoint(to_writer) {
             Err(DbError::Checkpoint(e)) => {
-                for reply in self.ckpt_waiters.drain(..) {
-                    let _ = reply.send(Err(e.clone()));
-                }
-                self.plan.every = 0;
-                self.shared
-                    .log
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .checkpoint_error = Some(e);
+                let waiters = std::mem::take(&mut self.ckpt_waiters);
+                self.give_up_checkpoints(waiters, e);
                 Ok(())
             }
             other => other,
         }
+    }
+
+    /// A checkpoint could not be written: tell who asked, stop the
+    /// automatic ones and say why in the stats.
+    fn give_up_checkpoints(
+        &mut self,
+        waiters: Vec<SyncSender<Result<CheckpointInfo, String>>>,
+        e: String,
+    ) {
+        for w in waiters {
+            let _ = w.send(Err(e.clone()));
+        }
+        self.plan.every = 0;
+        self.shared.log_stats().checkpoint_error = Some(e);
     }
 
     /// Whether encoded checkpoint parts wait to be appended.
@@ -968,11 +983,7 @@ impl Writer {
                 "no state at the checkpoint barrier".into(),
             ));
         };
-        *self
-            .shared
-            .latest
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = state.clone();
+        self.shared.publish(state.clone());
         let since = self.plan.last.as_ref().map_or(0, |c| c.csn);
         let snapshot = state.snapshot().clone();
         let part_bytes = self.plan.part_bytes;
@@ -1043,11 +1054,7 @@ impl Writer {
         self.log.sync()?;
         // Everything appended is durable now: publish the latest state.
         if let Some(state) = self.melder.meld_state(pos).cloned() {
-            *self
-                .shared
-                .latest
-                .write()
-                .unwrap_or_else(PoisonError::into_inner) = state;
+            self.shared.publish(state);
         }
         let Some(ck) = self.ckpt.take() else {
             return Ok(());
@@ -1074,11 +1081,7 @@ impl Writer {
         self.plan.previous_first = Some(ck.begin);
         self.plan.last = Some(info.clone());
         {
-            let mut st = self
-                .shared
-                .log
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut st = self.shared.log_stats();
             st.last_checkpoint = Some(info.clone());
             st.checkpoints_written += 1;
             st.trims += u64::from(trimmed);
@@ -1102,26 +1105,19 @@ impl Writer {
             Err(e) => {
                 // The barrier stays (harmless); the checkpoint is abandoned
                 // and automatic ones stop, saying why.
-                let ck = self.ckpt.take();
-                for w in ck.map(|c| c.waiters).unwrap_or_default() {
-                    let _ = w.send(Err(e.clone()));
-                }
-                self.plan.every = 0;
-                self.shared
-                    .log
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .checkpoint_error = Some(e);
+                let waiters = self.ckpt.take().map(|c| c.waiters).unwrap_or_default();
+                self.give_up_checkpoints(waiters, e);
             }
         }
     }
 
     fn publish_log_stats(&self) {
-        let mut st = self
-            .shared
-            .log
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut st = self.shared.log_stats();
+        // Called after every writer step: skip the per-segment byte sum
+        // when nothing was appended or trimmed.
+        if st.tail == self.log.tail() && st.first == self.log.first() {
+            return;
+        }
         st.first = self.log.first();
         st.tail = self.log.tail();
         st.bytes = self.log.bytes();

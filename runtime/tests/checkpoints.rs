@@ -20,6 +20,15 @@ fn balance(v: Option<melddb::Bytes>) -> i64 {
         .unwrap_or(0)
 }
 
+/// Checkpoints only when asked, and every one kept.
+fn explicit_checkpoints_untrimmed() -> DbOptions {
+    DbOptions {
+        checkpoint_bytes: 0,
+        trim_log: false,
+        ..DbOptions::default()
+    }
+}
+
 fn small_checkpoints() -> DbOptions {
     DbOptions {
         durability: Durability::Buffered,
@@ -196,11 +205,7 @@ fn concurrent_commits_create_unpersisted_state_that_a_checkpoint_flushes() {
 #[test]
 fn a_checkpoint_that_does_not_verify_is_skipped_for_the_previous_one() {
     let d = tempfile::tempdir().unwrap();
-    let opts = DbOptions {
-        checkpoint_bytes: 0,
-        trim_log: false,
-        ..DbOptions::default()
-    };
+    let opts = explicit_checkpoints_untrimmed();
     let db = Arc::new(Database::open_with(d.path(), opts.clone()).unwrap());
     let model = workload(&db, 8, 60);
     let good = db.checkpoint().unwrap();
@@ -292,11 +297,7 @@ fn corrupt_sealed(dir: &std::path::Path, pos: u64) {
 fn with_every_checkpoint_damaged_recovery_falls_back_to_genesis_or_refuses() {
     // Untrimmed: the genesis record is still there, so replay from it.
     let d = tempfile::tempdir().unwrap();
-    let opts = DbOptions {
-        checkpoint_bytes: 0,
-        trim_log: false,
-        ..DbOptions::default()
-    };
+    let opts = explicit_checkpoints_untrimmed();
     let db = Arc::new(Database::open_with(d.path(), opts.clone()).unwrap());
     let model = workload(&db, 8, 40);
     let a = db.checkpoint().unwrap();
