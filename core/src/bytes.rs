@@ -75,6 +75,16 @@ impl Bytes {
     }
 }
 
+impl Default for Bytes {
+    /// The empty string.
+    fn default() -> Bytes {
+        Bytes(Repr::Inline {
+            len: 0,
+            data: [0; INLINE],
+        })
+    }
+}
+
 impl Deref for Bytes {
     type Target = [u8];
     #[inline]

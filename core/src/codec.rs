@@ -20,8 +20,9 @@ use crate::error::{
     MAX_RANGES_PER_NODE, MAX_VALUE_LEN,
 };
 use crate::node::{
-    find, height, max_key, min_key, oldest_from, Bytes, Link, LogPos, Node, Owner, OwnerKind, Vn,
-    ALTERED, DEPENDS_ON, DEPENDS_ON_TREE, LEFT_OWNED, RIGHT_OWNED, SUBTREE_ONLY_READ,
+    find, height, max_key, min_key, oldest_from, Bytes, Extra, Link, LogPos, Node, Owner,
+    OwnerKind, Vn, ALTERED, DEPENDS_ON, DEPENDS_ON_TREE, LEFT_OWNED, RIGHT_OWNED,
+    SUBTREE_ONLY_READ,
 };
 use crate::range::KeyRange;
 use crate::txn::Isolation;
@@ -142,7 +143,7 @@ pub(crate) fn encode(input: &EncodeInput<'_>) -> Result<Vec<u8>, TxnError> {
 fn count_local(t: &Link, local: &Arc<Owner>) -> usize {
     match t {
         Some(n) if n.same_owner(local) => {
-            1 + count_local(&n.left, local) + count_local(&n.right, local)
+            1 + count_local(n.left(), local) + count_local(n.right(), local)
         }
         _ => 0,
     }
@@ -160,12 +161,12 @@ fn encode_node(w: &mut Writer, n: &Arc<Node>, input: &EncodeInput<'_>) {
     // Post-order: both children before the node, so a decoder can rebuild
     // the tree with a stack and VNs follow from the position (App. E).
     let local = input.local;
-    for c in [&n.left, &n.right].into_iter().flatten() {
+    for c in [n.left(), n.right()].into_iter().flatten() {
         if c.same_owner(local) {
             encode_node(w, c, input);
         }
     }
-    let ranges = n.ranges.as_deref().unwrap_or(&[]);
+    let ranges = n.ranges().unwrap_or(&[]);
     let mut flags = 0u8;
     if n.altered() {
         flags |= F_ALTERED;
@@ -189,10 +190,10 @@ fn encode_node(w: &mut Writer, n: &Arc<Node>, input: &EncodeInput<'_>) {
     }
     w.buf.push(flags);
     w.buf
-        .push(child_kind(&n.left, local) | (child_kind(&n.right, local) << 2));
+        .push(child_kind(n.left(), local) | (child_kind(n.right(), local) << 2));
     w.bytes(&n.key);
     if n.altered() {
-        w.bytes(&n.value);
+        w.bytes(n.val());
     }
     if n.scv != 0 {
         w.varint(input.snapshot_csn - n.scv);
@@ -200,7 +201,7 @@ fn encode_node(w: &mut Writer, n: &Arc<Node>, input: &EncodeInput<'_>) {
     if n.ssv != 0 {
         w.varint(input.snapshot_csn - n.ssv);
     }
-    for c in [&n.left, &n.right].into_iter().flatten() {
+    for c in [n.left(), n.right()].into_iter().flatten() {
         if !c.same_owner(local) {
             w.varint(input.snapshot_csn - c.vn());
             w.bytes(&c.key);
@@ -743,8 +744,8 @@ pub(crate) fn from_local(
     impl Conv<'_> {
         fn node(&mut self, n: &Arc<Node>, range: Interval) -> Arc<Node> {
             let mut kids: [Link; 2] = [None, None];
-            let mut flags = 0u8;
-            for (side, c) in [&n.left, &n.right].into_iter().enumerate() {
+            let mut flags = 0u16;
+            for (side, c) in [n.left(), n.right()].into_iter().enumerate() {
                 kids[side] = match c {
                     Some(c) if c.same_owner(self.local) => {
                         flags |= if side == 0 { LEFT_OWNED } else { RIGHT_OWNED };
@@ -764,7 +765,7 @@ pub(crate) fn from_local(
             if n.depends_on() {
                 flags |= DEPENDS_ON;
             }
-            let has_ranges = n.ranges.as_deref().is_some_and(|r| !r.is_empty());
+            let has_ranges = n.ranges().is_some_and(|r| !r.is_empty());
             if has_ranges {
                 flags |= DEPENDS_ON_TREE;
             }
@@ -777,9 +778,9 @@ pub(crate) fn from_local(
             let oldest = oldest_from(&left, &right, self.pos);
             Arc::new(Node {
                 key: n.key.clone(),
-                value: n.value.clone(),
-                left,
-                right,
+                payload: n.val().clone(),
+                left_link: left,
+                right_link: right,
                 owner: self.owner.clone(),
                 seq: self.bounds.len() as u32,
                 vn_cache: AtomicU64::new(0),
@@ -787,8 +788,14 @@ pub(crate) fn from_local(
                 ssv: n.ssv,
                 flags,
                 height: h,
-                ranges: if has_ranges { n.ranges.clone() } else { None },
+                extra: if has_ranges {
+                    n.ranges()
+                        .map(|r| Box::new(Extra::Ranges(r.to_vec().into_boxed_slice())))
+                } else {
+                    None
+                },
                 oldest,
+                addr: AtomicU64::new(0),
             })
         }
     }
@@ -857,12 +864,12 @@ impl<'s> Builder<'s, '_> {
             let child_hint = twin.as_ref().and_then(|t| {
                 let (c, interval) = if side == 0 {
                     (
-                        t.node.left.as_ref(),
+                        t.node.left().as_ref(),
                         (t.interval.0.clone(), Some(t.node.key.clone())),
                     )
                 } else {
                     (
-                        t.node.right.as_ref(),
+                        t.node.right().as_ref(),
                         (Some(t.node.key.clone()), t.interval.1.clone()),
                     )
                 };
@@ -903,7 +910,7 @@ impl<'s> Builder<'s, '_> {
                         why: "unaltered node's content version does not match the snapshot",
                     });
                 }
-                n.value.clone()
+                n.val().clone()
             }
         };
         self.bounds[idx as usize] = range;
@@ -913,7 +920,7 @@ impl<'s> Builder<'s, '_> {
                 why: "subtree heights differ by more than one",
             });
         }
-        let mut flags = 0u8;
+        let mut flags = 0u16;
         if p.kinds[0] == CHILD_LOCAL {
             flags |= LEFT_OWNED;
         }
@@ -933,9 +940,9 @@ impl<'s> Builder<'s, '_> {
         let oldest = oldest_from(&left, &right, self.pos);
         Ok(Arc::new(Node {
             key,
-            value,
-            left,
-            right,
+            payload: value,
+            left_link: left,
+            right_link: right,
             owner: self.owner.clone(),
             seq: idx + 1,
             vn_cache: AtomicU64::new(0),
@@ -943,12 +950,13 @@ impl<'s> Builder<'s, '_> {
             ssv: p.ssv,
             flags,
             height: hl.max(hr).saturating_add(1),
-            ranges: if p.ranges.is_empty() {
+            extra: if p.ranges.is_empty() {
                 None
             } else {
-                Some(p.ranges.clone().into_boxed_slice())
+                Some(Box::new(Extra::Ranges(p.ranges.clone().into_boxed_slice())))
             },
             oldest,
+            addr: AtomicU64::new(0),
         }))
     }
 }

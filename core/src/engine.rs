@@ -5,13 +5,14 @@
 //! same states on every node.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::checkpoint::{self, Loaded, TrackEvent, Tracker};
 use crate::codec::{parse, resolve, Intention};
 use crate::error::DecodeError;
 use crate::genesis::Settings;
 use crate::meld::{meld, AbortReason, MeldInput, MeldStats, Tombstones};
-use crate::node::{Link, LogPos, Vn};
+use crate::node::{Link, LogPos, NodeStore, Vn};
 use crate::pipeline::{group, is_pair_head, premeld, Prepared, StageError};
 use crate::snapshot::Snapshot;
 use crate::txn::LocalIntention;
@@ -237,6 +238,38 @@ impl Melder {
             self.make_room();
             self.retired.intentions.push(int);
         }
+    }
+
+    /// Node cache: replaces the persisted subtrees of every retained state
+    /// by stubs read back through `store` (see [`crate::cache`]), keeping
+    /// loaded stubs used since the last call for one more. `persisted`
+    /// says which checkpoint generations are complete and readable. Node
+    /// identities and everything meld decides stay the same; the memory
+    /// the old trees held is freed (or retired, see
+    /// [`Melder::set_deferred_reclaim`]) once no snapshot holds it.
+    pub fn evict(
+        &mut self,
+        store: &Arc<dyn NodeStore>,
+        persisted: &dyn Fn(u16) -> bool,
+    ) -> crate::cache::Evicted {
+        let mut cx = crate::cache::Sweep {
+            store,
+            persisted,
+            out: crate::cache::Evicted::default(),
+            memo: std::collections::HashMap::new(),
+        };
+        let mut old = Vec::new();
+        // Newest first: the LCS's hot stubs get their second chance from
+        // it, and older states reuse what it swept.
+        for s in self.window.iter_mut().rev().flatten() {
+            let root = crate::cache::restub(&s.snapshot.root, &mut cx);
+            old.push(std::mem::replace(&mut s.snapshot.root, root));
+        }
+        drop(cx.memo);
+        for r in old {
+            self.retire(r);
+        }
+        cx.out
     }
 
     /// The database settings.

@@ -191,6 +191,12 @@ pub enum CheckpointError {
     /// The rebuilt state differs from the one the writer recorded.
     #[error("checkpoint digest mismatch: the rebuilt state is not the recorded one")]
     Digest,
+    /// A stub's node could not be read back while encoding.
+    #[error(transparent)]
+    Store(#[from] crate::node::StoreError),
+    /// The sink refused a part (the host stopped the checkpoint).
+    #[error("checkpoint stopped by its writer")]
+    Stopped,
     /// The state is too large for one checkpoint.
     #[error("a checkpoint of {bytes} bytes needs more than the allowed number of parts; raise the part size")]
     TooLarge {

@@ -25,6 +25,7 @@
 #![deny(missing_docs)]
 
 mod bytes;
+pub mod cache;
 pub mod checkpoint;
 pub mod codec;
 mod db;
@@ -47,7 +48,9 @@ pub use error::{CheckpointError, CommitError, DecodeError, Error, LogError, Open
 pub use genesis::{Settings, DEFAULT_MAX_CONFLICT_ZONE, MAX_CONFLICT_ZONE_LIMIT};
 pub use log::{Entry, Log, MemLog};
 pub use meld::{AbortReason, MeldStats};
-pub use node::{Bytes, LogPos, Node, Vn, NO_LOGGED_NODE};
+pub use node::{
+    take_store_error, Bytes, LogPos, Node, NodeAddr, NodeStore, StoreError, Vn, NO_LOGGED_NODE,
+};
 pub use range::KeyRange;
 pub use snapshot::{Digest, Order, Snapshot};
 pub use txn::{Finished, Isolation, LocalIntention, Transaction};

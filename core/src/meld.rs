@@ -208,7 +208,7 @@ type ILink<'t> = Option<&'t Arc<Node>>;
 #[inline]
 fn ileft(n: &Arc<Node>) -> ILink<'_> {
     if n.flag(LEFT_OWNED) {
-        n.left.as_ref()
+        n.left().as_ref()
     } else {
         None
     }
@@ -218,7 +218,7 @@ fn ileft(n: &Arc<Node>) -> ILink<'_> {
 #[inline]
 fn iright(n: &Arc<Node>) -> ILink<'_> {
     if n.flag(RIGHT_OWNED) {
-        n.right.as_ref()
+        n.right().as_ref()
     } else {
         None
     }
@@ -382,8 +382,8 @@ impl<'a> Cx<'a, '_> {
         } else {
             (i, i)
         };
-        let left = self.meld_child(&lnode.left, li, gap.left_of(lk))?;
-        let right = self.meld_child(&lnode.right, ri, gap.right_of(lk))?;
+        let left = self.meld_child(lnode.left(), li, gap.left_of(lk))?;
+        let right = self.meld_child(lnode.right(), ri, gap.right_of(lk))?;
         let mid = self.mid(twin, lnode)?;
         Ok(self.assemble(lnode, left, mid, right))
     }
@@ -432,8 +432,8 @@ impl<'a> Cx<'a, '_> {
         match mid {
             Some(c)
                 if Arc::ptr_eq(c, lnode)
-                    && same(&left, &lnode.left)
-                    && same(&right, &lnode.right) =>
+                    && same(&left, lnode.left())
+                    && same(&right, lnode.right()) =>
             {
                 Some(lnode.clone())
             }
@@ -492,14 +492,14 @@ impl<'a> Cx<'a, '_> {
                 return Ok(());
             }
             self.check(inode, Some(lnode))?;
-            self.check_only(&lnode.left, ileft(inode), gap.left_of(lk))?;
-            self.check_only(&lnode.right, iright(inode), gap.right_of(lk))
+            self.check_only(lnode.left(), ileft(inode), gap.left_of(lk))?;
+            self.check_only(lnode.right(), iright(inode), gap.right_of(lk))
         } else {
             if let Some(t) = self.find_owned(i, lk) {
                 self.check(t, Some(lnode))?;
             }
-            self.check_only(&lnode.left, i, gap.left_of(lk))?;
-            self.check_only(&lnode.right, i, gap.right_of(lk))
+            self.check_only(lnode.left(), i, gap.left_of(lk))?;
+            self.check_only(lnode.right(), i, gap.right_of(lk))
         }
     }
 
@@ -540,7 +540,8 @@ impl<'a> Cx<'a, '_> {
         'a: 't,
     {
         let Some(n) = t else { return Ok(()) };
-        if (n.left.is_some() && !n.flag(LEFT_OWNED)) || (n.right.is_some() && !n.flag(RIGHT_OWNED))
+        if (n.left().is_some() && !n.flag(LEFT_OWNED))
+            || (n.right().is_some() && !n.flag(RIGHT_OWNED))
         {
             // Snapshot keys below that the LCS no longer holds (deleted
             // concurrently): the subtree cannot be kept as is.
@@ -596,7 +597,7 @@ impl<'a> Cx<'a, '_> {
             // again) in the conflict zone.
             return Err(Box::new(AbortReason::WriteWrite { key: n.key.clone() }));
         }
-        if let Some(rs) = &n.ranges {
+        if let Some(rs) = n.ranges() {
             for r in rs.iter() {
                 if self.range_changed(r) {
                     return Err(Box::new(AbortReason::Phantom { range: r.clone() }));
@@ -631,15 +632,15 @@ impl<'a> Cx<'a, '_> {
                 self.stats.range_nodes += 1;
                 if x.key == y.key {
                     x.ncv() != y.ncv()
-                        || self.diff(&x.left, &y.left, r.below(&y.key))
-                        || self.diff(&x.right, &y.right, r.above(&y.key))
+                        || self.diff(x.left(), y.left(), r.below(&y.key))
+                        || self.diff(x.right(), y.right(), r.above(&y.key))
                 } else {
                     match find(a, &y.key) {
                         Some(z) if z.ncv() == y.ncv() => {}
                         _ => return true,
                     }
-                    self.diff(a, &y.left, r.below(&y.key))
-                        || self.diff(a, &y.right, r.above(&y.key))
+                    self.diff(a, y.left(), r.below(&y.key))
+                        || self.diff(a, y.right(), r.above(&y.key))
                 }
             }
         }
@@ -663,18 +664,18 @@ impl<'a> Cx<'a, '_> {
         self.stats.lcs_nodes += 1;
         match key[..].cmp(&n.key) {
             Ordering::Less => {
-                let nl = self.delete(&n.left, key, scv)?;
-                Ok(Some(self.join(nl, n, None, n.right.clone())))
+                let nl = self.delete(n.left(), key, scv)?;
+                Ok(Some(self.join(nl, n, None, n.right().clone())))
             }
             Ordering::Greater => {
-                let nr = self.delete(&n.right, key, scv)?;
-                Ok(Some(self.join(n.left.clone(), n, None, nr)))
+                let nr = self.delete(n.right(), key, scv)?;
+                Ok(Some(self.join(n.left().clone(), n, None, nr)))
             }
             Ordering::Equal => {
                 if n.ncv() != scv {
                     return Err(Box::new(AbortReason::WriteWrite { key: key.clone() }));
                 }
-                Ok(self.join2(n.left.clone(), n.right.clone()))
+                Ok(self.join2(n.left().clone(), n.right().clone()))
             }
         }
     }
@@ -696,8 +697,8 @@ impl<'a> Cx<'a, '_> {
         let vn = self.eph.base() + seq as Vn;
         let read_only = twin.is_some_and(|t| {
             Arc::ptr_eq(c, t)
-                && nsv_of(&left) == nsv_of(&t.left)
-                && nsv_of(&right) == nsv_of(&t.right)
+                && nsv_of(&left) == nsv_of(t.left())
+                && nsv_of(&right) == nsv_of(t.right())
         });
         let (ssv, flags) = match (read_only, twin) {
             (true, Some(t)) => (t.nsv(), SUBTREE_ONLY_READ),
@@ -707,9 +708,9 @@ impl<'a> Cx<'a, '_> {
         let h = height(&left).max(height(&right)) + 1;
         Arc::new(Node {
             key: c.key.clone(),
-            value: c.value.clone(),
-            left,
-            right,
+            payload: c.val().clone(),
+            left_link: left,
+            right_link: right,
             owner: self.eph.clone(),
             seq,
             vn_cache: AtomicU64::new(vn),
@@ -717,7 +718,8 @@ impl<'a> Cx<'a, '_> {
             ssv,
             flags,
             height: h,
-            ranges: None,
+            extra: None,
+            addr: AtomicU64::new(0),
             oldest,
         })
     }
@@ -740,8 +742,8 @@ impl<'a> Cx<'a, '_> {
     }
 
     fn join_right(&mut self, l: &Arc<Node>, c: &Arc<Node>, r: Link) -> Arc<Node> {
-        let ll = l.left.clone();
-        match &l.right {
+        let ll = l.left().clone();
+        match l.right() {
             Some(lr) if lr.height > height(&r) + 1 => {
                 let t = self.join_right(lr, c, r);
                 let th = t.height;
@@ -766,8 +768,8 @@ impl<'a> Cx<'a, '_> {
     }
 
     fn join_left(&mut self, l: Link, c: &Arc<Node>, r: &Arc<Node>) -> Arc<Node> {
-        let rr = r.right.clone();
-        match &r.left {
+        let rr = r.right().clone();
+        match r.left() {
             Some(rl) if rl.height > height(&l) + 1 => {
                 let t = self.join_left(l, c, rl);
                 let th = t.height;
@@ -792,15 +794,15 @@ impl<'a> Cx<'a, '_> {
     }
 
     fn rotate_left(&mut self, x: &Arc<Node>) -> Arc<Node> {
-        let Some(y) = &x.right else { return x.clone() };
-        let nx = self.make(x, x.left.clone(), y.left.clone(), None);
-        self.make(y, Some(nx), y.right.clone(), None)
+        let Some(y) = x.right() else { return x.clone() };
+        let nx = self.make(x, x.left().clone(), y.left().clone(), None);
+        self.make(y, Some(nx), y.right().clone(), None)
     }
 
     fn rotate_right(&mut self, x: &Arc<Node>) -> Arc<Node> {
-        let Some(y) = &x.left else { return x.clone() };
-        let nx = self.make(x, y.right.clone(), x.right.clone(), None);
-        self.make(y, y.left.clone(), Some(nx), None)
+        let Some(y) = x.left() else { return x.clone() };
+        let nx = self.make(x, y.right().clone(), x.right().clone(), None);
+        self.make(y, y.left().clone(), Some(nx), None)
     }
 
     /// Concatenates two trees (all keys of `l` below those of `r`).
@@ -816,11 +818,11 @@ impl<'a> Cx<'a, '_> {
     }
 
     fn split_last(&mut self, n: &Arc<Node>) -> (Link, Arc<Node>) {
-        match &n.right {
-            None => (n.left.clone(), n.clone()),
+        match n.right() {
+            None => (n.left().clone(), n.clone()),
             Some(rn) => {
                 let (rest, last) = self.split_last(rn);
-                (Some(self.join(n.left.clone(), n, None, rest)), last)
+                (Some(self.join(n.left().clone(), n, None, rest)), last)
             }
         }
     }
@@ -829,9 +831,9 @@ impl<'a> Cx<'a, '_> {
 fn narrow_committed<'t>(mut t: &'t Link, r: RangeRef<'_>, stats: &mut MeldStats) -> &'t Link {
     while let Some(n) = t {
         if r.all_above(&n.key) {
-            t = &n.right;
+            t = n.right();
         } else if r.all_below(&n.key) {
-            t = &n.left;
+            t = n.left();
         } else {
             break;
         }

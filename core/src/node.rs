@@ -10,8 +10,9 @@
 //! `base + node_count`, and an ephemeral intention created while melding
 //! intention `I` starts at `CSN(I)`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use crate::range::KeyRange;
 
@@ -58,18 +59,26 @@ impl Owner {
     }
 }
 
-pub(crate) const ALTERED: u8 = 1;
-pub(crate) const DEPENDS_ON: u8 = 2;
-pub(crate) const DEPENDS_ON_TREE: u8 = 4;
-pub(crate) const SUBTREE_ONLY_READ: u8 = 8;
+pub(crate) const ALTERED: u16 = 1;
+pub(crate) const DEPENDS_ON: u16 = 2;
+pub(crate) const DEPENDS_ON_TREE: u16 = 4;
+pub(crate) const SUBTREE_ONLY_READ: u16 = 8;
 /// Transaction-local only: a write (update, insert, delete, rotation) happened
 /// at this node or below it. Encoded as the negation of SUBTREE_ONLY_READ.
-pub(crate) const DIRTY: u8 = 16;
+pub(crate) const DIRTY: u16 = 16;
 /// Decoded intention nodes only: the left (right) child is a node of the same
 /// intention, not a pointer into the snapshot. Lets meld tell without
 /// touching the (usually cold) child.
-pub(crate) const LEFT_OWNED: u8 = 32;
-pub(crate) const RIGHT_OWNED: u8 = 64;
+pub(crate) const LEFT_OWNED: u16 = 32;
+pub(crate) const RIGHT_OWNED: u16 = 64;
+/// A stub: a persisted subtree that is not in memory. Its key, versions,
+/// height and OldestDescendant are here; children and value are read back
+/// from a [`NodeStore`] on first use (see [`Node::body`]).
+pub(crate) const STUB: u16 = 128;
+/// A copy the node cache made of a node to put stubs under it: same
+/// identity (VN and every version), different pointer. Lets [`same`]
+/// know that pointer inequality does not mean different nodes.
+pub(crate) const COPIED: u16 = 256;
 
 /// `oldest` of a subtree that holds no logged node (only ephemeral ones).
 pub const NO_LOGGED_NODE: LogPos = u64::MAX;
@@ -82,8 +91,10 @@ pub const NO_LOGGED_NODE: LogPos = u64::MAX;
 #[repr(C)]
 pub struct Node {
     pub(crate) key: Bytes,
-    pub(crate) left: Link,
-    pub(crate) right: Link,
+    /// Children. Read them through [`Node::left`] / [`Node::right`], which
+    /// load a stub's; a stub's own are empty.
+    pub(crate) left_link: Link,
+    pub(crate) right_link: Link,
     /// The VN once computed (0 before): a cache of `owner.base + seq`,
     /// filled at creation for ephemeral nodes and on first use otherwise,
     /// so meld rarely has to load the (often cold) owner.
@@ -91,7 +102,7 @@ pub struct Node {
     /// Source content version: VN of the node that first produced this payload
     /// as seen by the writer's snapshot (0 if the key did not exist there).
     pub(crate) scv: Vn,
-    pub(crate) flags: u8,
+    pub(crate) flags: u16,
     /// AVL height of the subtree (a leaf has height 1).
     pub(crate) height: u8,
     /// 1-based post-order position inside the owner.
@@ -100,12 +111,166 @@ pub struct Node {
     /// seen in the writer's snapshot (0 if invalidated by a restructuring).
     pub(crate) ssv: Vn,
     pub(crate) owner: Arc<Owner>,
-    pub(crate) value: Bytes,
-    /// DependencyRange of a DependsOnTree node (phantom protection).
-    pub(crate) ranges: Option<Box<[KeyRange]>>,
+    /// The value; read it through [`Node::val`] (a stub's is empty).
+    pub(crate) payload: Bytes,
+    /// DependencyRange of a DependsOnTree node (phantom protection), or a
+    /// stub's loader. Both are rare, so one pointer holds either.
+    pub(crate) extra: Option<Box<Extra>>,
     /// OldestDescendant (App. B): the smallest log position of any logged
     /// intention with a node in this subtree, or NO_LOGGED_NODE.
     pub(crate) oldest: LogPos,
+    /// Where the node was last written by a checkpoint ([`NodeAddr`]), or
+    /// 0. A stub is read back from here. Atomic because the checkpoint
+    /// encoder records it on nodes that other threads share.
+    pub(crate) addr: AtomicU64,
+}
+
+/// The rarely present parts of a node.
+#[derive(Debug)]
+pub(crate) enum Extra {
+    /// DependencyRange of a DependsOnTree intention node.
+    Ranges(Box<[KeyRange]>),
+    /// A stub's loader and, once loaded, its body.
+    Stub(Stub),
+}
+
+/// What a stub needs to read its body back.
+pub(crate) struct Stub {
+    pub(crate) store: Arc<dyn NodeStore>,
+    pub(crate) body: OnceLock<Arc<Node>>,
+    /// Set when the body is used; the cache's sweep clears it (CLOCK).
+    pub(crate) used: AtomicBool,
+}
+
+impl std::fmt::Debug for Stub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stub")
+            .field("loaded", &self.body.get().is_some())
+            .finish()
+    }
+}
+
+/// The address of a node inside a checkpoint: which checkpoint (a small
+/// number the host gives each one it writes, wrapping at 2^16) and the byte
+/// offset of the node's record in the checkpoint's body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeAddr(u64);
+
+impl NodeAddr {
+    const OFFSET_BITS: u32 = 48;
+    /// The address of the record at `offset` in checkpoint `generation`.
+    /// `None` if the offset does not fit in 48 bits.
+    pub fn new(generation: u16, offset: u64) -> Option<NodeAddr> {
+        (offset < 1 << Self::OFFSET_BITS)
+            .then(|| NodeAddr(u64::from(generation) << Self::OFFSET_BITS | offset))
+    }
+    pub(crate) fn from_raw(raw: u64) -> Option<NodeAddr> {
+        (raw != 0).then_some(NodeAddr(raw))
+    }
+    pub(crate) fn raw(self) -> u64 {
+        self.0
+    }
+    /// The checkpoint's generation number.
+    pub fn generation(self) -> u16 {
+        (self.0 >> Self::OFFSET_BITS) as u16
+    }
+    /// The record's byte offset in the checkpoint body.
+    pub fn offset(self) -> u64 {
+        self.0 & ((1 << Self::OFFSET_BITS) - 1)
+    }
+}
+
+impl std::fmt::Display for NodeAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "checkpoint #{} offset {}",
+            self.generation(),
+            self.offset()
+        )
+    }
+}
+
+/// Where persisted nodes are read back from: the host's view of the
+/// checkpoints in its log. The core parses and verifies what it returns.
+pub trait NodeStore: Send + Sync {
+    /// Up to `len` bytes of checkpoint `addr.generation()`'s body from
+    /// `addr.offset()` on (fewer only where the body ends).
+    fn read(&self, addr: NodeAddr, len: usize) -> Result<Vec<u8>, StoreError>;
+    /// Called with the size of every node body loaded into memory, so the
+    /// host can account its cache.
+    fn loaded(&self, _bytes: u64) {}
+}
+
+/// Reading a persisted node back failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The host could not read the bytes (I/O error, trimmed log, unknown
+    /// checkpoint).
+    #[error("cannot read node at {addr}: {message}")]
+    Read {
+        /// The node's address.
+        addr: NodeAddr,
+        /// What the host reported.
+        message: String,
+    },
+    /// The bytes read back are not the node that was written there.
+    #[error(
+        "node at {addr} is damaged: {why}; the database files are corrupt, run `melddb check`"
+    )]
+    Corrupt {
+        /// The node's address.
+        addr: NodeAddr,
+        /// What is wrong.
+        why: &'static str,
+    },
+}
+
+thread_local! {
+    /// The first load failure on this thread since it was last taken. Node
+    /// accessors cannot return errors without making every tree walk
+    /// fallible; instead a failed load yields an empty node and is recorded
+    /// here, and every operation that may touch stubs takes it at its end
+    /// and fails as a whole (see [`take_store_error`]).
+    static STORE_ERROR: RefCell<Option<StoreError>> = const { RefCell::new(None) };
+}
+
+/// Takes the load failure recorded on this thread, if any. Operations on
+/// trees with stubs call it after they ran; a `Some` means their result is
+/// meaningless and must be discarded.
+pub fn take_store_error() -> Option<StoreError> {
+    STORE_ERROR.with(|e| e.borrow_mut().take())
+}
+
+fn record_store_error(err: StoreError) {
+    STORE_ERROR.with(|e| {
+        let mut slot = e.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(err);
+        }
+    });
+}
+
+/// What a failed load yields: a childless, empty node, never used because
+/// the operation that got it fails (see [`take_store_error`]).
+fn poison() -> &'static Node {
+    static POISON: OnceLock<Node> = OnceLock::new();
+    POISON.get_or_init(|| Node {
+        key: Bytes::default(),
+        left_link: None,
+        right_link: None,
+        vn_cache: AtomicU64::new(0),
+        scv: 0,
+        flags: 0,
+        height: 1,
+        seq: 0,
+        ssv: 0,
+        owner: Owner::new(OwnerKind::Ephemeral, 0),
+        payload: Bytes::default(),
+        extra: None,
+        oldest: NO_LOGGED_NODE,
+        addr: AtomicU64::new(0),
+    })
 }
 
 impl Node {
@@ -113,9 +278,157 @@ impl Node {
     pub fn key(&self) -> &[u8] {
         &self.key
     }
-    /// The node's value.
+    /// The node's value (read back first if the node is a stub).
     pub fn value(&self) -> &[u8] {
-        &self.value
+        self.val()
+    }
+
+    /// The node's value as [`Bytes`].
+    #[inline]
+    pub(crate) fn val(&self) -> &Bytes {
+        &self.body().payload
+    }
+    /// The left child.
+    #[inline]
+    pub(crate) fn left(&self) -> &Link {
+        &self.body().left_link
+    }
+    /// The right child.
+    #[inline]
+    pub(crate) fn right(&self) -> &Link {
+        &self.body().right_link
+    }
+    /// DependencyRange (intention nodes only).
+    pub(crate) fn ranges(&self) -> Option<&[KeyRange]> {
+        match self.extra.as_deref() {
+            Some(Extra::Ranges(r)) => Some(r),
+            _ => None,
+        }
+    }
+    /// Whether this is a stub (see [`STUB`]).
+    #[inline]
+    pub(crate) fn is_stub(&self) -> bool {
+        self.flags & STUB != 0
+    }
+    fn stub(&self) -> Option<&Stub> {
+        match self.extra.as_deref() {
+            Some(Extra::Stub(s)) if self.is_stub() => Some(s),
+            _ => None,
+        }
+    }
+    /// Whether this stub's body is in memory (false for non-stubs).
+    pub(crate) fn stub_loaded(&self) -> bool {
+        self.stub().is_some_and(|s| s.body.get().is_some())
+    }
+    /// The checkpoint address recorded on the node, if any.
+    pub(crate) fn node_addr(&self) -> Option<NodeAddr> {
+        NodeAddr::from_raw(self.addr.load(Ordering::Relaxed))
+    }
+
+    /// The node itself, or for a stub the node read back from its store
+    /// (kept, so later calls are cheap). A failed read yields an empty
+    /// node and records the error for [`take_store_error`].
+    #[inline]
+    pub(crate) fn body(&self) -> &Node {
+        if self.flags & STUB == 0 {
+            self
+        } else {
+            self.load_body()
+        }
+    }
+
+    #[cold]
+    fn load_body(&self) -> &Node {
+        let Some(s) = self.stub() else { return self };
+        if let Some(n) = s.body.get() {
+            if !s.used.load(Ordering::Relaxed) {
+                s.used.store(true, Ordering::Relaxed);
+            }
+            return n;
+        }
+        match self.read_back(&s.store) {
+            Ok(n) => {
+                s.used.store(true, Ordering::Relaxed);
+                s.body.get_or_init(|| n)
+            }
+            Err(e) => {
+                record_store_error(e);
+                poison()
+            }
+        }
+    }
+
+    fn read_back(&self, store: &Arc<dyn NodeStore>) -> Result<Arc<Node>, StoreError> {
+        let addr = self.node_addr().ok_or(StoreError::Corrupt {
+            addr: NodeAddr(0),
+            why: "stub without an address",
+        })?;
+        let n = crate::checkpoint::read_node(store, addr)?;
+        if n.vn() != self.vn() || n.key != self.key || n.height != self.height {
+            return Err(StoreError::Corrupt {
+                addr,
+                why: "the node read back is not the one the stub stands for",
+            });
+        }
+        store.loaded(n.approx_bytes());
+        Ok(n)
+    }
+
+    /// Runs `f` on the node's body without keeping a stub's body in memory
+    /// afterwards (for walks over a whole tree, which would otherwise pull
+    /// all of it into memory). A failed read runs `f` on an empty node and
+    /// records the error.
+    pub(crate) fn with_body<R>(&self, f: impl FnOnce(&Node) -> R) -> R {
+        match self.stub() {
+            None => f(self),
+            Some(s) => match s.body.get() {
+                Some(n) => f(n),
+                None => match self.read_back(&s.store) {
+                    Ok(n) => f(&n),
+                    Err(e) => {
+                        record_store_error(e);
+                        f(poison())
+                    }
+                },
+            },
+        }
+    }
+
+    /// Memory one in-memory node takes: the node, its reference counts and
+    /// the heap behind its key and value.
+    pub(crate) fn approx_bytes(&self) -> u64 {
+        (std::mem::size_of::<Node>() + 16) as u64
+            + self.key.heap_bytes() as u64
+            + self.payload.heap_bytes() as u64
+            + match self.extra.as_deref() {
+                None => 0,
+                Some(Extra::Stub(_)) => std::mem::size_of::<Extra>() as u64,
+                Some(Extra::Ranges(r)) => (r.len() * std::mem::size_of::<KeyRange>()) as u64,
+            }
+    }
+
+    /// A stub standing for `self`, read back from `store` at `addr`.
+    pub(crate) fn to_stub(&self, addr: NodeAddr, store: Arc<dyn NodeStore>) -> Arc<Node> {
+        Arc::new(Node {
+            key: self.key.clone(),
+            left_link: None,
+            right_link: None,
+            vn_cache: AtomicU64::new(self.vn()),
+            scv: self.scv,
+            flags: (self.flags & !COPIED) | STUB,
+            height: self.height,
+            seq: self.seq,
+            ssv: self.ssv,
+            owner: self.owner.clone(),
+            payload: Bytes::default(),
+            extra: Some(Box::new(Extra::Stub(Stub {
+                store,
+                body: OnceLock::new(),
+                used: AtomicBool::new(false),
+            }))),
+            oldest: self.oldest,
+            addr: AtomicU64::new(addr.raw()),
+        })
     }
     /// The node's version number (identity). Only meaningful for committed nodes.
     #[inline]
@@ -136,7 +449,7 @@ impl Node {
     }
 
     #[inline]
-    pub(crate) fn flag(&self, f: u8) -> bool {
+    pub(crate) fn flag(&self, f: u16) -> bool {
         self.flags & f != 0
     }
     #[inline]
@@ -187,9 +500,9 @@ impl Clone for Node {
     fn clone(&self) -> Node {
         Node {
             key: self.key.clone(),
-            value: self.value.clone(),
-            left: self.left.clone(),
-            right: self.right.clone(),
+            payload: self.payload.clone(),
+            left_link: self.left_link.clone(),
+            right_link: self.right_link.clone(),
             owner: self.owner.clone(),
             seq: self.seq,
             vn_cache: AtomicU64::new(self.vn_cache.load(Ordering::Relaxed)),
@@ -197,8 +510,13 @@ impl Clone for Node {
             ssv: self.ssv,
             flags: self.flags,
             height: self.height,
-            ranges: self.ranges.clone(),
+            extra: match self.extra.as_deref() {
+                Some(Extra::Ranges(r)) => Some(Box::new(Extra::Ranges(r.clone()))),
+                // A clone of a stub is a plain node: callers clone bodies.
+                _ => None,
+            },
             oldest: self.oldest,
+            addr: AtomicU64::new(self.addr.load(Ordering::Relaxed)),
         }
     }
 }
@@ -217,9 +535,17 @@ pub(crate) fn nsv_of(l: &Link) -> Vn {
 pub(crate) fn same(a: &Link, b: &Link) -> bool {
     match (a, b) {
         (None, None) => true,
-        (Some(x), Some(y)) => Arc::ptr_eq(x, y),
+        (Some(x), Some(y)) => same_node(x, y),
         _ => false,
     }
+}
+
+/// Whether two committed nodes are the same node. Pointer equality, except
+/// where the node cache replaced a node by a stub or a copy with the same
+/// identity: then equal VNs (identities are unique) decide.
+#[inline]
+pub(crate) fn same_node(x: &Arc<Node>, y: &Arc<Node>) -> bool {
+    Arc::ptr_eq(x, y) || ((x.flags | y.flags) & (STUB | COPIED) != 0 && x.vn() == y.vn())
 }
 
 /// OldestDescendant of a node whose own log position is `own` (or
@@ -234,8 +560,8 @@ pub(crate) fn oldest_from(l: &Link, r: &Link, own: LogPos) -> LogPos {
 pub(crate) fn find<'a>(mut t: &'a Link, key: &[u8]) -> Option<&'a Arc<Node>> {
     while let Some(n) = t {
         match crate::bytes::cmp_keys(key, &n.key) {
-            std::cmp::Ordering::Less => t = &n.left,
-            std::cmp::Ordering::Greater => t = &n.right,
+            std::cmp::Ordering::Less => t = n.left(),
+            std::cmp::Ordering::Greater => t = n.right(),
             std::cmp::Ordering::Equal => return Some(n),
         }
     }
@@ -245,7 +571,7 @@ pub(crate) fn find<'a>(mut t: &'a Link, key: &[u8]) -> Option<&'a Arc<Node>> {
 /// The smallest key of a non-empty subtree.
 pub(crate) fn min_key(n: &Arc<Node>) -> &[u8] {
     let mut n = n;
-    while let Some(l) = &n.left {
+    while let Some(l) = n.left() {
         n = l;
     }
     &n.key
@@ -254,7 +580,7 @@ pub(crate) fn min_key(n: &Arc<Node>) -> &[u8] {
 /// The largest key of a non-empty subtree.
 pub(crate) fn max_key(n: &Arc<Node>) -> &[u8] {
     let mut n = n;
-    while let Some(r) = &n.right {
+    while let Some(r) = n.right() {
         n = r;
     }
     &n.key

@@ -306,17 +306,17 @@ pub(crate) fn effects_of(int: &Intention) -> Effects {
         if !int.owns(n) {
             return;
         }
-        walk(&n.left, int, e);
+        walk(n.left(), int, e);
         visit(n, e);
-        walk(&n.right, int, e);
+        walk(n.right(), int, e);
     }
     fn visit(n: &Node, e: &mut Effects) {
         if n.altered() {
-            e.writes.push((n.key.clone(), n.value.clone()));
+            e.writes.push((n.key.clone(), n.val().clone()));
         } else if n.depends_on() {
             e.reads.push(n.key.clone());
         }
-        if let Some(rs) = &n.ranges {
+        if let Some(rs) = n.ranges() {
             e.ranges.extend(rs.iter().cloned());
         }
     }

@@ -40,7 +40,7 @@ impl Snapshot {
     }
     /// Reads one key.
     pub fn get(&self, key: &[u8]) -> Option<Bytes> {
-        find(&self.root, key).map(|n| n.value.clone())
+        find(&self.root, key).map(|n| n.val().clone())
     }
     /// Ordered range scan; `limit` caps the number of pairs returned.
     pub fn scan(
@@ -63,8 +63,9 @@ impl Snapshot {
     /// Number of keys (walks the whole tree).
     pub fn len(&self) -> usize {
         fn count(t: &Link) -> usize {
-            t.as_ref()
-                .map_or(0, |n| 1 + count(&n.left) + count(&n.right))
+            t.as_ref().map_or(0, |n| {
+                n.with_body(|b| 1 + count(&b.left_link) + count(&b.right_link))
+            })
         }
         count(&self.root)
     }
@@ -77,19 +78,23 @@ impl Snapshot {
         crate::node::height(&self.root)
     }
     /// An estimate of the memory the state's tree holds, in bytes: every
-    /// reachable node plus the heap behind its key and value (values shared
-    /// between versions are counted once per node, so this errs high).
-    /// The whole database lives in memory; this says how close it is to
-    /// the machine's RAM. Walks the whole tree.
+    /// reachable node in memory plus the heap behind its key and value
+    /// (values shared between versions are counted once per node, so this
+    /// errs high). Stubs count as themselves (and their body if it is
+    /// loaded); what only the log holds is not counted. Walks everything
+    /// in memory.
     pub fn approx_bytes(&self) -> u64 {
         fn walk(t: &Link) -> u64 {
             t.as_ref().map_or(0, |n| {
-                // Node plus the Arc's reference counts.
-                (std::mem::size_of::<crate::node::Node>() + 16) as u64
-                    + n.key.heap_bytes() as u64
-                    + n.value.heap_bytes() as u64
-                    + walk(&n.left)
-                    + walk(&n.right)
+                let own = n.approx_bytes();
+                if n.is_stub() {
+                    if !n.stub_loaded() {
+                        return own;
+                    }
+                    let b = n.body();
+                    return own + b.approx_bytes() + walk(&b.left_link) + walk(&b.right_link);
+                }
+                own + walk(&n.left_link) + walk(&n.right_link)
             })
         }
         walk(&self.root)
@@ -123,14 +128,14 @@ pub(crate) fn scan(
         Bound::Included(e) | Bound::Excluded(e) => key >= e,
     };
     let ((first, skip_first), (second, skip_second)) = match order {
-        Order::Forward => ((&n.left, skip_smaller), (&n.right, skip_larger)),
-        Order::Reverse => ((&n.right, skip_larger), (&n.left, skip_smaller)),
+        Order::Forward => ((n.left(), skip_smaller), (n.right(), skip_larger)),
+        Order::Reverse => ((n.right(), skip_larger), (n.left(), skip_smaller)),
     };
     if !skip_first {
         scan(first, r, order, limit, out);
     }
     if r.contains(key) && out.len() < limit {
-        out.push((n.key.clone(), n.value.clone()));
+        out.push((n.key.clone(), n.val().clone()));
     }
     if !skip_second {
         scan(second, r, order, limit, out);
@@ -172,14 +177,17 @@ fn digest_tree(t: &Link, h: &mut blake3::Hasher) {
     h.update(&[1]);
     h.update(&(n.key.len() as u32).to_le_bytes());
     h.update(&n.key);
-    h.update(&(n.value.len() as u32).to_le_bytes());
-    h.update(&n.value);
-    for v in [n.vn(), n.ncv(), n.nsv(), n.oldest_descendant()] {
-        h.update(&v.to_le_bytes());
-    }
-    h.update(&[n.height]);
-    digest_tree(&n.left, h);
-    digest_tree(&n.right, h);
+    // A stub's body is read back for the walk and not kept.
+    n.with_body(|b| {
+        h.update(&(b.payload.len() as u32).to_le_bytes());
+        h.update(&b.payload);
+        for v in [n.vn(), n.ncv(), n.nsv(), n.oldest_descendant()] {
+            h.update(&v.to_le_bytes());
+        }
+        h.update(&[n.height]);
+        digest_tree(&b.left_link, h);
+        digest_tree(&b.right_link, h);
+    });
 }
 
 #[cfg(test)]

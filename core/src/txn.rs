@@ -15,7 +15,8 @@ use std::sync::Arc;
 use crate::codec::{encode, EncodeInput};
 use crate::error::{check_key, check_value, TxnError};
 use crate::node::{
-    height, Bytes, Link, Node, Owner, OwnerKind, Vn, ALTERED, DEPENDS_ON, DEPENDS_ON_TREE, DIRTY,
+    height, Bytes, Extra, Link, Node, Owner, OwnerKind, Vn, ALTERED, DEPENDS_ON, DEPENDS_ON_TREE,
+    DIRTY,
 };
 use crate::range::{KeyRange, RangeRef};
 use crate::snapshot::{scan, Order, Snapshot};
@@ -213,7 +214,7 @@ impl Transaction {
                 if self.isolation.tracks_reads() && self.needs_read_mark(&n) {
                     self.mark_read(key);
                 }
-                Ok(Some(n.value.clone()))
+                Ok(Some(n.val().clone()))
             }
             None => {
                 self.note_absent(key);
@@ -251,7 +252,7 @@ impl Transaction {
                 let source = if local { removed.scv } else { removed.ncv() };
                 self.deleted.insert(removed.key.clone(), source);
                 if local {
-                    if let Some(rs) = &removed.ranges {
+                    if let Some(rs) = removed.ranges() {
                         self.ranges.extend(rs.iter().cloned());
                     }
                 }
@@ -349,9 +350,12 @@ impl Transaction {
             Some(root) if !ranges.is_empty() => {
                 let mut c = self.local_copy(root);
                 c.flags |= DEPENDS_ON_TREE;
-                let mut all: Vec<KeyRange> = c.ranges.take().map(Vec::from).unwrap_or_default();
+                let mut all: Vec<KeyRange> = match c.extra.take().map(|e| *e) {
+                    Some(Extra::Ranges(r)) => Vec::from(r),
+                    _ => Vec::new(),
+                };
                 all.extend(ranges);
-                c.ranges = Some(all.into_boxed_slice());
+                c.extra = Some(Box::new(Extra::Ranges(all.into_boxed_slice())));
                 self.root = Some(Arc::new(c));
             }
             Some(_) => {}
@@ -393,9 +397,9 @@ impl Transaction {
         }
         Node {
             key: n.key.clone(),
-            value: n.value.clone(),
-            left: n.left.clone(),
-            right: n.right.clone(),
+            payload: n.val().clone(),
+            left_link: n.left().clone(),
+            right_link: n.right().clone(),
             owner: self.local.clone(),
             seq: 0,
             vn_cache: AtomicU64::new(0),
@@ -403,8 +407,9 @@ impl Transaction {
             ssv: n.nsv(),
             flags: 0,
             height: n.height,
-            ranges: None,
+            extra: None,
             oldest: 0,
+            addr: AtomicU64::new(0),
         }
     }
 
@@ -422,11 +427,11 @@ impl Transaction {
     fn touch(&self, n: &Arc<Node>, dir: &dyn Fn(&Node) -> Dir) -> Arc<Node> {
         let mut c = self.local_copy(n);
         match dir(n) {
-            Dir::Left if n.left.is_some() => {
-                c.left = n.left.as_ref().map(|l| self.touch(l, dir));
+            Dir::Left if n.left().is_some() => {
+                c.left_link = n.left().as_ref().map(|l| self.touch(l, dir));
             }
-            Dir::Right if n.right.is_some() => {
-                c.right = n.right.as_ref().map(|r| self.touch(r, dir));
+            Dir::Right if n.right().is_some() => {
+                c.right_link = n.right().as_ref().map(|r| self.touch(r, dir));
             }
             _ => c.flags |= DEPENDS_ON,
         }
@@ -438,9 +443,9 @@ impl Transaction {
         let Some(n) = t else {
             let node = Arc::new(Node {
                 key: key.into(),
-                value: value.clone(),
-                left: None,
-                right: None,
+                payload: value.clone(),
+                left_link: None,
+                right_link: None,
                 owner: self.local.clone(),
                 seq: 0,
                 vn_cache: AtomicU64::new(0),
@@ -448,8 +453,9 @@ impl Transaction {
                 ssv: 0,
                 flags: ALTERED | DIRTY,
                 height: 1,
-                ranges: None,
+                extra: None,
                 oldest: 0,
+                addr: AtomicU64::new(0),
             });
             return (node, true);
         };
@@ -457,18 +463,18 @@ impl Transaction {
         c.flags |= DIRTY;
         let created = match key.cmp(&n.key) {
             std::cmp::Ordering::Equal => {
-                c.value = value.clone();
+                c.payload = value.clone();
                 c.flags |= ALTERED;
                 return (Arc::new(c), false);
             }
             std::cmp::Ordering::Less => {
-                let (child, created) = self.insert(&n.left, key, value);
-                c.left = Some(child);
+                let (child, created) = self.insert(n.left(), key, value);
+                c.left_link = Some(child);
                 created
             }
             std::cmp::Ordering::Greater => {
-                let (child, created) = self.insert(&n.right, key, value);
-                c.right = Some(child);
+                let (child, created) = self.insert(n.right(), key, value);
+                c.right_link = Some(child);
                 created
             }
         };
@@ -483,21 +489,21 @@ impl Transaction {
         let n = t.as_ref()?;
         match key.cmp(&n.key) {
             std::cmp::Ordering::Less => {
-                let (nl, rem) = self.remove(&n.left, key)?;
+                let (nl, rem) = self.remove(n.left(), key)?;
                 let mut c = self.local_copy(n);
-                c.left = nl;
+                c.left_link = nl;
                 c.flags |= DIRTY;
                 Some((Some(self.rebalance(c)), rem))
             }
             std::cmp::Ordering::Greater => {
-                let (nr, rem) = self.remove(&n.right, key)?;
+                let (nr, rem) = self.remove(n.right(), key)?;
                 let mut c = self.local_copy(n);
-                c.right = nr;
+                c.right_link = nr;
                 c.flags |= DIRTY;
                 Some((Some(self.rebalance(c)), rem))
             }
             std::cmp::Ordering::Equal => {
-                let replacement = match (&n.left, &n.right) {
+                let replacement = match (n.left(), n.right()) {
                     (None, r) => r.clone(),
                     (l, None) => l.clone(),
                     (Some(_), Some(r)) => {
@@ -505,8 +511,8 @@ impl Transaction {
                         // its subtree is new, so its structure version is void.
                         let (nr, succ) = self.remove_min(r);
                         let mut c = self.local_copy(&succ);
-                        c.left = n.left.clone();
-                        c.right = nr;
+                        c.left_link = n.left().clone();
+                        c.right_link = nr;
                         c.ssv = 0;
                         c.flags |= DIRTY;
                         Some(self.rebalance(c))
@@ -518,12 +524,12 @@ impl Transaction {
     }
 
     fn remove_min(&mut self, n: &Arc<Node>) -> (Link, Arc<Node>) {
-        match &n.left {
-            None => (n.right.clone(), n.clone()),
+        match n.left() {
+            None => (n.right().clone(), n.clone()),
             Some(l) => {
                 let (nl, min) = self.remove_min(l);
                 let mut c = self.local_copy(n);
-                c.left = nl;
+                c.left_link = nl;
                 c.flags |= DIRTY;
                 (Some(self.rebalance(c)), min)
             }
@@ -531,19 +537,19 @@ impl Transaction {
     }
 
     fn rebalance(&self, mut c: Node) -> Arc<Node> {
-        let (hl, hr) = (height(&c.left), height(&c.right));
+        let (hl, hr) = (height(&c.left_link), height(&c.right_link));
         if hl > hr + 1 {
-            if let Some(l) = c.left.clone() {
-                if height(&l.left) < height(&l.right) {
-                    c.left = Some(self.rotate_left(self.local_copy(&l)));
+            if let Some(l) = c.left_link.clone() {
+                if height(l.left()) < height(l.right()) {
+                    c.left_link = Some(self.rotate_left(self.local_copy(&l)));
                 }
             }
             return self.rotate_right(c);
         }
         if hr > hl + 1 {
-            if let Some(r) = c.right.clone() {
-                if height(&r.right) < height(&r.left) {
-                    c.right = Some(self.rotate_right(self.local_copy(&r)));
+            if let Some(r) = c.right_link.clone() {
+                if height(r.right()) < height(r.left()) {
+                    c.right_link = Some(self.rotate_right(self.local_copy(&r)));
                 }
             }
             return self.rotate_left(c);
@@ -553,34 +559,34 @@ impl Transaction {
     }
 
     fn rotate_right(&self, mut c: Node) -> Arc<Node> {
-        let Some(l) = c.left.take() else {
+        let Some(l) = c.left_link.take() else {
             fix_height(&mut c);
             return Arc::new(c);
         };
         let mut top = self.local_copy(&l);
-        c.left = top.right.take();
+        c.left_link = top.right_link.take();
         restructured(&mut c);
-        top.right = Some(Arc::new(c));
+        top.right_link = Some(Arc::new(c));
         restructured(&mut top);
         Arc::new(top)
     }
 
     fn rotate_left(&self, mut c: Node) -> Arc<Node> {
-        let Some(r) = c.right.take() else {
+        let Some(r) = c.right_link.take() else {
             fix_height(&mut c);
             return Arc::new(c);
         };
         let mut top = self.local_copy(&r);
-        c.right = top.left.take();
+        c.right_link = top.left_link.take();
         restructured(&mut c);
-        top.left = Some(Arc::new(c));
+        top.left_link = Some(Arc::new(c));
         restructured(&mut top);
         Arc::new(top)
     }
 }
 
 fn fix_height(n: &mut Node) {
-    n.height = height(&n.left).max(height(&n.right)) + 1;
+    n.height = height(&n.left_link).max(height(&n.right_link)) + 1;
 }
 
 /// A node whose set of descendants changed by rotation: its subtree no
@@ -678,19 +684,19 @@ mod tests {
                 out.push(format!("ptr {:?} {}", n.key, n.vn()));
                 return;
             }
-            walk(&n.left, i, out);
-            walk(&n.right, i, out);
+            walk(n.left(), i, out);
+            walk(n.right(), i, out);
             out.push(format!(
                 "{:?}={:?} seq{} f{} scv{} ssv{} h{} o{} r{:?} b{:?}",
                 n.key,
-                n.value,
+                n.val(),
                 n.seq,
                 n.flags,
                 n.scv,
                 n.ssv,
                 n.height,
                 n.oldest,
-                n.ranges,
+                n.ranges(),
                 i.bounds[n.seq as usize - 1]
             ));
         }

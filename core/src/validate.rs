@@ -34,16 +34,16 @@ impl IntentionSets {
             if !int.owns(n) {
                 return;
             }
-            walk(&n.left, int, s);
+            walk(n.left(), int, s);
             if n.altered() {
                 s.writes.push(n.key.clone());
             } else if n.depends_on() {
                 s.reads.push(n.key.clone());
             }
-            if let Some(rs) = &n.ranges {
+            if let Some(rs) = n.ranges() {
                 s.ranges.extend(rs.iter().cloned());
             }
-            walk(&n.right, int, s);
+            walk(n.right(), int, s);
         }
         walk(&int.root, int, &mut s);
         s.ranges.extend(int.header_ranges.iter().cloned());
@@ -243,8 +243,8 @@ pub fn check_tree(s: &Snapshot) -> Result<(), TreeViolation> {
                 n.vn()
             )));
         }
-        let hl = walk(&n.left, gap.left_of(&n.key))?;
-        let hr = walk(&n.right, gap.right_of(&n.key))?;
+        let hl = walk(n.left(), gap.left_of(&n.key))?;
+        let hr = walk(n.right(), gap.right_of(&n.key))?;
         if hl.abs_diff(hr) > 1 {
             return Err(TreeViolation(format!("unbalanced at {:?}", n.key)));
         }
@@ -256,7 +256,7 @@ pub fn check_tree(s: &Snapshot) -> Result<(), TreeViolation> {
             crate::node::OwnerKind::Intention(pos) => pos,
             _ => crate::node::NO_LOGGED_NODE,
         };
-        let expect = crate::node::oldest_from(&n.left, &n.right, own);
+        let expect = crate::node::oldest_from(n.left(), n.right(), own);
         if n.oldest_descendant() != expect {
             return Err(TreeViolation(format!(
                 "OldestDescendant {} at {:?}, expected {expect}",
@@ -273,9 +273,9 @@ pub fn check_tree(s: &Snapshot) -> Result<(), TreeViolation> {
 pub fn vns(s: &Snapshot) -> Vec<u64> {
     fn walk(t: &Link, out: &mut Vec<u64>) {
         if let Some(n) = t {
-            walk(&n.left, out);
+            walk(n.left(), out);
             out.push(n.vn());
-            walk(&n.right, out);
+            walk(n.right(), out);
         }
     }
     let mut out = Vec::new();
@@ -289,11 +289,11 @@ pub fn vns(s: &Snapshot) -> Vec<u64> {
 pub fn ephemeral_vns(s: &Snapshot) -> Vec<u64> {
     fn walk(t: &Link, out: &mut Vec<u64>) {
         if let Some(n) = t {
-            walk(&n.left, out);
+            walk(n.left(), out);
             if n.owner.kind == crate::node::OwnerKind::Ephemeral {
                 out.push(n.vn());
             }
-            walk(&n.right, out);
+            walk(n.right(), out);
         }
     }
     let mut out = Vec::new();

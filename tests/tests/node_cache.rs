@@ -1,0 +1,287 @@
+//! The node cache (meld paper §5: nodes not in memory are read back by
+//! their address): a node whose persisted subtrees were replaced by stubs
+//! reads, writes, melds and decides exactly as one that keeps everything in
+//! memory — same reads, same intention bytes, same outcomes, same state
+//! digests — while holding less of the tree in memory. Failed read-backs
+//! are reported, never silently used.
+
+use std::ops::Bound;
+use std::sync::Arc;
+
+use melddb::cache::MemStore;
+use melddb::checkpoint;
+use melddb::validate::check_tree;
+use melddb::{take_store_error, Isolation, Melder, NodeStore, Order, Settings, Transaction};
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn key(i: u64) -> Vec<u8> {
+    format!("key{i:06}").into_bytes()
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Get(u64),
+    Put(u64, usize),
+    Delete(u64),
+    Scan(u64, u64, bool, usize),
+}
+
+/// Runs `ops` on a transaction and returns what it read, as text.
+fn run(tx: &mut Transaction, ops: &[Op], salt: u64) -> Vec<String> {
+    let mut seen = Vec::new();
+    for op in ops {
+        match op {
+            Op::Get(k) => seen.push(format!("{:?}", tx.get(&key(*k)).expect("get"))),
+            Op::Put(k, len) => {
+                let v = vec![(salt % 251) as u8; *len];
+                tx.put(&key(*k), &v).expect("put");
+            }
+            Op::Delete(k) => seen.push(format!("{:?}", tx.delete(&key(*k)).expect("delete"))),
+            Op::Scan(a, b, rev, limit) => {
+                let order = if *rev { Order::Reverse } else { Order::Forward };
+                let r = tx
+                    .scan(
+                        Bound::Included(&key(*a)[..]),
+                        Bound::Excluded(&key(*b)[..]),
+                        order,
+                        Some(*limit),
+                    )
+                    .expect("scan");
+                seen.push(format!("{r:?}"));
+            }
+        }
+    }
+    seen
+}
+
+struct Shape {
+    seed: u64,
+    txns: usize,
+    keys: u64,
+    degree: u64,
+    /// Checkpoint into the store and evict every this many transactions.
+    every: usize,
+}
+
+/// Plays one random history on a plain melder and on one whose persisted
+/// subtrees are evicted now and then; everything observable must agree.
+/// Returns (store reads, smallest memory ratio cached/plain seen).
+fn agree(shape: Shape) -> (u64, f64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(shape.seed);
+    let settings = Settings {
+        db_id: 11,
+        max_conflict_zone: 32,
+        ..Settings::default()
+    };
+    let mut plain = Melder::new(settings);
+    let mut cached = Melder::new(settings);
+    let store = Arc::new(MemStore::new());
+    let dyn_store: Arc<dyn NodeStore> = store.clone();
+    let mut generation = 0u16;
+    let mut ratio = f64::MAX;
+    for t in 0..shape.txns {
+        let lcs = plain.lcs().pos();
+        let snap = lcs - rng.random_range(0..=shape.degree).min(lcs);
+        let isolation = match rng.random_range(0..3) {
+            0 => Isolation::Serializable,
+            1 => Isolation::RepeatableRead,
+            _ => Isolation::SnapshotIsolation,
+        };
+        let ops: Vec<Op> = (0..rng.random_range(1..8))
+            .map(|_| match rng.random_range(0..10) {
+                0..=2 => Op::Get(rng.random_range(0..shape.keys)),
+                3..=6 => Op::Put(rng.random_range(0..shape.keys), rng.random_range(0..40)),
+                7 => Op::Delete(rng.random_range(0..shape.keys)),
+                _ => {
+                    let a = rng.random_range(0..shape.keys);
+                    Op::Scan(a, a + rng.random_range(1..20), rng.random_bool(0.5), 5)
+                }
+            })
+            .collect();
+        let mut ta = Transaction::begin(plain.state_at(snap).expect("retained"), isolation);
+        let mut tb = Transaction::begin(cached.state_at(snap).expect("retained"), isolation);
+        let salt = t as u64;
+        assert_eq!(
+            run(&mut ta, &ops, salt),
+            run(&mut tb, &ops, salt),
+            "reads differ"
+        );
+        assert_eq!(take_store_error(), None);
+        let fa = ta.finish().expect("finish");
+        let fb = tb.finish().expect("finish");
+        let bytes = match (fa, fb) {
+            (melddb::Finished::Intention(a), melddb::Finished::Intention(b)) => {
+                assert_eq!(a, b, "intention bytes differ at txn {t}");
+                a
+            }
+            (melddb::Finished::ReadOnly, melddb::Finished::ReadOnly) => continue,
+            (a, b) => panic!("different kinds of finish: {a:?} / {b:?}"),
+        };
+        let oa = plain.apply(&bytes);
+        let ob = if generation > 0 && rng.random_bool(0.3) {
+            // Decoded before a sweep and melded after it, as a pipelined
+            // host does: the intention's pointers are into the tree as it
+            // was before the sweep.
+            let decoded = cached.decode(cached.next_pos(), &bytes);
+            cached.evict(&dyn_store, &|_| true);
+            vec![cached.apply_decoded(decoded)]
+        } else {
+            cached.apply(&bytes)
+        };
+        assert_eq!(take_store_error(), None);
+        assert_eq!(oa, ob, "outcomes differ at txn {t}");
+        assert_eq!(
+            plain.lcs().digest(),
+            cached.lcs().digest(),
+            "states differ at txn {t}"
+        );
+        if t % shape.every == shape.every - 1 {
+            // Persist the cached node's state as a new generation (as a
+            // checkpoint would) and sweep; sometimes only sweep (CLOCK).
+            if rng.random_bool(0.7) {
+                generation += 1;
+                let mut parts = Vec::new();
+                checkpoint::encode_streaming(&settings, cached.lcs(), 512, Some(generation), |p| {
+                    parts.push(p);
+                    true
+                })
+                .expect("encode");
+                store.add(generation, &parts).expect("parts");
+            }
+            cached.evict(&dyn_store, &|_| true);
+            let (a, b) = (plain.lcs().approx_bytes(), cached.lcs().approx_bytes());
+            if a > 0 {
+                ratio = ratio.min(b as f64 / a as f64);
+            }
+            assert_eq!(
+                plain.lcs().digest(),
+                cached.lcs().digest(),
+                "evict changed the state"
+            );
+            assert_eq!(take_store_error(), None);
+        }
+    }
+    check_tree(cached.lcs()).expect("the cached tree is valid");
+    assert_eq!(plain.lcs().to_vec(), cached.lcs().to_vec());
+    (store.reads(), ratio)
+}
+
+#[test]
+fn cached_node_agrees_with_plain_node() {
+    let (reads, ratio) = agree(Shape {
+        seed: 1,
+        txns: 3000,
+        keys: 400,
+        degree: 8,
+        every: 50,
+    });
+    assert!(
+        reads > 1000,
+        "the cached node read nodes back ({reads} reads)"
+    );
+    assert!(
+        ratio < 0.5,
+        "evicting freed memory (smallest ratio {ratio:.2})"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #[test]
+    fn cached_node_agrees_for_any_history(
+        seed in any::<u64>(),
+        keys in 5u64..200,
+        degree in 0u64..10,
+        every in 1usize..30,
+    ) {
+        agree(Shape { seed, txns: 300, keys, degree, every });
+    }
+}
+
+/// A database with stubs whose checkpoint is gone (trimmed) or damaged:
+/// reads record a typed error instead of returning made-up data silently.
+#[test]
+fn failed_read_back_is_reported() {
+    let settings = Settings {
+        db_id: 3,
+        ..Settings::default()
+    };
+    let mut m = Melder::new(settings);
+    for chunk in 0..4u64 {
+        let mut tx = Transaction::begin(m.lcs(), Isolation::Serializable);
+        for i in 0..50 {
+            tx.put(&key(chunk * 50 + i), b"value").expect("put");
+        }
+        let melddb::Finished::Intention(b) = tx.finish().expect("finish") else {
+            panic!("writes")
+        };
+        m.apply(&b);
+    }
+    let store = Arc::new(MemStore::new());
+    let dyn_store: Arc<dyn NodeStore> = store.clone();
+    let mut parts = Vec::new();
+    checkpoint::encode_streaming(&settings, m.lcs(), 4096, Some(1), |p| {
+        parts.push(p);
+        true
+    })
+    .expect("encode");
+    store.add(1, &parts).expect("parts");
+    let before = m.lcs().to_vec();
+    let unevicted = m.clone();
+    let ev = m.evict(&dyn_store, &|_| true);
+    assert!(ev.stubbed >= 1);
+    // The whole LCS is one persisted subtree: one stub is left in memory.
+    assert!(
+        m.lcs().approx_bytes() < 400,
+        "{} bytes in memory",
+        m.lcs().approx_bytes()
+    );
+    assert_eq!(m.lcs().get(&key(7)).as_deref(), Some(&b"value"[..]));
+    assert_eq!(take_store_error(), None);
+    assert_eq!(m.lcs().to_vec(), before);
+
+    // Evict again and lose the checkpoint: reads fail and say why.
+    m.evict(&dyn_store, &|_| true);
+    m.evict(&dyn_store, &|_| true);
+    store.remove(1);
+    let _ = m.lcs().get(&key(120));
+    match take_store_error() {
+        Some(melddb::StoreError::Read { .. }) => {}
+        other => panic!("expected a read error, got {other:?}"),
+    }
+
+    // A bit flipped on the way back: the record's checksum catches it.
+    let corrupt = Arc::new(CorruptingStore {
+        inner: MemStore::new(),
+    });
+    corrupt.inner.add(1, &parts).expect("parts");
+    let dyn_corrupt: Arc<dyn NodeStore> = corrupt.clone();
+    let mut fresh = unevicted;
+    fresh.evict(&dyn_corrupt, &|_| true);
+    assert_eq!(
+        fresh.lcs().get(&key(7)),
+        None,
+        "a failed read finds nothing"
+    );
+    match take_store_error() {
+        Some(melddb::StoreError::Corrupt { .. }) => {}
+        other => panic!("expected a corruption error, got {other:?}"),
+    }
+}
+
+/// Flips one bit in every read.
+struct CorruptingStore {
+    inner: MemStore,
+}
+
+impl NodeStore for CorruptingStore {
+    fn read(&self, addr: melddb::NodeAddr, len: usize) -> Result<Vec<u8>, melddb::StoreError> {
+        let mut b = self.inner.read(addr, len)?;
+        if b.len() > 3 {
+            b[3] ^= 0x10;
+        }
+        Ok(b)
+    }
+}
