@@ -9,6 +9,10 @@
 //! calls it (through [`crate::Melder::evict`]) when the memory the tree
 //! holds passes its budget.
 //!
+//! A stub reads from a complete checkpoint only: a checkpoint being
+//! written records its addresses on the side, and the first sweep after it
+//! is complete moves them in, after which the older checkpoint may go.
+//!
 //! Eviction is CLOCK-like: a loaded stub that was used since the last
 //! sweep keeps its body for one more sweep (its used bit is cleared), an
 //! unused one is replaced by a fresh, unloaded stub. Persisted nodes that
@@ -65,6 +69,7 @@ pub(crate) struct Sweep<'a> {
 fn restub_node(t: &Link, n: &Arc<Node>, cx: &mut Sweep<'_>) -> Link {
     let (store, persisted) = (cx.store, cx.persisted);
     if n.is_stub() {
+        n.promote_addr(persisted);
         if !n.stub_loaded() {
             return t.clone();
         }
@@ -83,6 +88,10 @@ fn restub_node(t: &Link, n: &Arc<Node>, cx: &mut Sweep<'_>) -> Link {
         let Some(b) = s.body.get() else {
             return t.clone();
         };
+        // The body's address matters when it is copied below.
+        if let Some(a) = n.node_addr() {
+            b.addr.store(a.raw(), Ordering::Relaxed);
+        }
         let l = restub(&b.left_link, cx);
         let r = restub(&b.right_link, cx);
         if crate::node::same(&l, &b.left_link) && crate::node::same(&r, &b.right_link) {
@@ -121,6 +130,8 @@ fn copy_with(n: &Node, left: Link, right: Link) -> Arc<Node> {
 pub struct MemStore {
     bodies: Mutex<BTreeMap<u16, Vec<u8>>>,
     reads: std::sync::atomic::AtomicU64,
+    /// Live stubs per generation.
+    pins: Mutex<BTreeMap<u16, u64>>,
 }
 
 impl MemStore {
@@ -163,6 +174,16 @@ impl MemStore {
     pub fn reads(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
     }
+
+    /// Live stubs that read from `generation`.
+    pub fn pins(&self, generation: u16) -> u64 {
+        self.pins
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&generation)
+            .copied()
+            .unwrap_or(0)
+    }
 }
 
 impl NodeStore for MemStore {
@@ -181,5 +202,24 @@ impl NodeStore for MemStore {
                 message: "offset past the end of the checkpoint".into(),
             })?;
         Ok(body[from..body.len().min(from.saturating_add(len))].to_vec())
+    }
+
+    fn pin(&self, generation: u16) {
+        *self
+            .pins
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(generation)
+            .or_default() += 1;
+    }
+
+    fn unpin(&self, generation: u16) {
+        let mut pins = self.pins.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = pins.get_mut(&generation) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                pins.remove(&generation);
+            }
+        }
     }
 }

@@ -35,7 +35,7 @@
 //! The format is specified in `docs/format.md` ("Checkpoint records").
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
 use integer_encoding::VarInt;
@@ -502,10 +502,8 @@ fn encode_node<F: FnMut(Vec<u8>) -> bool>(
         right: r.map(|w| w.offset),
     };
     out.write(&rec.encode(offset))?;
-    if let Some(g) = generation {
-        if let Some(a) = NodeAddr::new(g, offset) {
-            n.addr.store(a.raw(), Ordering::Relaxed);
-        }
+    if let Some(a) = generation.and_then(|g| NodeAddr::new(g, offset)) {
+        n.record_addr(a);
     }
     *count += 1;
     Ok(Written { offset })

@@ -35,6 +35,10 @@ pub enum TxnError {
         /// Which limit was hit.
         what: &'static str,
     },
+    /// A node of the snapshot could not be read back from the log (node
+    /// cache); the operation did nothing.
+    #[error(transparent)]
+    Store(#[from] crate::node::StoreError),
 }
 
 /// Bytes that are not a valid intention (or genesis record). Every node

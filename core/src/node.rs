@@ -140,12 +140,26 @@ pub(crate) struct Stub {
     pub(crate) body: OnceLock<Arc<Node>>,
     /// Set when the body is used; the cache's sweep clears it (CLOCK).
     pub(crate) used: AtomicBool,
+    /// The stub's address in a checkpoint being written (0: none). The
+    /// body is read from `addr` until that checkpoint is complete; the
+    /// sweep after it moves this there, so older checkpoints can be
+    /// trimmed.
+    pub(crate) next: AtomicU64,
+    /// The generation this stub pins in its store (see [`NodeStore::pin`]).
+    pub(crate) pinned: std::sync::atomic::AtomicU16,
+}
+
+impl Drop for Stub {
+    fn drop(&mut self) {
+        self.store.unpin(*self.pinned.get_mut());
+    }
 }
 
 impl std::fmt::Debug for Stub {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stub")
             .field("loaded", &self.body.get().is_some())
+            .field("next", &self.next.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -200,6 +214,12 @@ pub trait NodeStore: Send + Sync {
     /// Called with the size of every node body loaded into memory, so the
     /// host can account its cache.
     fn loaded(&self, _bytes: u64) {}
+    /// A stub that reads from checkpoint `generation` came to exist: that
+    /// checkpoint must stay readable (not trimmed) until as many
+    /// [`NodeStore::unpin`] calls came for it.
+    fn pin(&self, _generation: u16) {}
+    /// A stub no longer reads from checkpoint `generation`.
+    fn unpin(&self, _generation: u16) {}
 }
 
 /// Reading a persisted node back failed.
@@ -240,6 +260,17 @@ thread_local! {
 /// meaningless and must be discarded.
 pub fn take_store_error() -> Option<StoreError> {
     STORE_ERROR.with(|e| e.borrow_mut().take())
+}
+
+/// Runs `f`, which may read stubs back, and fails if any read failed
+/// (clearing a failure left over from an operation that did not look).
+pub(crate) fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, StoreError> {
+    let _ = take_store_error();
+    let out = f();
+    match take_store_error() {
+        None => Ok(out),
+        Some(e) => Err(e),
+    }
 }
 
 fn record_store_error(err: StoreError) {
@@ -309,6 +340,31 @@ impl Node {
     #[inline]
     pub(crate) fn is_stub(&self) -> bool {
         self.flags & STUB != 0
+    }
+    /// Records that a checkpoint being written holds this node at `addr`:
+    /// a plain node's address changes at once (the sweep only uses it once
+    /// that checkpoint is complete); a stub keeps reading from its current
+    /// address until then (see [`Stub::next`]).
+    pub(crate) fn record_addr(&self, addr: NodeAddr) {
+        match self.stub() {
+            Some(s) => s.next.store(addr.raw(), Ordering::Relaxed),
+            None => self.addr.store(addr.raw(), Ordering::Relaxed),
+        }
+    }
+    /// Moves a stub's pending address to where it reads from, if the
+    /// checkpoint holding it is `persisted`.
+    pub(crate) fn promote_addr(&self, persisted: &dyn Fn(u16) -> bool) {
+        if let Some(s) = self.stub() {
+            if let Some(next) = NodeAddr::from_raw(s.next.load(Ordering::Relaxed)) {
+                if persisted(next.generation()) {
+                    s.store.pin(next.generation());
+                    let old = s.pinned.swap(next.generation(), Ordering::Relaxed);
+                    s.store.unpin(old);
+                    self.addr.store(next.raw(), Ordering::Relaxed);
+                    s.next.store(0, Ordering::Relaxed);
+                }
+            }
+        }
     }
     fn stub(&self) -> Option<&Stub> {
         match self.extra.as_deref() {
@@ -422,9 +478,14 @@ impl Node {
             owner: self.owner.clone(),
             payload: Bytes::default(),
             extra: Some(Box::new(Extra::Stub(Stub {
-                store,
                 body: OnceLock::new(),
                 used: AtomicBool::new(false),
+                next: AtomicU64::new(0),
+                pinned: std::sync::atomic::AtomicU16::new({
+                    store.pin(addr.generation());
+                    addr.generation()
+                }),
+                store,
             }))),
             oldest: self.oldest,
             addr: AtomicU64::new(addr.raw()),

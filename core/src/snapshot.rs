@@ -39,10 +39,36 @@ impl Snapshot {
         self.db
     }
     /// Reads one key.
+    ///
+    /// With a node cache a read back from the log may fail: this then
+    /// returns what it found in place of the missing part and records the
+    /// error for [`crate::take_store_error`]; [`Snapshot::try_get`] says so.
     pub fn get(&self, key: &[u8]) -> Option<Bytes> {
         find(&self.root, key).map(|n| n.val().clone())
     }
-    /// Ordered range scan; `limit` caps the number of pairs returned.
+    /// [`Snapshot::get`] that fails if part of the tree could not be read
+    /// back from the log (node cache).
+    pub fn try_get(&self, key: &[u8]) -> Result<Option<Bytes>, crate::StoreError> {
+        crate::node::guarded(|| self.get(key))
+    }
+    /// [`Snapshot::scan`] that fails if part of the tree could not be read
+    /// back from the log (node cache).
+    pub fn try_scan(
+        &self,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+        order: Order,
+        limit: Option<usize>,
+    ) -> Result<Vec<(Bytes, Bytes)>, crate::StoreError> {
+        crate::node::guarded(|| self.scan(start, end, order, limit))
+    }
+    /// [`Snapshot::digest`] that fails if part of the tree could not be
+    /// read back from the log (node cache).
+    pub fn try_digest(&self) -> Result<Digest, crate::StoreError> {
+        crate::node::guarded(|| self.digest())
+    }
+    /// Ordered range scan; `limit` caps the number of pairs returned (see
+    /// [`Snapshot::get`] on read failures; [`Snapshot::try_scan`]).
     pub fn scan(
         &self,
         start: Bound<&[u8]>,

@@ -167,6 +167,8 @@ pub struct Transaction {
     /// key inserted below a node may lie outside the interval its SSV vouches
     /// for. Inserts then void the SSV along their path.
     widened: bool,
+    /// A read of the snapshot back from the log failed (node cache).
+    failed: Option<crate::node::StoreError>,
 }
 
 enum Dir {
@@ -183,6 +185,7 @@ impl Transaction {
             isolation,
             local: Owner::new(OwnerKind::Local, 0),
             root: snapshot.root.clone(),
+            failed: None,
             deleted: BTreeMap::new(),
             ranges: Vec::new(),
             wrote: false,
@@ -207,6 +210,12 @@ impl Transaction {
 
     /// Reads `key`, seeing this transaction's own writes.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Bytes>, TxnError> {
+        self.live()?;
+        let r = self.get_inner(key);
+        self.settle(r)
+    }
+
+    fn get_inner(&mut self, key: &[u8]) -> Result<Option<Bytes>, TxnError> {
         check_key(key)?;
         let found = crate::node::find(&self.root, key).cloned();
         match found {
@@ -225,6 +234,12 @@ impl Transaction {
 
     /// Writes `value` under `key` (insert or update).
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<(), TxnError> {
+        self.live()?;
+        let r = self.put_inner(key, value);
+        self.settle(r)
+    }
+
+    fn put_inner(&mut self, key: &[u8], value: &[u8]) -> Result<(), TxnError> {
         check_key(key)?;
         check_value(value)?;
         let root = self.root.clone();
@@ -237,6 +252,12 @@ impl Transaction {
     /// Deletes `key`; returns whether it existed. Deleting an absent key
     /// writes nothing and counts as a read of its absence.
     pub fn delete(&mut self, key: &[u8]) -> Result<bool, TxnError> {
+        self.live()?;
+        let r = self.delete_inner(key);
+        self.settle(r)
+    }
+
+    fn delete_inner(&mut self, key: &[u8]) -> Result<bool, TxnError> {
         check_key(key)?;
         let root = self.root.clone();
         match self.remove(&root, key) {
@@ -270,6 +291,39 @@ impl Transaction {
     /// when `limit` stops the scan) is protected against phantoms; under
     /// `RepeatableRead` each returned pair is validated like a `get`.
     pub fn scan(
+        &mut self,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+        order: Order,
+        limit: Option<usize>,
+    ) -> Result<Vec<(Bytes, Bytes)>, TxnError> {
+        self.live()?;
+        let r = self.scan_inner(start, end, order, limit);
+        self.settle(r)
+    }
+
+    /// Fails if an earlier operation could not read the snapshot back;
+    /// clears a read failure some other operation left on this thread.
+    fn live(&self) -> Result<(), TxnError> {
+        if let Some(e) = &self.failed {
+            return Err(TxnError::Store(e.clone()));
+        }
+        let _ = crate::node::take_store_error();
+        Ok(())
+    }
+
+    /// A read of the snapshot failed during the operation: its result and
+    /// the transaction's tree may hold an empty node in its place, so the
+    /// transaction is dead (every later call fails the same way).
+    fn settle<T>(&mut self, r: Result<T, TxnError>) -> Result<T, TxnError> {
+        if let Some(e) = crate::node::take_store_error() {
+            self.failed = Some(e.clone());
+            return Err(TxnError::Store(e));
+        }
+        r
+    }
+
+    fn scan_inner(
         &mut self,
         start: Bound<&[u8]>,
         end: Bound<&[u8]>,
@@ -330,6 +384,7 @@ impl Transaction {
     /// nodes for a host that melds in this process
     /// ([`crate::Melder::apply_local`]): the bytes still go to the log.
     pub fn finish_local(self) -> Result<Option<(Vec<u8>, LocalIntention)>, TxnError> {
+        self.live()?;
         if !self.wrote {
             return Ok(None);
         }

@@ -80,6 +80,7 @@ fn agree(shape: Shape) -> (u64, f64) {
     let store = Arc::new(MemStore::new());
     let dyn_store: Arc<dyn NodeStore> = store.clone();
     let mut generation = 0u16;
+    let mut gone = 0u16;
     let mut ratio = f64::MAX;
     for t in 0..shape.txns {
         let lcs = plain.lcs().pos();
@@ -151,6 +152,16 @@ fn agree(shape: Shape) -> (u64, f64) {
                 store.add(generation, &parts).expect("parts");
             }
             cached.evict(&dyn_store, &|_| true);
+            // As a trimmed log would: drop what no stub reads from any
+            // more. The sweep moved the stubs it reached to the newest
+            // checkpoint, so older ones are usually free at once.
+            for g in (gone + 1)..generation.saturating_sub(1) {
+                if store.pins(g) > 0 {
+                    break;
+                }
+                store.remove(g);
+                gone = g;
+            }
             let (a, b) = (plain.lcs().approx_bytes(), cached.lcs().approx_bytes());
             if a > 0 {
                 ratio = ratio.min(b as f64 / a as f64);
@@ -164,7 +175,27 @@ fn agree(shape: Shape) -> (u64, f64) {
         }
     }
     check_tree(cached.lcs()).expect("the cached tree is valid");
-    assert_eq!(plain.lcs().to_vec(), cached.lcs().to_vec());
+    // A checkpoint of the LCS and a sweep right after it: every stub the
+    // LCS reaches now reads from that newest checkpoint, so once the older
+    // states are gone no older checkpoint is pinned.
+    generation += 1;
+    let mut parts = Vec::new();
+    checkpoint::encode_streaming(&settings, cached.lcs(), 512, Some(generation), |p| {
+        parts.push(p);
+        true
+    })
+    .expect("encode");
+    store.add(generation, &parts).expect("parts");
+    cached.evict(&dyn_store, &|_| true);
+    let lcs = cached.lcs().clone();
+    drop(cached);
+    for g in 1..generation {
+        assert_eq!(store.pins(g), 0, "checkpoint {g} is still pinned");
+    }
+    assert_eq!(lcs.to_vec(), plain.lcs().to_vec());
+    assert_eq!(take_store_error(), None);
+    let cached = lcs;
+    assert_eq!(plain.lcs().to_vec(), cached.to_vec());
     (store.reads(), ratio)
 }
 
