@@ -137,7 +137,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
             })
             .map_err(|e| e.to_string())?;
         }
-        Cmd::Get { key } => match db.get(key.as_bytes()) {
+        Cmd::Get { key } => match db.get(key.as_bytes()).map_err(|e| e.to_string())? {
             Some(v) => println!("{}", text(&v)),
             None => {
                 eprintln!("melddb: key {key:?} not found");
@@ -347,7 +347,11 @@ fn bench(
         return Err("threads, keys and seconds must be positive".into());
     }
     let db = Arc::new(db);
-    if db.get(&bench_key(keys - 1)).is_none() {
+    if db
+        .get(&bench_key(keys - 1))
+        .map_err(|e| e.to_string())?
+        .is_none()
+    {
         let bar = (!json).then(|| indicatif::ProgressBar::new(keys).with_message("loading"));
         let mut i = 0;
         while i < keys {
@@ -483,7 +487,7 @@ fn crash_child(
 ) -> Result<(), String> {
     let db = std::sync::Arc::new(Database::open_with(dir, opts).map_err(|e| e.to_string())?);
     let key = |i: u64| format!("acct/{i:04}").into_bytes();
-    if db.get(&key(0)).is_none() {
+    if db.get(&key(0)).map_err(|e| e.to_string())?.is_none() {
         db.transact(Isolation::Serializable, |tx| {
             for i in 0..accounts {
                 tx.put(&key(i), b"1000")?;

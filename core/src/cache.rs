@@ -94,7 +94,7 @@ fn restub_node(t: &Link, n: &Arc<Node>, cx: &mut Sweep<'_>) -> Link {
         }
         let l = restub(&b.left_link, cx);
         let r = restub(&b.right_link, cx);
-        if crate::node::same(&l, &b.left_link) && crate::node::same(&r, &b.right_link) {
+        if same_ptr(&l, &b.left_link) && same_ptr(&r, &b.right_link) {
             return t.clone();
         }
         return Some(copy_with(b, l, r));
@@ -105,10 +105,49 @@ fn restub_node(t: &Link, n: &Arc<Node>, cx: &mut Sweep<'_>) -> Link {
     }
     let l = restub(&n.left_link, cx);
     let r = restub(&n.right_link, cx);
-    if crate::node::same(&l, &n.left_link) && crate::node::same(&r, &n.right_link) {
+    if same_ptr(&l, &n.left_link) && same_ptr(&r, &n.right_link) {
         return t.clone();
     }
     Some(copy_with(n, l, r))
+}
+
+/// Moves the pending checkpoint addresses of every stub in memory under
+/// `t` to where they read from (see [`crate::Melder::promote`]); walks
+/// each node once (`seen`).
+pub(crate) fn promote(
+    t: &Link,
+    persisted: &dyn Fn(u16) -> bool,
+    seen: &mut std::collections::HashSet<usize>,
+) {
+    let Some(n) = t else { return };
+    if !seen.insert(Arc::as_ptr(n) as usize) {
+        return;
+    }
+    if n.is_stub() {
+        n.promote_addr(persisted);
+        if let Some(Extra::Stub(s)) = n.extra.as_deref() {
+            if let Some(b) = s.body.get() {
+                if let Some(a) = n.node_addr() {
+                    b.addr.store(a.raw(), Ordering::Relaxed);
+                }
+                promote(&b.left_link, persisted, seen);
+                promote(&b.right_link, persisted, seen);
+            }
+        }
+        return;
+    }
+    promote(&n.left_link, persisted, seen);
+    promote(&n.right_link, persisted, seen);
+}
+
+/// Pointer equality: here a stub must count as a change (for meld, which
+/// compares identities, it is the same node).
+fn same_ptr(a: &Link, b: &Link) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(x), Some(y)) => Arc::ptr_eq(x, y),
+        _ => false,
+    }
 }
 
 /// A copy of `n` (same identity and versions) with other children that

@@ -722,9 +722,10 @@ pub fn load(parts: &[&[u8]]) -> Result<Loaded, CheckpointError> {
 /// they come (every node's checksum and place in the tree, the body
 /// checksum; not the digest, which needs the whole tree) and returns a
 /// state whose root is a stub read back through `store` from checkpoint
-/// `generation` (the host maps that number to these parts).
-pub fn load_lazy<'p, E>(
-    parts: impl IntoIterator<Item = Result<&'p [u8], E>>,
+/// `generation` (the host maps that number to these parts). Parts may be
+/// read one at a time: none is kept after it was parsed.
+pub fn load_lazy<B: AsRef<[u8]>, E>(
+    parts: impl IntoIterator<Item = Result<B, E>>,
     store: Arc<dyn NodeStore>,
     generation: u16,
 ) -> Result<Loaded, CheckpointError>
@@ -734,8 +735,8 @@ where
     load_with(parts, Some((store, generation)))
 }
 
-fn load_with<'p, E>(
-    parts: impl IntoIterator<Item = Result<&'p [u8], E>>,
+fn load_with<B: AsRef<[u8]>, E>(
+    parts: impl IntoIterator<Item = Result<B, E>>,
     lazy: Option<(Arc<dyn NodeStore>, u16)>,
 ) -> Result<Loaded, CheckpointError>
 where
@@ -756,6 +757,7 @@ where
     let mut done = false;
     for (i, p) in parts.into_iter().enumerate() {
         let p = p?;
+        let p = p.as_ref();
         let i = i as u64;
         if done {
             return Err(CheckpointError::Incomplete {

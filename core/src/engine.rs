@@ -272,6 +272,18 @@ impl Melder {
         cx.out
     }
 
+    /// Node cache, without evicting: every stub in memory that a
+    /// checkpoint now `persisted` also holds reads from that checkpoint
+    /// from now on (see [`crate::cache`]). Hosts call this (or
+    /// [`Melder::evict`]) after each checkpoint they complete, before they
+    /// trim the log below older ones. Walks what is in memory.
+    pub fn promote(&self, persisted: &dyn Fn(u16) -> bool) {
+        let mut seen = std::collections::HashSet::new();
+        for s in self.window.iter().rev().flatten() {
+            crate::cache::promote(&s.snapshot.root, persisted, &mut seen);
+        }
+    }
+
     /// The database settings.
     pub fn settings(&self) -> &Settings {
         &self.settings

@@ -198,6 +198,9 @@ pub enum CheckpointError {
     /// A stub's node could not be read back while encoding.
     #[error(transparent)]
     Store(#[from] crate::node::StoreError),
+    /// Reading a part failed (lazy loads read them one at a time).
+    #[error("reading a checkpoint part: {0}")]
+    Read(String),
     /// The sink refused a part (the host stopped the checkpoint).
     #[error("checkpoint stopped by its writer")]
     Stopped,
@@ -256,4 +259,10 @@ pub(crate) fn check_value(value: &[u8]) -> Result<(), TxnError> {
         return Err(TxnError::ValueTooLarge { len: value.len() });
     }
     Ok(())
+}
+
+impl From<String> for CheckpointError {
+    fn from(why: String) -> CheckpointError {
+        CheckpointError::Read(why)
+    }
 }

@@ -211,8 +211,9 @@ pub trait NodeStore: Send + Sync {
     /// Up to `len` bytes of checkpoint `addr.generation()`'s body from
     /// `addr.offset()` on (fewer only where the body ends).
     fn read(&self, addr: NodeAddr, len: usize) -> Result<Vec<u8>, StoreError>;
-    /// Called with the size of every node body loaded into memory, so the
-    /// host can account its cache.
+    /// Called with the size of every node body loaded into memory and kept
+    /// there (not for bodies read for one walk), so the host can account
+    /// its cache.
     fn loaded(&self, _bytes: u64) {}
     /// A stub that reads from checkpoint `generation` came to exist: that
     /// checkpoint must stay readable (not trimmed) until as many
@@ -374,7 +375,11 @@ impl Node {
     }
     /// Whether this stub's body is in memory (false for non-stubs).
     pub(crate) fn stub_loaded(&self) -> bool {
-        self.stub().is_some_and(|s| s.body.get().is_some())
+        self.loaded_body().is_some()
+    }
+    /// A stub's body if it is in memory, without counting as a use.
+    pub(crate) fn loaded_body(&self) -> Option<&Node> {
+        self.stub().and_then(|s| s.body.get()).map(|b| &**b)
     }
     /// The checkpoint address recorded on the node, if any.
     pub(crate) fn node_addr(&self) -> Option<NodeAddr> {
@@ -405,6 +410,7 @@ impl Node {
         match self.read_back(&s.store) {
             Ok(n) => {
                 s.used.store(true, Ordering::Relaxed);
+                s.store.loaded(n.approx_bytes());
                 s.body.get_or_init(|| n)
             }
             Err(e) => {
@@ -426,7 +432,6 @@ impl Node {
                 why: "the node read back is not the one the stub stands for",
             });
         }
-        store.loaded(n.approx_bytes());
         Ok(n)
     }
 

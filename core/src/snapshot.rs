@@ -114,11 +114,13 @@ impl Snapshot {
             t.as_ref().map_or(0, |n| {
                 let own = n.approx_bytes();
                 if n.is_stub() {
-                    if !n.stub_loaded() {
-                        return own;
-                    }
-                    let b = n.body();
-                    return own + b.approx_bytes() + walk(&b.left_link) + walk(&b.right_link);
+                    // Not `body()`: measuring is not a use.
+                    return match n.loaded_body() {
+                        None => own,
+                        Some(b) => {
+                            own + b.approx_bytes() + walk(&b.left_link) + walk(&b.right_link)
+                        }
+                    };
                 }
                 own + walk(&n.left_link) + walk(&n.right_link)
             })

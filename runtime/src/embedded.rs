@@ -25,6 +25,7 @@ use melddb::{
 use rand::Rng;
 
 use crate::filelog::{FileLog, FileLogError, OpenReport};
+use crate::nodestore::{LogStore, StoreStats};
 
 /// Default of [`Options::checkpoint_part_bytes`]: 1 MiB, so appending one
 /// part between two commit batches holds commits up only briefly.
@@ -32,6 +33,9 @@ pub const DEFAULT_CHECKPOINT_PART_BYTES: usize = checkpoint::DEFAULT_PART_BYTES;
 
 /// Default of [`Options::checkpoint_bytes`]: 64 MiB of log between checkpoints.
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
+
+/// Default of [`Options::cache_bytes`]: 1 GiB of tree in memory.
+pub const DEFAULT_CACHE_BYTES: u64 = 1 << 30;
 
 /// When a commit is acknowledged relative to the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,8 +84,18 @@ pub struct Options {
     pub checkpoint_part_bytes: usize,
     /// Garbage collection: after a checkpoint, delete the log segments
     /// that hold only entries before the *previous* checkpoint (two are
-    /// kept, so one damaged checkpoint still leaves a way to recover).
+    /// kept, so one damaged checkpoint still leaves a way to recover), and
+    /// none that a stub still reads from (see [`Options::cache_bytes`]).
     pub trim_log: bool,
+    /// Node cache budget: the memory the tree may hold, in bytes
+    /// (estimated like [`Snapshot::approx_bytes`]). Past it, subtrees that
+    /// a complete checkpoint holds leave memory and are read back from the
+    /// log on use (CLOCK eviction), and checkpoints are written early when
+    /// what only memory holds fills the budget. `0` keeps the whole
+    /// database in memory. Recovery with a budget does not load the
+    /// checkpoint: it verifies it and reads nodes back as they are used.
+    /// Needs checkpoints (premeld and group meld off); otherwise ignored.
+    pub cache_bytes: u64,
 }
 
 impl Default for Options {
@@ -97,6 +111,7 @@ impl Default for Options {
             checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
             checkpoint_part_bytes: DEFAULT_CHECKPOINT_PART_BYTES,
             trim_log: true,
+            cache_bytes: DEFAULT_CACHE_BYTES,
         }
     }
 }
@@ -141,6 +156,9 @@ pub enum DbError {
     /// A checkpoint could not be written.
     #[error("checkpoint failed: {0}")]
     Checkpoint(String),
+    /// Part of the tree could not be read back from the log (node cache).
+    #[error(transparent)]
+    Store(#[from] melddb::StoreError),
     /// The writer thread stopped (after an I/O error it reported, or at
     /// shutdown); reopen the database.
     #[error("the database writer stopped: {0}")]
@@ -166,6 +184,8 @@ struct Shared {
     settings: Settings,
     dir: PathBuf,
     log: std::sync::Mutex<LogStats>,
+    store: Arc<LogStore>,
+    cache: std::sync::Mutex<CacheStats>,
 }
 
 impl Shared {
@@ -177,6 +197,34 @@ impl Shared {
     fn log_stats(&self) -> std::sync::MutexGuard<'_, LogStats> {
         self.log.lock().unwrap_or_else(PoisonError::into_inner)
     }
+    /// The writer's published cache figures.
+    fn cache_stats(&self) -> std::sync::MutexGuard<'_, CacheStats> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The node cache as the writer last measured it (see
+/// [`Database::cache_stats`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// The budget ([`Options::cache_bytes`]; 0: everything in memory).
+    pub budget: u64,
+    /// Tree memory at the last measurement (after the last sweep).
+    pub in_memory_bytes: u64,
+    /// Largest tree memory measured.
+    pub peak_bytes: u64,
+    /// Sweeps that evicted.
+    pub sweeps: u64,
+    /// Persisted subtrees replaced by stubs, over all sweeps.
+    pub stubbed: u64,
+    /// Loaded stubs whose body left memory, over all sweeps.
+    pub unloaded: u64,
+    /// Checkpoints written early because memory filled up.
+    pub pressure_checkpoints: u64,
+    /// Trims held back because a stub still read from an older checkpoint.
+    pub trims_held: u64,
+    /// Reads from the log.
+    pub store: StoreStats,
 }
 
 /// A checkpoint that was written (or recovered from).
@@ -318,15 +366,28 @@ impl Database {
                 .map_err(|e| not_db(e.to_string()))?;
             log.sync()?;
         }
-        let start = recover(&log, &dir)?;
+        let store = Arc::new(LogStore::new());
+        let cache_bytes = if checkpoints_supported(&opts.settings) || log.tail() > 1 {
+            opts.cache_bytes
+        } else {
+            0
+        };
+        let start = recover(&log, &dir, (cache_bytes > 0).then_some(&store))?;
         let mut melder = start.melder;
         melder.set_deferred_reclaim(false);
         let (mut replayed, mut replayed_bytes) = (0u64, 0u64);
+        let _ = melddb::take_store_error();
         log.replay(melder.next_pos(), |_, e| {
             melder.apply(e);
             replayed += 1;
             replayed_bytes += e.len() as u64;
         })?;
+        if let Some(e) = melddb::take_store_error() {
+            return Err(DbError::Unrecoverable {
+                path: dir.clone(),
+                why: format!("replaying the log after the checkpoint: {e}"),
+            });
+        }
         close_pair(&mut log, &mut melder)?;
         log.sync()?;
         let log_stats = LogStats {
@@ -349,6 +410,11 @@ impl Database {
             settings: *melder.settings(),
             dir: dir.clone(),
             log: std::sync::Mutex::new(log_stats),
+            store: store.clone(),
+            cache: std::sync::Mutex::new(CacheStats {
+                budget: cache_bytes,
+                ..CacheStats::default()
+            }),
         });
         let plan = CheckpointPlan {
             every: opts.checkpoint_bytes,
@@ -359,12 +425,28 @@ impl Database {
             // The log since the last checkpoint counts, not just this
             // process's share of it.
             appended: replayed_bytes,
+            generation: start.generation,
+            previous_generation: start.checkpoint_generation,
+            cache_bytes: if checkpoints_supported(melder.settings()) {
+                cache_bytes
+            } else {
+                0
+            },
         };
         let (tx, rx) = sync_channel::<Msg>(opts.max_in_flight);
         let w_shared = shared.clone();
         let durability = opts.durability;
         let max_batch = opts.max_batch;
         let to_writer = tx.clone();
+        if plan.cache_bytes > 0 {
+            // Readers that load a quarter of the budget wake the writer
+            // to sweep (it may be idle: no commit to wake it).
+            let wake = tx.clone();
+            store.on_pressure(plan.cache_bytes / 4, move || {
+                let _ = wake.try_send(Msg::CachePressure);
+            });
+        }
+        let w_store = store.clone();
         let writer = thread::Builder::new()
             .name("melddb-writer".into())
             .spawn(move || {
@@ -374,6 +456,7 @@ impl Database {
                     rx,
                     to_writer,
                     w_shared,
+                    w_store,
                     WriterSetup {
                         durability,
                         max_batch,
@@ -428,8 +511,15 @@ impl Database {
     }
 
     /// Reads one key of the latest committed state.
-    pub fn get(&self, key: &[u8]) -> Option<Bytes> {
-        self.snapshot().get(key)
+    pub fn get(&self, key: &[u8]) -> Result<Option<Bytes>, DbError> {
+        Ok(self.snapshot().try_get(key)?)
+    }
+
+    /// The node cache's figures, as of the writer's last measurement.
+    pub fn cache_stats(&self) -> CacheStats {
+        let mut c = self.shared.cache_stats().clone();
+        c.store = self.shared.store.stats();
+        c
     }
 
     /// Begins a transaction on the latest committed state.
@@ -446,7 +536,12 @@ impl Database {
         if self.trial_meld {
             let mut stats = melddb::MeldStats::default();
             let latest = self.latest();
-            if let Err(reason) = trial_meld(&self.shared.settings, &local, &latest, &mut stats) {
+            let _ = melddb::take_store_error();
+            let trial = trial_meld(&self.shared.settings, &local, &latest, &mut stats);
+            // A failed read back makes the trial say nothing: let the
+            // writer decide.
+            let unsure = melddb::take_store_error().is_some();
+            if let (Err(reason), false) = (trial, unsure) {
                 let (reply, rx) = sync_channel(1);
                 let _ = reply.send(Ok(Outcome::Rejected { reason }));
                 return Ok(CommitHandle { rx: Some(rx) });
@@ -572,12 +667,16 @@ struct Start {
     /// First part of the checkpoint used: the next one trims below it.
     previous_first: Option<LogPos>,
     skipped: Vec<String>,
+    /// The node store generation the checkpoint was registered as (lazy
+    /// recovery), and the next free one.
+    checkpoint_generation: Option<u16>,
+    generation: u16,
 }
 
 /// Finds the complete checkpoints in the log (from the records' bytes,
 /// as every melder does), loads the latest one that verifies, and falls
 /// back to older ones, then to the genesis record if the log still has it.
-fn recover(log: &FileLog, dir: &Path) -> Result<Start, DbError> {
+fn recover(log: &FileLog, dir: &Path, store: Option<&Arc<LogStore>>) -> Result<Start, DbError> {
     let not_db = |why: String| DbError::NotADatabase {
         path: dir.to_path_buf(),
         why,
@@ -610,28 +709,23 @@ fn recover(log: &FileLog, dir: &Path) -> Result<Start, DbError> {
         }
     })?;
     let mut skipped = Vec::new();
+    let mut generation: u16 = 1;
     for (begin, positions) in complete.iter().rev() {
         let begin = *begin;
         let last = positions.last().copied().unwrap_or(begin);
-        let records: Result<Vec<_>, _> = positions.iter().map(|p| log.read(*p)).collect();
-        let loaded = records
-            .map_err(|e| e.to_string())
-            .and_then(|records| {
-                let refs: Vec<&[u8]> = records.iter().map(|p| &p[..]).collect();
-                let bytes = refs.iter().map(|p| p.len() as u64).sum::<u64>();
-                checkpoint::load(&refs)
-                    .map(|c| (c, bytes))
-                    .map_err(|e| e.to_string())
-            })
-            .and_then(|(c, bytes)| {
-                if c.settings != settings {
-                    Err("its settings differ from the database's".into())
-                } else if c.state.pos() != begin {
-                    Err("its parts name another begin record".into())
-                } else {
-                    Ok((c, bytes))
-                }
-            });
+        let loaded = match store {
+            None => load_whole(log, positions),
+            Some(store) => load_lazily(log, positions, store, generation, begin),
+        }
+        .and_then(|(c, bytes)| {
+            if c.settings != settings {
+                Err("its settings differ from the database's".into())
+            } else if c.state.pos() != begin {
+                Err("its parts name another begin record".into())
+            } else {
+                Ok((c, bytes))
+            }
+        });
         match loaded {
             Ok((c, bytes)) => {
                 let info = CheckpointInfo {
@@ -643,15 +737,26 @@ fn recover(log: &FileLog, dir: &Path) -> Result<Start, DbError> {
                     flushed_ephemeral: 0,
                     micros: 0,
                 };
+                if let Some(store) = store {
+                    store.complete(generation);
+                }
                 return Ok(Start {
                     melder: Melder::from_checkpoint(c),
                     checkpoint: Some(info),
                     // The next checkpoint trims below this one.
                     previous_first: Some(begin),
                     skipped,
+                    checkpoint_generation: store.map(|_| generation),
+                    generation: generation + 1,
                 });
             }
-            Err(why) => skipped.push(format!("checkpoint begun at {begin}: {why}")),
+            Err(why) => {
+                if let Some(store) = store {
+                    store.remove(generation);
+                }
+                skipped.push(format!("checkpoint begun at {begin}: {why}"));
+                generation += 1;
+            }
         }
     }
     if first > 0 {
@@ -669,29 +774,123 @@ fn recover(log: &FileLog, dir: &Path) -> Result<Start, DbError> {
         checkpoint: None,
         previous_first: None,
         skipped,
+        checkpoint_generation: None,
+        generation,
     })
 }
 
-/// A checkpoint's parts, from the encoder thread.
-#[derive(Debug, Default)]
+/// Loads a checkpoint's parts into memory (no node cache).
+fn load_whole(log: &FileLog, positions: &[LogPos]) -> Result<(checkpoint::Loaded, u64), String> {
+    let records: Vec<_> = positions
+        .iter()
+        .map(|p| log.read(*p))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let refs: Vec<&[u8]> = records.iter().map(|p| &p[..]).collect();
+    let bytes = refs.iter().map(|p| p.len() as u64).sum::<u64>();
+    checkpoint::load(&refs)
+        .map(|c| (c, bytes))
+        .map_err(|e| e.to_string())
+}
+
+/// Verifies a checkpoint's parts one at a time, registering where each
+/// one's body is for the node store, and returns a state whose root is a
+/// stub: nothing of the tree is loaded until it is used.
+fn load_lazily(
+    log: &FileLog,
+    positions: &[LogPos],
+    store: &Arc<LogStore>,
+    generation: u16,
+    begin: LogPos,
+) -> Result<(checkpoint::Loaded, u64), String> {
+    let mut bytes = 0u64;
+    let dyn_store: Arc<dyn melddb::NodeStore> = store.clone();
+    // One part in memory at a time: each is read, registered, parsed and
+    // dropped before the next.
+    let parts = positions.iter().map(|p| -> Result<melddb::Entry, String> {
+        let rec = log.read(*p).map_err(|e| e.to_string())?;
+        bytes += rec.len() as u64;
+        register_part(log, store, generation, begin, *p, &rec)?;
+        Ok(rec)
+    });
+    let loaded = checkpoint::load_lazy(parts, dyn_store, generation).map_err(|e| e.to_string())?;
+    Ok((loaded, bytes))
+}
+
+/// Fails if a node could not be read back from the log during the last
+/// meld: its decisions are then meaningless, so the writer stops (a
+/// reopen recovers from the log).
+fn read_back_ok() -> Result<(), DbError> {
+    match melddb::take_store_error() {
+        None => Ok(()),
+        Some(e) => Err(DbError::Stopped(format!(
+            "reading the database back from the log failed: {e}"
+        ))),
+    }
+}
+
+/// Registers the checkpoint part at `pos` (its bytes `rec`) with the node
+/// store.
+fn register_part(
+    log: &FileLog,
+    store: &LogStore,
+    generation: u16,
+    begin: LogPos,
+    pos: LogPos,
+    rec: &[u8],
+) -> Result<(), String> {
+    let chunk = match checkpoint::parse_record(rec) {
+        Ok(checkpoint::Record::Part { chunk, .. }) => chunk,
+        Ok(_) => return Err(format!("entry {pos} is not a checkpoint part")),
+        Err(e) => return Err(e.to_string()),
+    };
+    let within = chunk.as_ptr() as usize - rec.as_ptr() as usize;
+    let (path, payload) = log
+        .locate(pos)
+        .ok_or_else(|| format!("entry {pos} is not in the log"))?;
+    store
+        .add_part(
+            generation,
+            begin,
+            &path,
+            payload + within as u64,
+            chunk.len() as u64,
+        )
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// What the encoder thread reports once it handed out every part.
+#[derive(Debug, Default, Clone, Copy)]
 struct Encoded {
-    parts: Vec<Vec<u8>>,
     nodes: u64,
     flushed: u64,
 }
 
 /// A checkpoint whose begin record is in the log and whose parts are not
-/// all appended yet.
+/// all appended yet. The encoder thread hands parts over as it fills them
+/// (at most two wait), so memory stays bounded whatever the state's size.
 struct InProgress {
     begin: LogPos,
+    generation: u16,
     csn: melddb::Vn,
     started: Instant,
     encoder: Option<JoinHandle<()>>,
+    parts: Option<Receiver<Vec<u8>>>,
+    /// Set when the encoder finished (every part was sent).
     encoded: Option<Encoded>,
-    /// Index of the next part to append.
-    next: usize,
     bytes: u64,
     waiters: Vec<SyncSender<Result<CheckpointInfo, String>>>,
+}
+
+impl InProgress {
+    /// Stops the encoder (it sees the parts channel closed) and waits for it.
+    fn abandon(mut self) -> Vec<SyncSender<Result<CheckpointInfo, String>>> {
+        self.parts = None;
+        if let Some(h) = self.encoder.take() {
+            let _ = h.join();
+        }
+        std::mem::take(&mut self.waiters)
+    }
 }
 
 /// Whether the database's settings allow checkpoints.
@@ -722,6 +921,12 @@ struct CheckpointPlan {
     last: Option<CheckpointInfo>,
     previous_first: Option<LogPos>,
     appended: u64,
+    /// Node store generation of the next checkpoint.
+    generation: u16,
+    /// Generation of the latest complete checkpoint, if registered.
+    previous_generation: Option<u16>,
+    /// Node cache budget (0: off).
+    cache_bytes: u64,
 }
 
 /// With group meld on, an entry that ends the log in the middle of a pair
@@ -742,6 +947,10 @@ enum Msg {
     Commit(Request),
     Synced(std::io::Result<()>),
     Checkpoint(SyncSender<Result<CheckpointInfo, String>>),
+    /// The encoder put one more part in the parts channel.
+    PartReady,
+    /// Readers loaded much of the cache budget since the last sweep.
+    CachePressure,
     Encoded(Result<Encoded, String>),
     Shutdown,
 }
@@ -803,6 +1012,16 @@ struct Writer {
     ckpt: Option<InProgress>,
     /// Who asked for a checkpoint that has not begun yet.
     ckpt_waiters: Vec<SyncSender<Result<CheckpointInfo, String>>>,
+    store: Arc<LogStore>,
+    /// Memory the tree held at the last measurement, and what was loaded
+    /// and appended since (to know when to measure again).
+    cache_measured: u64,
+    cache_loaded_at: u64,
+    cache_appended_at: u64,
+    /// Memory filled up with what only memory holds: checkpoint now.
+    cache_pressure: bool,
+    /// Readers loaded a lot since the last sweep: measure now.
+    cache_poked: bool,
 }
 
 impl Writer {
@@ -817,6 +1036,7 @@ impl Writer {
                 Some(l) => self.melder.apply_local(&r.bytes, l),
                 None => self.melder.apply(&r.bytes),
             };
+            read_back_ok()?;
             for o in outcomes {
                 if let Some(p) = o.pos() {
                     self.outcomes.insert(p, o);
@@ -931,17 +1151,12 @@ impl Writer {
         self.shared.log_stats().checkpoint_error = Some(e);
     }
 
-    /// Whether encoded checkpoint parts wait to be appended.
-    fn parts_ready(&self) -> bool {
-        self.ckpt.as_ref().is_some_and(|c| c.encoded.is_some())
-    }
-
     fn due_for_checkpoint(&self) -> bool {
         let last = self.plan.last.as_ref().map_or(0, |c| c.bytes);
         self.ckpt.is_none()
-            && self.plan.every > 0
-            && self.appended >= self.plan.every.max(2 * last)
             && checkpoints_supported(self.melder.settings())
+            && ((self.plan.every > 0 && self.appended >= self.plan.every.max(2 * last))
+                || self.cache_pressure)
     }
 
     /// Starts a checkpoint: appends the begin record (the barrier), syncs,
@@ -988,63 +1203,82 @@ impl Writer {
         let snapshot = state.snapshot().clone();
         let part_bytes = self.plan.part_bytes;
         let tx = to_writer.clone();
+        let generation = self.plan.generation;
+        // Generation numbers wrap; 0 is never used.
+        self.plan.generation = self.plan.generation.checked_add(1).unwrap_or(1);
+        self.store.remove(generation);
+        let (parts_tx, parts_rx) = sync_channel::<Vec<u8>>(2);
         let encoder = thread::Builder::new()
             .name("melddb-checkpoint".into())
             .spawn(move || {
                 let flushed = checkpoint::unpersisted_nodes(&snapshot, since);
-                let nodes = snapshot.len() as u64;
-                let parts =
-                    checkpoint::encode(&settings, &snapshot, part_bytes).map_err(|e| e.to_string());
-                let _ = tx.send(Msg::Encoded(parts.map(|p| Encoded {
-                    parts: p,
-                    nodes,
-                    flushed,
-                })));
+                let r = checkpoint::encode_streaming(
+                    &settings,
+                    &snapshot,
+                    part_bytes,
+                    Some(generation),
+                    |p| parts_tx.send(p).is_ok() && tx.send(Msg::PartReady).is_ok(),
+                );
+                drop(parts_tx);
+                let _ = tx.send(Msg::Encoded(
+                    r.map(|e| Encoded {
+                        nodes: e.nodes,
+                        flushed,
+                    })
+                    .map_err(|e| e.to_string()),
+                ));
             })
             .map_err(|e| DbError::Checkpoint(format!("cannot start the encoder thread: {e}")))?;
         self.appended = 0;
+        self.cache_pressure = false;
         self.ckpt = Some(InProgress {
             begin,
+            generation,
             csn: self.melder.lcs().csn(),
             started,
             encoder: Some(encoder),
+            parts: Some(parts_rx),
             encoded: None,
-            next: 0,
             bytes: 0,
             waiters: std::mem::take(&mut self.ckpt_waiters),
         });
         Ok(())
     }
 
-    /// Appends the next encoded parts of the checkpoint in progress (about
-    /// one part per call, so commits are not held up); after the last one,
-    /// syncs, trims the log below the previous checkpoint and answers who
-    /// asked.
+    /// Appends the checkpoint parts the encoder handed over (at most two
+    /// wait); once the encoder is done and every part is in, syncs, makes
+    /// the checkpoint's nodes readable by the node cache, trims the log
+    /// below the previous checkpoint (never below one a stub still reads
+    /// from) and answers who asked.
     fn append_parts(&mut self) -> Result<(), DbError> {
         let Some(ck) = self.ckpt.as_mut() else {
             return Ok(());
         };
-        let Some(enc) = ck.encoded.as_ref() else {
-            return Ok(());
-        };
-        let mut budget = self.plan.part_bytes;
-        while ck.next < enc.parts.len() && budget > 0 {
-            let p = &enc.parts[ck.next];
-            self.log
-                .append(p)
+        let mut appended = false;
+        while let Some(p) = ck.parts.as_ref().and_then(|rx| rx.try_recv().ok()) {
+            let pos = self
+                .log
+                .append(&p)
                 .map_err(|e| DbError::Stopped(e.to_string()))?;
             self.appended_total += p.len() as u64;
             ck.bytes += p.len() as u64;
-            budget = budget.saturating_sub(p.len());
-            if let Some(o) = self.melder.apply(p).into_iter().find(|o| !o.is_committed()) {
+            register_part(&self.log, &self.store, ck.generation, ck.begin, pos, &p)
+                .map_err(|e| DbError::Stopped(format!("registering a checkpoint part: {e}")))?;
+            if let Some(o) = self
+                .melder
+                .apply(&p)
+                .into_iter()
+                .find(|o| !o.is_committed())
+            {
                 return Err(DbError::Stopped(format!(
                     "the melder refused a checkpoint part this process wrote: {o:?}"
                 )));
             }
-            ck.next += 1;
+            read_back_ok()?;
+            appended = true;
         }
-        if ck.next < enc.parts.len() {
-            if self.unsynced.is_empty() && self.syncing.is_none() {
+        if ck.encoded.is_none() {
+            if appended && self.unsynced.is_empty() && self.syncing.is_none() {
                 // No commit waits: the new entries are parts only.
                 self.release(self.log.tail(), Vec::new());
             }
@@ -1059,26 +1293,52 @@ impl Writer {
         let Some(ck) = self.ckpt.take() else {
             return Ok(());
         };
+        let (generation, begin, csn, started, bytes) =
+            (ck.generation, ck.begin, ck.csn, ck.started, ck.bytes);
         let enc = ck.encoded.unwrap_or_default();
+        let waiters = ck.abandon();
+        self.store.complete(generation);
+        self.plan.previous_generation = Some(generation);
+        // Stubs read from this checkpoint from now on (before anything
+        // older is trimmed).
+        if self.plan.cache_bytes > 0 {
+            self.sweep(true)?;
+        }
         let mut trimmed = false;
         if self.plan.trim {
             if let Some(prev) = self.plan.previous_first {
+                // Never below a checkpoint a stub (a long-held snapshot)
+                // still reads from.
+                let mut to = prev;
+                for (g, b, _) in self.store.checkpoints() {
+                    if b < prev && g != generation && self.store.pins(g) > 0 {
+                        to = to.min(b);
+                    }
+                }
+                if to < prev {
+                    self.shared.cache_stats().trims_held += 1;
+                }
                 self.log
-                    .trim(prev)
+                    .trim(to)
                     .map_err(|e| DbError::Stopped(format!("trimming the log: {e}")))?;
+                for (g, b, _) in self.store.checkpoints() {
+                    if b < to {
+                        self.store.remove(g);
+                    }
+                }
                 trimmed = true;
             }
         }
         let info = CheckpointInfo {
-            first: ck.begin,
+            first: begin,
             pos,
-            csn: ck.csn,
+            csn,
             nodes: enc.nodes,
-            bytes: ck.bytes,
+            bytes,
             flushed_ephemeral: enc.flushed,
-            micros: ck.started.elapsed().as_micros() as u64,
+            micros: started.elapsed().as_micros() as u64,
         };
-        self.plan.previous_first = Some(ck.begin);
+        self.plan.previous_first = Some(begin);
         self.plan.last = Some(info.clone());
         {
             let mut st = self.shared.log_stats();
@@ -1086,13 +1346,14 @@ impl Writer {
             st.checkpoints_written += 1;
             st.trims += u64::from(trimmed);
         }
-        for w in ck.waiters {
+        for w in waiters {
             let _ = w.send(Ok(info.clone()));
         }
         Ok(())
     }
 
-    /// The encoder thread finished.
+    /// The encoder thread finished (every part it made is in the parts
+    /// channel or already appended).
     fn encoded(&mut self, result: Result<Encoded, String>) {
         let Some(ck) = self.ckpt.as_mut() else {
             return;
@@ -1105,10 +1366,93 @@ impl Writer {
             Err(e) => {
                 // The barrier stays (harmless); the checkpoint is abandoned
                 // and automatic ones stop, saying why.
-                let waiters = self.ckpt.take().map(|c| c.waiters).unwrap_or_default();
+                let waiters = self
+                    .ckpt
+                    .take()
+                    .map(InProgress::abandon)
+                    .unwrap_or_default();
                 self.give_up_checkpoints(waiters, e);
             }
         }
+    }
+
+    /// Node cache: measures the tree's memory when enough was loaded or
+    /// appended since the last measurement, and sweeps when it is over the
+    /// budget. `after_checkpoint`: a checkpoint just completed, so stubs
+    /// must move to it (a sweep without eviction if under budget).
+    fn sweep(&mut self, after_checkpoint: bool) -> Result<(), DbError> {
+        let budget = self.plan.cache_bytes;
+        if budget == 0 {
+            return Ok(());
+        }
+        let loaded = self.store.stats().loaded_bytes;
+        // Intentions take about four times their encoded size as nodes.
+        let grown =
+            (loaded - self.cache_loaded_at) + 4 * (self.appended_total - self.cache_appended_at);
+        // Measure again once the tree may have outgrown the budget, but
+        // not at every step while it holds more than the budget that
+        // cannot leave yet (not in a checkpoint): a measurement walks all
+        // of memory.
+        if !after_checkpoint
+            && !self.cache_poked
+            && (self.cache_measured + grown < budget || grown < budget / 4)
+        {
+            return Ok(());
+        }
+        self.cache_poked = false;
+        let store = self.store.clone();
+        let persisted = |g: u16| store.is_complete(g);
+        let mut measured = self.melder.lcs().approx_bytes();
+        let before = measured;
+        let mut st = CacheStats::default();
+        if measured > budget {
+            let dyn_store: Arc<dyn melddb::NodeStore> = self.store.clone();
+            // CLOCK: the first pass spares what was used since the last
+            // one (and clears its mark); if that is still too much, what
+            // was not used again meanwhile goes in a second pass.
+            for _ in 0..2 {
+                let ev = self.melder.evict(&dyn_store, &persisted);
+                read_back_ok()?;
+                st.sweeps += 1;
+                st.stubbed += ev.stubbed;
+                st.unloaded += ev.unloaded;
+                if self.melder.lcs().approx_bytes() <= budget {
+                    break;
+                }
+            }
+            // Readers move to the swept tree (same state, same position),
+            // so the old one can be freed.
+            let at = self
+                .shared
+                .latest
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .snapshot()
+                .pos();
+            if let Some(state) = self.melder.meld_state(at).cloned() {
+                self.shared.publish(state);
+            }
+            measured = self.melder.lcs().approx_bytes();
+            // What is left is mostly what only memory holds: a checkpoint
+            // makes it evictable.
+            if measured > budget / 2 && self.ckpt.is_none() && !after_checkpoint {
+                self.cache_pressure = true;
+            }
+        } else if after_checkpoint {
+            self.melder.promote(&persisted);
+        }
+        self.cache_measured = measured;
+        self.cache_loaded_at = loaded;
+        self.store.arm();
+        self.cache_appended_at = self.appended_total;
+        let mut c = self.shared.cache_stats();
+        c.in_memory_bytes = measured;
+        c.peak_bytes = c.peak_bytes.max(before);
+        c.sweeps += st.sweeps;
+        c.stubbed += st.stubbed;
+        c.unloaded += st.unloaded;
+        c.pressure_checkpoints += u64::from(self.cache_pressure);
+        Ok(())
     }
 
     fn publish_log_stats(&self) {
@@ -1150,6 +1494,9 @@ impl Writer {
     }
 }
 
+/// How often an idle writer checks the node cache's memory.
+const CACHE_TICK: Duration = Duration::from_millis(20);
+
 /// How the writer thread runs (from [`Options`]).
 struct WriterSetup {
     durability: Durability,
@@ -1163,6 +1510,7 @@ fn writer_loop(
     rx: Receiver<Msg>,
     report: SyncSender<Msg>,
     shared: Arc<Shared>,
+    store: Arc<LogStore>,
     setup: WriterSetup,
 ) {
     let WriterSetup {
@@ -1191,6 +1539,12 @@ fn writer_loop(
         ckpt: None,
         ckpt_waiters: Vec::new(),
         plan,
+        store,
+        cache_measured: 0,
+        cache_loaded_at: 0,
+        cache_appended_at: 0,
+        cache_pressure: false,
+        cache_poked: false,
     };
     let mut shutting_down = false;
     // Adaptive group commit: clients just answered usually commit again
@@ -1203,14 +1557,11 @@ fn writer_loop(
         if shutting_down && w.syncing.is_none() && w.unsynced.is_empty() {
             break;
         }
-        // With checkpoint parts waiting, do not block: append them between
-        // commits.
-        let wait = if w.parts_ready() {
-            Some(Instant::now())
-        } else {
-            deadline
-        };
-        let first = match wait {
+        // Checkpoint parts announce themselves (PartReady), so waiting for
+        // the next message is enough; with a node cache, wake up now and
+        // then anyway: readers load nodes while no commit comes.
+        let tick = (w.plan.cache_bytes > 0).then(|| Instant::now() + CACHE_TICK);
+        let first = match deadline.or(tick) {
             None => match rx.recv() {
                 Ok(m) => Some(m),
                 Err(_) => break,
@@ -1239,6 +1590,8 @@ fn writer_loop(
                     return;
                 }
                 Msg::Checkpoint(reply) => asked.push(reply),
+                Msg::PartReady => {}
+                Msg::CachePressure => w.cache_poked = true,
                 Msg::Encoded(r) => w.encoded(r),
                 Msg::Shutdown => shutting_down = true,
             }
@@ -1258,6 +1611,9 @@ fn writer_loop(
             // One that just completed may have left askers for the next.
             if step.is_ok() {
                 step = w.maybe_begin_checkpoint(&to_self);
+            }
+            if step.is_ok() {
+                step = w.sweep(false);
             }
         }
         w.publish_log_stats();
@@ -1282,24 +1638,26 @@ fn writer_loop(
             return;
         }
     }
-    // A checkpoint whose parts are encoded is finished (appending them is
-    // quick and saves redoing the work after reopening); one still being
-    // encoded is abandoned (its begin record is a harmless barrier).
-    while w.parts_ready() {
-        if w.append_parts().is_err() {
-            break;
-        }
+    // A checkpoint whose encoder is done is finished (its last parts wait
+    // in the channel: appending them is quick and saves redoing the work
+    // after reopening); one still being encoded is abandoned (its begin
+    // record is a harmless barrier).
+    if w.ckpt.as_ref().is_some_and(|c| c.encoded.is_some()) {
+        let _ = w.append_parts();
     }
     let _ = w.log.sync();
-    // Closing the queue first lets a blocked encoder finish.
-    drop(rx);
-    if let Some(mut ck) = w.ckpt.take() {
-        for reply in ck.waiters.drain(..) {
+    if let Some(ck) = w.ckpt.take() {
+        // Closing the parts channel stops a blocked encoder; closing the
+        // queue then lets one blocked on announcing a part finish.
+        let (parts, encoder) = (ck.parts, ck.encoder);
+        drop(parts);
+        drop(rx);
+        for reply in ck.waiters {
             let _ = reply.send(Err(
                 "the database closed before the checkpoint completed".into()
             ));
         }
-        if let Some(h) = ck.encoder.take() {
+        if let Some(h) = encoder {
             let _ = h.join();
         }
     }

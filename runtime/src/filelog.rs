@@ -304,6 +304,22 @@ impl FileLog {
         Ok(())
     }
 
+    /// Where the payload of the record at `pos` lies: its segment file and
+    /// the byte offset of the payload in it (for readers that fetch parts
+    /// of a record themselves, like the node cache). `None` outside the log.
+    pub fn locate(&self, pos: LogPos) -> Option<(PathBuf, u64)> {
+        if pos < self.first || pos >= self.tail {
+            return None;
+        }
+        let i = self
+            .segments
+            .partition_point(|s| s.first <= pos)
+            .checked_sub(1)?;
+        let seg = &self.segments[i];
+        let off = *seg.offsets.get((pos - seg.first) as usize)?;
+        Some((seg.path.clone(), off + RECORD_HEADER))
+    }
+
     fn read_record(&self, pos: LogPos) -> Result<Entry, FileLogError> {
         let i = self.segments.partition_point(|s| s.first <= pos) - 1;
         let seg = &self.segments[i];

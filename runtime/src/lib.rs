@@ -37,6 +37,7 @@
 
 pub mod embedded;
 pub mod filelog;
+pub mod nodestore;
 
 pub use embedded::{
     CheckpointInfo, Database, DbError, Durability, LogStats, Options as DbOptions, Recovery,

@@ -54,7 +54,10 @@ fn commits_survive_reopening() {
         "recovery replays to the same state"
     );
     assert_eq!(db.recovery().records, 51);
-    assert_eq!(db.get(&7u32.to_be_bytes()).as_deref(), Some(&b"v7"[..]));
+    assert_eq!(
+        db.get(&7u32.to_be_bytes()).expect("read").as_deref(),
+        Some(&b"v7"[..])
+    );
 }
 
 #[test]
