@@ -481,6 +481,7 @@ fn embedded_suite(args: &Args) -> Result<(), String> {
     let engines = [
         Engine::MeldDb,
         Engine::MeldDbBuffered,
+        Engine::MeldDbSmallCache,
         Engine::SqliteFull,
         Engine::SqliteNormal,
         Engine::Redb,

@@ -25,6 +25,10 @@ struct Args {
     /// Database directory (created if missing).
     #[arg(long, env = "MELDDB_DIR", default_value = "melddb-data")]
     dir: PathBuf,
+    /// Node cache budget in bytes: tree memory beyond it is evicted and
+    /// read back from the log on use (0: keep everything in memory).
+    #[arg(long, env = "MELDDB_CACHE_BYTES", default_value_t = melddb_runtime::embedded::DEFAULT_CACHE_BYTES)]
+    cache_bytes: u64,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -129,7 +133,14 @@ fn text(b: &[u8]) -> String {
 }
 
 fn run(args: Args) -> Result<ExitCode, String> {
-    let db = Database::open(&args.dir).map_err(|e| e.to_string())?;
+    let db = Database::open_with(
+        &args.dir,
+        DbOptions {
+            cache_bytes: args.cache_bytes,
+            ..DbOptions::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
     match args.cmd {
         Cmd::Put { key, value } => {
             db.transact(Isolation::Serializable, |tx| {
@@ -270,6 +281,8 @@ fn run(args: Args) -> Result<ExitCode, String> {
                 "replayed_entries": r.replayed,
                 "unpersisted_nodes": db.unpersisted_nodes(),
                 "tree_memory_bytes_estimate": s.approx_bytes(),
+                "cache_budget_bytes": db.cache_stats().budget,
+                "nodes_read_back": db.cache_stats().store.nodes_loaded,
                 "dir": args.dir.display().to_string(),
                 "log_records": r.records,
                 "last_position": s.pos(),
@@ -312,6 +325,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
                 max_attempts: 1000,
                 checkpoint_bytes,
                 segment_bytes,
+                cache_bytes: args.cache_bytes,
                 ..DbOptions::default()
             };
             crash_child(&args.dir, opts, accounts, first_id, seed)?;

@@ -4,7 +4,9 @@
 //! still sums to its starting total (no transfer is half visible) and the
 //! tree is valid. The child checkpoints every 8 KiB of log on 64 KiB
 //! segments, so kills also land while checkpoints are written and the log
-//! is trimmed, and most restarts recover from a checkpoint. 200 cycles by default; `MELDDB_CRASH_CYCLES=1000` for more.
+//! is trimmed, and most restarts recover from a checkpoint; every other
+//! child has a node cache of 1 KiB, so it evicts and reads nodes back all
+//! the time. 200 cycles by default; `MELDDB_CRASH_CYCLES=1000` for more.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -30,9 +32,13 @@ fn killed_writers_lose_no_acknowledged_commit() {
     let mut checkpoints = 0;
     let mut from_checkpoint = 0;
     for cycle in 0..cycles {
+        // Every other child runs with a node cache far smaller than its
+        // data, so kills also land in evictions and read-backs.
+        let cache = if cycle % 2 == 0 { "1024" } else { "1073741824" };
         let mut child = Command::new(env!("CARGO_BIN_EXE_melddb"))
             .arg("--dir")
             .arg(d.path())
+            .args(["--cache-bytes", cache])
             .args(["crash-child", "--accounts", &ACCOUNTS.to_string()])
             .args(["--first-id", &(cycle * 10_000_000).to_string()])
             .args(["--seed", &cycle.to_string()])

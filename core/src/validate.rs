@@ -243,8 +243,17 @@ pub fn check_tree(s: &Snapshot) -> Result<(), TreeViolation> {
                 n.vn()
             )));
         }
-        let hl = walk(n.left(), gap.left_of(&n.key))?;
-        let hr = walk(n.right(), gap.right_of(&n.key))?;
+        let own = match n.owner.kind {
+            crate::node::OwnerKind::Intention(pos) => pos,
+            _ => crate::node::NO_LOGGED_NODE,
+        };
+        // A stub's body is read back for the walk and not kept.
+        let (hl, hr, expect) = n.with_body(|b| {
+            let hl = walk(&b.left_link, gap.left_of(&n.key))?;
+            let hr = walk(&b.right_link, gap.right_of(&n.key))?;
+            let expect = crate::node::oldest_from(&b.left_link, &b.right_link, own);
+            Ok::<_, TreeViolation>((hl, hr, expect))
+        })?;
         if hl.abs_diff(hr) > 1 {
             return Err(TreeViolation(format!("unbalanced at {:?}", n.key)));
         }
@@ -252,11 +261,6 @@ pub fn check_tree(s: &Snapshot) -> Result<(), TreeViolation> {
         if h != n.height || h != height(t) {
             return Err(TreeViolation(format!("stale height at {:?}", n.key)));
         }
-        let own = match n.owner.kind {
-            crate::node::OwnerKind::Intention(pos) => pos,
-            _ => crate::node::NO_LOGGED_NODE,
-        };
-        let expect = crate::node::oldest_from(n.left(), n.right(), own);
         if n.oldest_descendant() != expect {
             return Err(TreeViolation(format!(
                 "OldestDescendant {} at {:?}, expected {expect}",
@@ -266,16 +270,25 @@ pub fn check_tree(s: &Snapshot) -> Result<(), TreeViolation> {
         }
         Ok(h)
     }
-    walk(&s.root, Gap::ALL).map(|_| ())
+    let _ = crate::node::take_store_error();
+    let r = walk(&s.root, Gap::ALL).map(|_| ());
+    match crate::node::take_store_error() {
+        Some(e) => Err(TreeViolation(format!(
+            "part of the tree cannot be read back: {e}"
+        ))),
+        None => r,
+    }
 }
 
 /// Every VN reachable in the tree, in key order (for uniqueness checks).
 pub fn vns(s: &Snapshot) -> Vec<u64> {
     fn walk(t: &Link, out: &mut Vec<u64>) {
         if let Some(n) = t {
-            walk(n.left(), out);
-            out.push(n.vn());
-            walk(n.right(), out);
+            n.with_body(|b| {
+                walk(&b.left_link, out);
+                out.push(n.vn());
+                walk(&b.right_link, out);
+            });
         }
     }
     let mut out = Vec::new();
@@ -289,11 +302,13 @@ pub fn vns(s: &Snapshot) -> Vec<u64> {
 pub fn ephemeral_vns(s: &Snapshot) -> Vec<u64> {
     fn walk(t: &Link, out: &mut Vec<u64>) {
         if let Some(n) = t {
-            walk(n.left(), out);
-            if n.owner.kind == crate::node::OwnerKind::Ephemeral {
-                out.push(n.vn());
-            }
-            walk(n.right(), out);
+            n.with_body(|b| {
+                walk(&b.left_link, out);
+                if n.owner.kind == crate::node::OwnerKind::Ephemeral {
+                    out.push(n.vn());
+                }
+                walk(&b.right_link, out);
+            });
         }
     }
     let mut out = Vec::new();
