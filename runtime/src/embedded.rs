@@ -372,7 +372,7 @@ impl Database {
         } else {
             0
         };
-        let start = recover(&log, &dir, (cache_bytes > 0).then_some(&store))?;
+        let start = recover(&log, &dir, (cache_bytes > 0).then_some(&store), cache_bytes)?;
         let mut melder = start.melder;
         melder.set_deferred_reclaim(false);
         let (mut replayed, mut replayed_bytes) = (0u64, 0u64);
@@ -676,7 +676,12 @@ struct Start {
 /// Finds the complete checkpoints in the log (from the records' bytes,
 /// as every melder does), loads the latest one that verifies, and falls
 /// back to older ones, then to the genesis record if the log still has it.
-fn recover(log: &FileLog, dir: &Path, store: Option<&Arc<LogStore>>) -> Result<Start, DbError> {
+fn recover(
+    log: &FileLog,
+    dir: &Path,
+    store: Option<&Arc<LogStore>>,
+    cache_bytes: u64,
+) -> Result<Start, DbError> {
     let not_db = |why: String| DbError::NotADatabase {
         path: dir.to_path_buf(),
         why,
@@ -713,7 +718,16 @@ fn recover(log: &FileLog, dir: &Path, store: Option<&Arc<LogStore>>) -> Result<S
     for (begin, positions) in complete.iter().rev() {
         let begin = *begin;
         let last = positions.last().copied().unwrap_or(begin);
-        let loaded = match store {
+        // Lazily only when the tree may not fit the budget: loading a
+        // checkpoint whole is faster than reading it back node by node
+        // (and checks its digest). Its nodes take about twice their
+        // encoded size in memory.
+        let encoded: u64 = positions
+            .iter()
+            .map(|p| log.record_len(*p).unwrap_or(u64::MAX / 4))
+            .fold(0, u64::saturating_add);
+        let lazy = store.filter(|_| encoded.saturating_mul(2) > cache_bytes);
+        let loaded = match lazy {
             None => load_whole(log, positions),
             Some(store) => load_lazily(log, positions, store, generation, begin),
         }
@@ -737,7 +751,7 @@ fn recover(log: &FileLog, dir: &Path, store: Option<&Arc<LogStore>>) -> Result<S
                     flushed_ephemeral: 0,
                     micros: 0,
                 };
-                if let Some(store) = store {
+                if let Some(store) = lazy {
                     store.complete(generation);
                 }
                 return Ok(Start {
@@ -746,7 +760,7 @@ fn recover(log: &FileLog, dir: &Path, store: Option<&Arc<LogStore>>) -> Result<S
                     // The next checkpoint trims below this one.
                     previous_first: Some(begin),
                     skipped,
-                    checkpoint_generation: store.map(|_| generation),
+                    checkpoint_generation: lazy.map(|_| generation),
                     generation: generation + 1,
                 });
             }

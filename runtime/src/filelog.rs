@@ -320,6 +320,22 @@ impl FileLog {
         Some((seg.path.clone(), off + RECORD_HEADER))
     }
 
+    /// Payload length of the record at `pos`, from the index (no read).
+    pub fn record_len(&self, pos: LogPos) -> Option<u64> {
+        if pos < self.first || pos >= self.tail {
+            return None;
+        }
+        let i = self
+            .segments
+            .partition_point(|s| s.first <= pos)
+            .checked_sub(1)?;
+        let seg = &self.segments[i];
+        let k = (pos - seg.first) as usize;
+        let off = *seg.offsets.get(k)?;
+        let end = seg.offsets.get(k + 1).copied().unwrap_or(seg.len);
+        end.checked_sub(off + RECORD_HEADER)
+    }
+
     fn read_record(&self, pos: LogPos) -> Result<Entry, FileLogError> {
         let i = self.segments.partition_point(|s| s.first <= pos) - 1;
         let seg = &self.segments[i];
