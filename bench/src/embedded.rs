@@ -43,6 +43,12 @@ impl Mix {
             Mix::ReadOnly => "ro",
         }
     }
+    /// The mix with this [`Mix::name`].
+    pub fn from_name(name: &str) -> Option<Mix> {
+        [Mix::R8W2, Mix::Op2, Mix::ReadOnly]
+            .into_iter()
+            .find(|m| m.name() == name)
+    }
     fn shape(self) -> (usize, usize) {
         match self {
             Mix::R8W2 => (8, 2),
@@ -80,6 +86,19 @@ impl Engine {
             Engine::SqliteNormal => "sqlite_normal",
             Engine::Redb => "redb",
         }
+    }
+    /// The engine with this [`Engine::name`].
+    pub fn from_name(name: &str) -> Option<Engine> {
+        [
+            Engine::MeldDb,
+            Engine::MeldDbBuffered,
+            Engine::MeldDbSmallCache,
+            Engine::SqliteFull,
+            Engine::SqliteNormal,
+            Engine::Redb,
+        ]
+        .into_iter()
+        .find(|e| e.name() == name)
     }
     /// Durability class.
     pub fn durability(self) -> &'static str {
@@ -504,7 +523,7 @@ pub fn recovery(
 }
 
 /// One sample of a long run.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Sample {
     /// Seconds since the start.
     pub t: f64,

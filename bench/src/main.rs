@@ -31,6 +31,9 @@ enum Suite {
     Embedded,
     /// The log service on loopback against the raw disk.
     Log,
+    /// Redraw the embedded suite's plots (`--plots`) from its JSON
+    /// (`--json`), without running anything.
+    EmbeddedPlots,
 }
 
 #[derive(Debug, Parser)]
@@ -66,6 +69,7 @@ fn main() {
         Suite::Pipeline => pipeline_suite(&args),
         Suite::Embedded => embedded_suite(&args),
         Suite::Log => log_suite(&args),
+        Suite::EmbeddedPlots => embedded_replot(&args),
     };
     if let Err(e) = result {
         eprintln!("melddb-bench: {e}");
@@ -678,6 +682,38 @@ fn embedded_suite(args: &Args) -> Result<(), String> {
         });
         write_json(path, &doc)?;
     }
+    Ok(())
+}
+
+fn embedded_replot(args: &Args) -> Result<(), String> {
+    use melddb_bench::embedded::{Cell, Engine, Mix, Sample};
+    let (Some(json), Some(dir)) = (&args.json, &args.plots) else {
+        return Err("embedded-plots needs --json FILE (input) and --plots DIR".into());
+    };
+    let text = std::fs::read_to_string(json).map_err(|e| format!("{}: {e}", json.display()))?;
+    let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    let f = |r: &serde_json::Value, k: &str| r.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+    let cells: Vec<Cell> = doc["rows"]
+        .as_array()
+        .ok_or("no rows in the JSON")?
+        .iter()
+        .filter_map(|r| {
+            Some(Cell {
+                engine: Engine::from_name(r["engine"].as_str()?)?,
+                mix: Mix::from_name(r["mix"].as_str()?)?,
+                threads: r["threads"].as_u64()? as usize,
+                tps: f(r, "tps"),
+                p50_ms: f(r, "p50_ms"),
+                p99_ms: f(r, "p99_ms"),
+                bytes_per_txn: f(r, "bytes_per_txn"),
+                retries_per_txn: f(r, "retries_per_txn"),
+            })
+        })
+        .collect();
+    let samples: Vec<Sample> =
+        serde_json::from_value(doc["long_run"].clone()).map_err(|e| e.to_string())?;
+    plot::embedded_plots(dir, &cells, &samples)?;
+    eprintln!("plots written to {}", dir.display());
     Ok(())
 }
 

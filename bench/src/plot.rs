@@ -281,8 +281,13 @@ pub fn embedded_plots(
     use melddb_bench::embedded::Mix;
     register_font()?;
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    let mut engines: Vec<&'static str> = cells.iter().map(|c| c.engine.name()).collect();
-    engines.dedup();
+    // Each engine once, in the order the cells first name it.
+    let mut engines: Vec<&'static str> = Vec::new();
+    for c in cells {
+        if !engines.contains(&c.engine.name()) {
+            engines.push(c.engine.name());
+        }
+    }
     let series: Vec<Series> = engines
         .iter()
         .map(|e| {
