@@ -396,7 +396,12 @@ impl<F: FnMut(Vec<u8>) -> bool> Chunker<F> {
         self.crc.update(bytes);
         self.buf.extend_from_slice(bytes);
         self.offset += bytes.len() as u64;
-        // Strictly more than a part: the last part is never empty.
+        self.emit_full()
+    }
+
+    /// Hands out full parts while more than a part is buffered (strictly
+    /// more: the last part is never empty).
+    fn emit_full(&mut self) -> Result<(), CheckpointError> {
         while self.buf.len() > self.part_bytes {
             let rest = self.buf.split_off(self.part_bytes);
             let chunk = std::mem::replace(&mut self.buf, rest);
@@ -427,11 +432,7 @@ impl<F: FnMut(Vec<u8>) -> bool> Chunker<F> {
     fn finish(mut self) -> Result<u64, CheckpointError> {
         let crc = std::mem::take(&mut self.crc).finalize();
         self.buf.extend_from_slice(&crc.to_le_bytes());
-        if self.buf.len() > self.part_bytes {
-            let rest = self.buf.split_off(self.part_bytes);
-            let chunk = std::mem::replace(&mut self.buf, rest);
-            self.emit(&chunk, false)?;
-        }
+        self.emit_full()?;
         let chunk = std::mem::take(&mut self.buf);
         self.emit(&chunk, true)?;
         Ok(self.index)
@@ -850,9 +851,6 @@ const TRAILER: usize = 8 + 8 + 32 + 4;
 impl Loader {
     fn feed(&mut self, chunk: &[u8], last: bool) -> Result<(), CheckpointError> {
         self.buf.extend_from_slice(chunk);
-        // Keep the possible trailer back until the body is complete.
-        // Hold the trailer's bytes back: they are not node records.
-        let keep = TRAILER;
         if last && self.buf.len() < TRAILER {
             return Err(DecodeError::Truncated {
                 field: "checkpoint trailer",
@@ -861,21 +859,16 @@ impl Loader {
         }
         let mut at = 0usize;
         loop {
+            // The last TRAILER bytes received may be the trailer, not node
+            // records: hold them back until the body is complete.
             let avail = &self.buf[at..];
-            if avail.len() <= keep && !last {
-                break;
-            }
-            let limit = if last {
-                avail.len() - TRAILER
-            } else {
-                avail.len() - keep
-            };
+            let limit = avail.len().saturating_sub(TRAILER);
             if limit == 0 {
                 break;
             }
             let window = &avail[..limit];
             let offset = self.consumed + at as u64;
-            let Some((settings, csn)) = &self.head else {
+            let Some((_, csn)) = &self.head else {
                 let mut r = Reader { buf: window, at: 0 };
                 let parsed = (|| {
                     let s = Settings::decode(r.bytes("checkpoint settings", 64)?)?;
@@ -892,7 +885,6 @@ impl Loader {
                     Err(e) => return Err(e.into()),
                 }
             };
-            let _ = settings;
             match NodeRecord::parse(window, offset, *csn) {
                 Ok((rec, len)) => {
                     let owners = (self.lazy.is_none()).then_some(&mut self.owners);
