@@ -367,12 +367,14 @@ impl Database {
             log.sync()?;
         }
         let store = Arc::new(LogStore::new());
-        let cache_bytes = if checkpoints_supported(&opts.settings) || log.tail() > 1 {
-            opts.cache_bytes
-        } else {
-            0
-        };
-        let start = recover(&log, &dir, (cache_bytes > 0).then_some(&store), cache_bytes)?;
+        // A database without checkpoints (premeld or group meld on) has no
+        // checkpoint to load lazily, so the budget only matters below.
+        let start = recover(
+            &log,
+            &dir,
+            (opts.cache_bytes > 0).then_some(&store),
+            opts.cache_bytes,
+        )?;
         let mut melder = start.melder;
         melder.set_deferred_reclaim(false);
         let (mut replayed, mut replayed_bytes) = (0u64, 0u64);
@@ -389,6 +391,12 @@ impl Database {
             });
         }
         close_pair(&mut log, &mut melder)?;
+        // The cache needs checkpoints to make nodes evictable.
+        let cache_bytes = if checkpoints_supported(melder.settings()) {
+            opts.cache_bytes
+        } else {
+            0
+        };
         log.sync()?;
         let log_stats = LogStats {
             first: log.first(),
@@ -426,12 +434,7 @@ impl Database {
             // process's share of it.
             appended: replayed_bytes,
             generation: start.generation,
-            previous_generation: start.checkpoint_generation,
-            cache_bytes: if checkpoints_supported(melder.settings()) {
-                cache_bytes
-            } else {
-                0
-            },
+            cache_bytes,
         };
         let (tx, rx) = sync_channel::<Msg>(opts.max_in_flight);
         let w_shared = shared.clone();
@@ -667,9 +670,7 @@ struct Start {
     /// First part of the checkpoint used: the next one trims below it.
     previous_first: Option<LogPos>,
     skipped: Vec<String>,
-    /// The node store generation the checkpoint was registered as (lazy
-    /// recovery), and the next free one.
-    checkpoint_generation: Option<u16>,
+    /// The next free node store generation.
     generation: u16,
 }
 
@@ -760,7 +761,6 @@ fn recover(
                     // The next checkpoint trims below this one.
                     previous_first: Some(begin),
                     skipped,
-                    checkpoint_generation: lazy.map(|_| generation),
                     generation: generation + 1,
                 });
             }
@@ -788,7 +788,6 @@ fn recover(
         checkpoint: None,
         previous_first: None,
         skipped,
-        checkpoint_generation: None,
         generation,
     })
 }
@@ -937,8 +936,6 @@ struct CheckpointPlan {
     appended: u64,
     /// Node store generation of the next checkpoint.
     generation: u16,
-    /// Generation of the latest complete checkpoint, if registered.
-    previous_generation: Option<u16>,
     /// Node cache budget (0: off).
     cache_bytes: u64,
 }
@@ -1244,7 +1241,9 @@ impl Writer {
             })
             .map_err(|e| DbError::Checkpoint(format!("cannot start the encoder thread: {e}")))?;
         self.appended = 0;
-        self.cache_pressure = false;
+        if std::mem::take(&mut self.cache_pressure) {
+            self.shared.cache_stats().pressure_checkpoints += 1;
+        }
         self.ckpt = Some(InProgress {
             begin,
             generation,
@@ -1312,7 +1311,6 @@ impl Writer {
         let enc = ck.encoded.unwrap_or_default();
         let waiters = ck.abandon();
         self.store.complete(generation);
-        self.plan.previous_generation = Some(generation);
         // Stubs read from this checkpoint from now on (before anything
         // older is trimmed).
         if self.plan.cache_bytes > 0 {
@@ -1414,8 +1412,15 @@ impl Writer {
             return Ok(());
         }
         self.cache_poked = false;
-        let store = self.store.clone();
-        let persisted = |g: u16| store.is_complete(g);
+        // The complete checkpoints, looked up once rather than under the
+        // store's lock at every node the sweep visits.
+        let complete: Vec<u16> = self
+            .store
+            .checkpoints()
+            .into_iter()
+            .filter_map(|(g, _, done)| done.then_some(g))
+            .collect();
+        let persisted = |g: u16| complete.contains(&g);
         let mut measured = self.melder.lcs().approx_bytes();
         let before = measured;
         let mut st = CacheStats::default();
@@ -1430,7 +1435,8 @@ impl Writer {
                 st.sweeps += 1;
                 st.stubbed += ev.stubbed;
                 st.unloaded += ev.unloaded;
-                if self.melder.lcs().approx_bytes() <= budget {
+                measured = self.melder.lcs().approx_bytes();
+                if measured <= budget {
                     break;
                 }
             }
@@ -1446,7 +1452,6 @@ impl Writer {
             if let Some(state) = self.melder.meld_state(at).cloned() {
                 self.shared.publish(state);
             }
-            measured = self.melder.lcs().approx_bytes();
             // What is left is mostly what only memory holds: a checkpoint
             // makes it evictable.
             if measured > budget / 2 && self.ckpt.is_none() && !after_checkpoint {
@@ -1465,7 +1470,6 @@ impl Writer {
         c.sweeps += st.sweeps;
         c.stubbed += st.stubbed;
         c.unloaded += st.unloaded;
-        c.pressure_checkpoints += u64::from(self.cache_pressure);
         Ok(())
     }
 

@@ -304,24 +304,9 @@ impl FileLog {
         Ok(())
     }
 
-    /// Where the payload of the record at `pos` lies: its segment file and
-    /// the byte offset of the payload in it (for readers that fetch parts
-    /// of a record themselves, like the node cache). `None` outside the log.
-    pub fn locate(&self, pos: LogPos) -> Option<(PathBuf, u64)> {
-        if pos < self.first || pos >= self.tail {
-            return None;
-        }
-        let i = self
-            .segments
-            .partition_point(|s| s.first <= pos)
-            .checked_sub(1)?;
-        let seg = &self.segments[i];
-        let off = *seg.offsets.get((pos - seg.first) as usize)?;
-        Some((seg.path.clone(), off + RECORD_HEADER))
-    }
-
-    /// Payload length of the record at `pos`, from the index (no read).
-    pub fn record_len(&self, pos: LogPos) -> Option<u64> {
+    /// The segment holding `pos` and the byte range of its record there
+    /// (header included), from the index; `None` outside the log.
+    fn record_at(&self, pos: LogPos) -> Option<(&Segment, u64, u64)> {
         if pos < self.first || pos >= self.tail {
             return None;
         }
@@ -333,13 +318,29 @@ impl FileLog {
         let k = (pos - seg.first) as usize;
         let off = *seg.offsets.get(k)?;
         let end = seg.offsets.get(k + 1).copied().unwrap_or(seg.len);
+        Some((seg, off, end))
+    }
+
+    /// Where the payload of the record at `pos` lies: its segment file and
+    /// the byte offset of the payload in it (for readers that fetch parts
+    /// of a record themselves, like the node cache). `None` outside the log.
+    pub fn locate(&self, pos: LogPos) -> Option<(PathBuf, u64)> {
+        let (seg, off, _) = self.record_at(pos)?;
+        Some((seg.path.clone(), off + RECORD_HEADER))
+    }
+
+    /// Payload length of the record at `pos`, from the index (no read).
+    pub fn record_len(&self, pos: LogPos) -> Option<u64> {
+        let (_, off, end) = self.record_at(pos)?;
         end.checked_sub(off + RECORD_HEADER)
     }
 
     fn read_record(&self, pos: LogPos) -> Result<Entry, FileLogError> {
-        let i = self.segments.partition_point(|s| s.first <= pos) - 1;
-        let seg = &self.segments[i];
-        let off = seg.offsets[(pos - seg.first) as usize];
+        let (seg, off, _) = self.record_at(pos).ok_or_else(|| FileLogError::Corrupt {
+            path: self.dir.clone(),
+            offset: 0,
+            why: "position missing from the segment index",
+        })?;
         let mut f = File::open(&seg.path).map_err(io_err(&seg.path))?;
         f.seek(SeekFrom::Start(off)).map_err(io_err(&seg.path))?;
         let mut head = [0u8; RECORD_HEADER as usize];
