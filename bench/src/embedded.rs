@@ -87,18 +87,18 @@ impl Engine {
             Engine::Redb => "redb",
         }
     }
+    /// Every engine, in the order the suite runs and reports them.
+    pub const ALL: [Engine; 6] = [
+        Engine::MeldDb,
+        Engine::MeldDbBuffered,
+        Engine::MeldDbSmallCache,
+        Engine::SqliteFull,
+        Engine::SqliteNormal,
+        Engine::Redb,
+    ];
     /// The engine with this [`Engine::name`].
     pub fn from_name(name: &str) -> Option<Engine> {
-        [
-            Engine::MeldDb,
-            Engine::MeldDbBuffered,
-            Engine::MeldDbSmallCache,
-            Engine::SqliteFull,
-            Engine::SqliteNormal,
-            Engine::Redb,
-        ]
-        .into_iter()
-        .find(|e| e.name() == name)
+        Engine::ALL.into_iter().find(|e| e.name() == name)
     }
     /// Durability class.
     pub fn durability(self) -> &'static str {

@@ -482,14 +482,7 @@ fn embedded_suite(args: &Args) -> Result<(), String> {
     } else {
         (200_000, 3.0, &[1, 2, 4, 8])
     };
-    let engines = [
-        Engine::MeldDb,
-        Engine::MeldDbBuffered,
-        Engine::MeldDbSmallCache,
-        Engine::SqliteFull,
-        Engine::SqliteNormal,
-        Engine::Redb,
-    ];
+    let engines = Engine::ALL;
     let mixes = [Mix::R8W2, Mix::Op2, Mix::ReadOnly];
     let total = engines.len() * mixes.len() * threads.len();
     let mut cells = Vec::new();

@@ -20,6 +20,16 @@ fn balance(v: Option<melddb::Bytes>) -> i64 {
         .unwrap_or(0)
 }
 
+/// Checkpoints only when asked; commits acknowledged without waiting
+/// for the disk (these tests are about checkpoints, not fsync).
+fn manual_buffered() -> DbOptions {
+    DbOptions {
+        checkpoint_bytes: 0,
+        durability: Durability::Buffered,
+        ..DbOptions::default()
+    }
+}
+
 /// Checkpoints only when asked, and every one kept.
 fn explicit_checkpoints_untrimmed() -> DbOptions {
     DbOptions {
@@ -179,12 +189,7 @@ fn an_explicit_checkpoint_makes_recovery_replay_only_its_parts() {
 #[test]
 fn concurrent_commits_create_unpersisted_state_that_a_checkpoint_flushes() {
     let d = tempfile::tempdir().unwrap();
-    let opts = DbOptions {
-        checkpoint_bytes: 0,
-        durability: Durability::Buffered,
-        ..DbOptions::default()
-    };
-    let db = Arc::new(Database::open_with(d.path(), opts).unwrap());
+    let db = Arc::new(Database::open_with(d.path(), manual_buffered()).unwrap());
     let runner = {
         let db = db.clone();
         thread::spawn(move || workload(&db, 16, 300))
@@ -337,12 +342,7 @@ fn with_every_checkpoint_damaged_recovery_falls_back_to_genesis_or_refuses() {
 #[test]
 fn a_checkpoint_asked_for_covers_every_commit_made_before_the_call() {
     let d = tempfile::tempdir().unwrap();
-    let opts = DbOptions {
-        checkpoint_bytes: 0,
-        durability: Durability::Buffered,
-        ..DbOptions::default()
-    };
-    let db = Arc::new(Database::open_with(d.path(), opts).unwrap());
+    let db = Arc::new(Database::open_with(d.path(), manual_buffered()).unwrap());
     let askers: Vec<_> = (0..4u64)
         .map(|t| {
             let db = db.clone();

@@ -16,6 +16,23 @@ use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+/// The parts of a checkpoint of `state` as generation `generation`: its
+/// nodes now know their addresses there.
+fn persist(
+    settings: &Settings,
+    state: &melddb::Snapshot,
+    part_bytes: usize,
+    generation: u16,
+) -> Vec<Vec<u8>> {
+    let mut parts = Vec::new();
+    checkpoint::encode_streaming(settings, state, part_bytes, Some(generation), |p| {
+        parts.push(p);
+        true
+    })
+    .expect("encode");
+    parts
+}
+
 fn key(i: u64) -> Vec<u8> {
     format!("key{i:06}").into_bytes()
 }
@@ -143,12 +160,7 @@ fn agree(shape: Shape) -> (u64, f64) {
             // checkpoint would) and sweep; sometimes only sweep (CLOCK).
             if rng.random_bool(0.7) {
                 generation += 1;
-                let mut parts = Vec::new();
-                checkpoint::encode_streaming(&settings, cached.lcs(), 512, Some(generation), |p| {
-                    parts.push(p);
-                    true
-                })
-                .expect("encode");
+                let parts = persist(&settings, cached.lcs(), 512, generation);
                 store.add(generation, &parts).expect("parts");
             }
             cached.evict(&dyn_store, &|_| true);
@@ -179,12 +191,7 @@ fn agree(shape: Shape) -> (u64, f64) {
     // LCS reaches now reads from that newest checkpoint, so once the older
     // states are gone no older checkpoint is pinned.
     generation += 1;
-    let mut parts = Vec::new();
-    checkpoint::encode_streaming(&settings, cached.lcs(), 512, Some(generation), |p| {
-        parts.push(p);
-        true
-    })
-    .expect("encode");
+    let parts = persist(&settings, cached.lcs(), 512, generation);
     store.add(generation, &parts).expect("parts");
     cached.evict(&dyn_store, &|_| true);
     let lcs = cached.lcs().clone();
@@ -252,12 +259,7 @@ fn failed_read_back_is_reported() {
     }
     let store = Arc::new(MemStore::new());
     let dyn_store: Arc<dyn NodeStore> = store.clone();
-    let mut parts = Vec::new();
-    checkpoint::encode_streaming(&settings, m.lcs(), 4096, Some(1), |p| {
-        parts.push(p);
-        true
-    })
-    .expect("encode");
+    let parts = persist(&settings, m.lcs(), 4096, 1);
     store.add(1, &parts).expect("parts");
     let before = m.lcs().to_vec();
     let unevicted = m.clone();
@@ -353,12 +355,7 @@ proptest! {
         };
         m.apply(&b);
         let expected = m.lcs().to_vec();
-        let mut parts = Vec::new();
-        checkpoint::encode_streaming(&settings, m.lcs(), 1024, Some(1), |p| {
-            parts.push(p);
-            true
-        })
-        .expect("encode");
+        let parts = persist(&settings, m.lcs(), 1024, 1);
         let body_len = parts
             .iter()
             .map(|p| match checkpoint::parse_record(p) {
