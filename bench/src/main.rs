@@ -54,7 +54,9 @@ struct Args {
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Run only the experiments whose "name:ops:degree" contains this text
-    /// (for example `symmetric:8:16`).
+    /// (for example `symmetric:8:16`); in the embedded suite, the cells
+    /// whose "engine:mix:tTHREADS" contains it (for example
+    /// `melddb:8r2w:t4`), printed without the recovery and long runs.
     #[arg(long)]
     only: Option<String>,
     /// Measured transactions per experiment (default: 6,000 quick, 20,000 full).
@@ -487,9 +489,32 @@ fn embedded_suite(args: &Args) -> Result<(), String> {
     let total = engines.len() * mixes.len() * threads.len();
     let mut cells = Vec::new();
     let started = Instant::now();
+    // `--only engine:mix:tN` (any part of it) runs just those cells and
+    // prints them: for profiling one engine without the whole suite.
+    let wanted = |e: Engine, m: Mix, t: usize| {
+        args.only
+            .as_ref()
+            .is_none_or(|f| format!("{}:{}:t{t}", e.name(), m.name()).contains(f.as_str()))
+    };
+    let total = if args.only.is_some() {
+        mixes
+            .iter()
+            .flat_map(|&m| {
+                threads
+                    .iter()
+                    .flat_map(move |&t| engines.map(|e| (e, m, t)))
+            })
+            .filter(|&(e, m, t)| wanted(e, m, t))
+            .count()
+    } else {
+        total
+    };
     for mix in mixes {
         for &t in threads {
             for e in engines {
+                if !wanted(e, mix, t) {
+                    continue;
+                }
                 eprint!(
                     "\r[{:>2}/{total}] {:<16} {:<5} threads={t} ({:.0}s)   ",
                     cells.len() + 1,
@@ -509,6 +534,10 @@ fn embedded_suite(args: &Args) -> Result<(), String> {
         }
     }
     eprintln!();
+    if args.only.is_some() {
+        print_cells(&cells);
+        return Ok(());
+    }
     let (rec_target, rec_keys, rec_every) = if args.quick {
         (64u64 << 20, 20_000, 8u64 << 20)
     } else {
@@ -543,24 +572,7 @@ fn embedded_suite(args: &Args) -> Result<(), String> {
         long_every,
         args.seed,
     )?;
-    println!(
-        "{:<16} {:<10} {:<5} {:>3} {:>10} {:>9} {:>9} {:>12} {:>9}",
-        "engine", "durability", "mix", "thr", "tps", "p50 ms", "p99 ms", "bytes/txn", "retries"
-    );
-    for c in &cells {
-        println!(
-            "{:<16} {:<10} {:<5} {:>3} {:>10.0} {:>9.3} {:>9.3} {:>12.0} {:>9.3}",
-            c.engine.name(),
-            c.engine.durability(),
-            c.mix.name(),
-            c.threads,
-            c.tps,
-            c.p50_ms,
-            c.p99_ms,
-            c.bytes_per_txn,
-            c.retries_per_txn
-        );
-    }
+    print_cells(&cells);
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     let gib = rec_off.appended_bytes as f64 / (1u64 << 30) as f64;
     let rec_s = rec_off.secs;
@@ -676,6 +688,28 @@ fn embedded_suite(args: &Args) -> Result<(), String> {
         write_json(path, &doc)?;
     }
     Ok(())
+}
+
+/// The embedded suite's results table.
+fn print_cells(cells: &[melddb_bench::embedded::Cell]) {
+    println!(
+        "{:<16} {:<10} {:<5} {:>3} {:>10} {:>9} {:>9} {:>12} {:>9}",
+        "engine", "durability", "mix", "thr", "tps", "p50 ms", "p99 ms", "bytes/txn", "retries"
+    );
+    for c in cells {
+        println!(
+            "{:<16} {:<10} {:<5} {:>3} {:>10.0} {:>9.3} {:>9.3} {:>12.0} {:>9.3}",
+            c.engine.name(),
+            c.engine.durability(),
+            c.mix.name(),
+            c.threads,
+            c.tps,
+            c.p50_ms,
+            c.p99_ms,
+            c.bytes_per_txn,
+            c.retries_per_txn
+        );
+    }
 }
 
 fn embedded_replot(args: &Args) -> Result<(), String> {
