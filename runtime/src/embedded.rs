@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -256,6 +256,10 @@ pub struct LogStats {
     pub first: LogPos,
     /// Next position to be written.
     pub tail: LogPos,
+    /// Every record before this position is durable (flushed to disk).
+    /// Updated before a state is published: with [`Durability::Sync`], no
+    /// snapshot holds a commit at or after it.
+    pub synced: LogPos,
     /// Bytes in the segment files.
     pub bytes: u64,
     /// The latest checkpoint, if any.
@@ -401,6 +405,7 @@ impl Database {
         let log_stats = LogStats {
             first: log.first(),
             tail: log.tail(),
+            synced: log.synced(),
             bytes: log.bytes(),
             last_checkpoint: start.checkpoint.clone(),
             checkpoints_written: 0,
@@ -956,7 +961,8 @@ fn close_pair(log: &mut FileLog, melder: &mut Melder) -> Result<Vec<Outcome>, Db
 /// from the sync thread, and the shutdown request.
 enum Msg {
     Commit(Request),
-    Synced(std::io::Result<()>),
+    /// Every record before this position is durable (or the flush failed).
+    Synced(LogPos, std::io::Result<()>),
     Checkpoint(SyncSender<Result<CheckpointInfo, String>>),
     /// The encoder put one more part in the parts channel.
     PartReady,
@@ -968,35 +974,84 @@ enum Msg {
 
 /// A thread that flushes segment files, so the writer keeps appending and
 /// melding the next commits while the disk flushes the previous ones
-/// (pipelined group commit). It reports back through the writer's queue.
+/// (pipelined group commit). The writer posts the position it wants
+/// durable whenever it likes, also while a flush runs; the thread starts
+/// the next flush as soon as one ends if more was asked for, without a
+/// round trip through the writer. It reports back through the writer's
+/// queue.
 struct Syncer {
-    /// `None` once closing: dropping the sender ends the thread's loop.
-    tx: Option<SyncSender<std::fs::File>>,
+    want: Arc<(Mutex<SyncWant>, Condvar)>,
     handle: Option<JoinHandle<()>>,
+}
+
+/// What the writer asked the sync thread to make durable.
+struct SyncWant {
+    /// A handle on the segment holding the records before `upto` that are
+    /// not durable yet (the file log syncs a segment before it starts the
+    /// next one, so one segment is enough).
+    file: Option<std::fs::File>,
+    upto: LogPos,
+    stop: bool,
 }
 
 impl Syncer {
     fn start(report: SyncSender<Msg>) -> std::io::Result<Syncer> {
-        let (tx, rx) = sync_channel::<std::fs::File>(1);
+        let want = Arc::new((
+            Mutex::new(SyncWant {
+                file: None,
+                upto: 0,
+                stop: false,
+            }),
+            Condvar::new(),
+        ));
+        let theirs = want.clone();
         let handle = thread::Builder::new()
             .name("melddb-sync".into())
             .spawn(move || {
-                while let Ok(f) = rx.recv() {
-                    if report.send(Msg::Synced(f.sync_data())).is_err() {
-                        break;
+                let (lock, cv) = &*theirs;
+                let mut done: LogPos = 0;
+                loop {
+                    let (file, upto) = {
+                        let mut w = lock.lock().unwrap_or_else(PoisonError::into_inner);
+                        while w.upto <= done && !w.stop {
+                            w = cv.wait(w).unwrap_or_else(PoisonError::into_inner);
+                        }
+                        if w.upto <= done {
+                            return;
+                        }
+                        (w.file.take(), w.upto)
+                    };
+                    let r = file.map_or(Ok(()), |f| f.sync_data());
+                    done = upto;
+                    if report.send(Msg::Synced(upto, r)).is_err() {
+                        return;
                     }
                 }
             })?;
         Ok(Syncer {
-            tx: Some(tx),
+            want,
             handle: Some(handle),
         })
+    }
+
+    /// Asks for every record before `upto` (all in `file`) to be made
+    /// durable.
+    fn post(&self, file: std::fs::File, upto: LogPos) {
+        let (lock, cv) = &*self.want;
+        let mut w = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        w.file = Some(file);
+        w.upto = w.upto.max(upto);
+        cv.notify_one();
     }
 }
 
 impl Drop for Syncer {
     fn drop(&mut self) {
-        self.tx = None;
+        {
+            let (lock, cv) = &*self.want;
+            lock.lock().unwrap_or_else(PoisonError::into_inner).stop = true;
+            cv.notify_one();
+        }
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
@@ -1013,8 +1068,11 @@ struct Writer {
     outcomes: std::collections::BTreeMap<LogPos, Outcome>,
     /// Appended and melded, not covered by a flush yet.
     unsynced: Vec<(Request, LogPos)>,
-    /// Covered by the flush in progress: (tail it covers, requests).
-    syncing: Option<(LogPos, Vec<(Request, LogPos)>)>,
+    /// Appended and melded, covered by a flush asked for (in progress or
+    /// next in line).
+    syncing: Vec<(Request, LogPos)>,
+    /// The sync thread was asked to make everything before this durable.
+    requested: LogPos,
     plan: CheckpointPlan,
     /// Intention bytes appended since the last checkpoint.
     appended: u64,
@@ -1036,13 +1094,29 @@ struct Writer {
 }
 
 impl Writer {
-    /// Appends and melds `batch` (closing a group-meld pair with a filler).
-    fn append(&mut self, batch: Vec<Request>) -> Result<(), DbError> {
-        for mut r in batch {
+    /// Appends `batch` to the log without melding it yet: the flush of
+    /// these records can then start before meld runs (see
+    /// [`Writer::meld`]), so the disk and the CPU work at once.
+    fn write(&mut self, batch: Vec<Request>) -> Result<Vec<(Request, LogPos)>, DbError> {
+        let mut written = Vec::with_capacity(batch.len());
+        for r in batch {
             let pos = self
                 .log
                 .append(&r.bytes)
                 .map_err(|e| DbError::Stopped(e.to_string()))?;
+            self.appended += r.bytes.len() as u64;
+            self.appended_total += r.bytes.len() as u64;
+            written.push((r, pos));
+        }
+        Ok(written)
+    }
+
+    /// Melds what [`Writer::write`] appended (closing a group-meld pair
+    /// with a filler) and files each request with the flush that covers
+    /// it: the one in progress if it started before this meld, otherwise
+    /// the next.
+    fn meld(&mut self, written: Vec<(Request, LogPos)>) -> Result<(), DbError> {
+        for (mut r, pos) in written {
             let outcomes = match r.local.take() {
                 Some(l) => self.melder.apply_local(&r.bytes, l),
                 None => self.melder.apply(&r.bytes),
@@ -1053,9 +1127,11 @@ impl Writer {
                     self.outcomes.insert(p, o);
                 }
             }
-            self.appended += r.bytes.len() as u64;
-            self.appended_total += r.bytes.len() as u64;
-            self.unsynced.push((r, pos));
+            if pos < self.requested {
+                self.syncing.push((r, pos));
+            } else {
+                self.unsynced.push((r, pos));
+            }
         }
         for o in close_pair(&mut self.log, &mut self.melder)? {
             if let Some(p) = o.pos() {
@@ -1063,6 +1139,60 @@ impl Writer {
             }
         }
         Ok(())
+    }
+
+    /// Starts the flush of records appended but not melded yet, so the
+    /// disk works while meld runs. Only with a sync thread: its answer is
+    /// read after this batch is melded, so every request it covers has
+    /// its outcome by then. Not with group meld: a batch ends with the
+    /// filler that closes its last pair, appended by meld, and a flush
+    /// that stopped inside a pair would have no state of its own to
+    /// publish.
+    fn flush_early(&mut self, syncer: Option<&Syncer>) -> Result<(), DbError> {
+        match syncer {
+            Some(s)
+                if self.durability == Durability::Sync && !self.melder.settings().group_meld =>
+            {
+                self.start_sync(s)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Asks the sync thread for everything appended so far; what is
+    /// unsynced now is answered when it reports back.
+    fn start_sync(&mut self, s: &Syncer) -> Result<(), DbError> {
+        let (f, upto) = self.log.sync_handle()?;
+        if upto <= self.requested {
+            return Ok(());
+        }
+        s.post(f, upto);
+        self.requested = upto;
+        self.syncing.append(&mut self.unsynced);
+        Ok(())
+    }
+
+    /// Whether the sync thread is flushing (or has a flush in line).
+    fn flush_in_flight(&self) -> bool {
+        self.requested > self.log.synced()
+    }
+
+    /// The sync thread made everything before `upto` durable: answer
+    /// what that covers.
+    fn synced(&mut self, upto: LogPos) {
+        self.log.mark_synced(upto);
+        let rest = self.syncing.iter().position(|(_, p)| *p >= upto);
+        let rest = rest.map_or(Vec::new(), |i| self.syncing.split_off(i));
+        let done = std::mem::replace(&mut self.syncing, rest);
+        self.release(upto, done);
+    }
+
+    /// Makes `state` the one new transactions begin on. The durable
+    /// position goes out first: whoever sees the new state then sees a
+    /// durable position that covers it.
+    fn publish(&self, state: MeldState) {
+        self.shared.log_stats().synced = self.log.synced();
+        self.shared.publish(state);
     }
 
     /// Publishes the state up to `upto` (exclusive) and answers `done`.
@@ -1074,7 +1204,7 @@ impl Writer {
         // record (no content): publish the latest state, so a quiet
         // database's snapshot is exactly the state a reopen recovers.
         let barrier = self.melder.barrier();
-        let quiet = self.unsynced.is_empty() && self.syncing.is_none();
+        let quiet = self.unsynced.is_empty() && self.syncing.is_empty();
         let at = if quiet {
             lcs
         } else {
@@ -1088,7 +1218,7 @@ impl Writer {
         else {
             return;
         };
-        self.shared.publish(state);
+        self.publish(state);
         for (req, pos) in done {
             let o = self
                 .outcomes
@@ -1109,21 +1239,18 @@ impl Writer {
     /// Starts a flush of everything unsynced (or releases it at once
     /// without `Durability::Sync`).
     fn flush(&mut self, syncer: Option<&Syncer>) -> Result<(), DbError> {
-        if self.syncing.is_some() || self.unsynced.is_empty() {
+        if self.unsynced.is_empty() {
             return Ok(());
         }
-        let batch = std::mem::take(&mut self.unsynced);
         let tail = self.log.tail();
         match (self.durability, syncer) {
-            (Durability::Buffered, _) => self.release(tail, batch),
-            (Durability::Sync, Some(s)) => {
-                let (f, upto) = self.log.sync_handle()?;
-                s.tx.as_ref()
-                    .and_then(|tx| tx.send(f).ok())
-                    .ok_or_else(|| DbError::Stopped("the sync thread stopped".into()))?;
-                self.syncing = Some((upto, batch));
+            (Durability::Buffered, _) => {
+                let batch = std::mem::take(&mut self.unsynced);
+                self.release(tail, batch)
             }
+            (Durability::Sync, Some(s)) => self.start_sync(s)?,
             (Durability::Sync, None) => {
+                let batch = std::mem::take(&mut self.unsynced);
                 self.log.sync()?;
                 self.release(tail, batch);
             }
@@ -1209,7 +1336,7 @@ impl Writer {
                 "no state at the checkpoint barrier".into(),
             ));
         };
-        self.shared.publish(state.clone());
+        self.publish(state.clone());
         let since = self.plan.last.as_ref().map_or(0, |c| c.csn);
         let snapshot = state.snapshot().clone();
         let part_bytes = self.plan.part_bytes;
@@ -1291,7 +1418,7 @@ impl Writer {
             appended = true;
         }
         if ck.encoded.is_none() {
-            if appended && self.unsynced.is_empty() && self.syncing.is_none() {
+            if appended && self.unsynced.is_empty() && self.syncing.is_empty() {
                 // No commit waits: the new entries are parts only.
                 self.release(self.log.tail(), Vec::new());
             }
@@ -1301,7 +1428,7 @@ impl Writer {
         self.log.sync()?;
         // Everything appended is durable now: publish the latest state.
         if let Some(state) = self.melder.meld_state(pos).cloned() {
-            self.shared.publish(state);
+            self.publish(state);
         }
         let Some(ck) = self.ckpt.take() else {
             return Ok(());
@@ -1450,7 +1577,7 @@ impl Writer {
                 .snapshot()
                 .pos();
             if let Some(state) = self.melder.meld_state(at).cloned() {
-                self.shared.publish(state);
+                self.publish(state);
             }
             // What is left is mostly what only memory holds: a checkpoint
             // makes it evictable.
@@ -1475,6 +1602,7 @@ impl Writer {
 
     fn publish_log_stats(&self) {
         let mut st = self.shared.log_stats();
+        st.synced = self.log.synced();
         // Called after every writer step: skip the per-segment byte sum
         // when nothing was appended or trimmed.
         if st.tail == self.log.tail() && st.first == self.log.first() {
@@ -1488,9 +1616,7 @@ impl Writer {
 
     fn fail(&mut self, msg: &str, rx: &Receiver<Msg>) {
         let mut all: Vec<Request> = self.unsynced.drain(..).map(|(r, _)| r).collect();
-        if let Some((_, b)) = self.syncing.take() {
-            all.extend(b.into_iter().map(|(r, _)| r));
-        }
+        all.extend(self.syncing.drain(..).map(|(r, _)| r));
         for r in all {
             let _ = r.reply.send(Err(msg.to_string()));
         }
@@ -1524,7 +1650,7 @@ struct WriterSetup {
 
 fn writer_loop(
     log: FileLog,
-    melder: Melder,
+    mut melder: Melder,
     rx: Receiver<Msg>,
     report: SyncSender<Msg>,
     shared: Arc<Shared>,
@@ -1544,6 +1670,7 @@ fn writer_loop(
         drop(report);
         None
     };
+    melder.set_deferred_reclaim(true);
     let mut w = Writer {
         log,
         melder,
@@ -1551,7 +1678,8 @@ fn writer_loop(
         durability,
         outcomes: Default::default(),
         unsynced: Vec::new(),
-        syncing: None,
+        syncing: Vec::new(),
+        requested: 0,
         appended: plan.appended,
         appended_total: 0,
         ckpt: None,
@@ -1572,7 +1700,7 @@ fn writer_loop(
     let mut expect = 0usize;
     let mut deadline: Option<Instant> = None;
     loop {
-        if shutting_down && w.syncing.is_none() && w.unsynced.is_empty() {
+        if shutting_down && w.syncing.is_empty() && w.unsynced.is_empty() {
             break;
         }
         // Checkpoint parts announce themselves (PartReady), so waiting for
@@ -1596,14 +1724,11 @@ fn writer_loop(
         while let Some(m) = next.take() {
             match m {
                 Msg::Commit(r) => batch.push(r),
-                Msg::Synced(Ok(())) => {
-                    if let Some((upto, done)) = w.syncing.take() {
-                        w.log.mark_synced(upto);
-                        expect = done.len();
-                        w.release(upto, done);
-                    }
+                Msg::Synced(upto, Ok(())) => {
+                    expect = w.syncing.iter().take_while(|(_, p)| *p < upto).count();
+                    w.synced(upto);
                 }
-                Msg::Synced(Err(e)) => {
+                Msg::Synced(_, Err(e)) => {
                     w.fail(&format!("fdatasync failed: {e}"), &rx);
                     return;
                 }
@@ -1617,7 +1742,21 @@ fn writer_loop(
                 next = rx.try_recv().ok();
             }
         }
-        let mut step = w.append(batch);
+        let mut step = w.write(batch).and_then(|written| {
+            // Start the flush before melding when it is due anyway: meld
+            // and the disk then overlap instead of taking turns.
+            let due = written.len() + w.unsynced.len();
+            if !written.is_empty()
+                && (w.flush_in_flight()
+                    || shutting_down
+                    || due >= expect
+                    || deadline.is_some_and(|d| Instant::now() >= d))
+            {
+                deadline = None;
+                w.flush_early(syncer.as_ref())?;
+            }
+            w.meld(written)
+        });
         if step.is_ok() {
             // A checkpoint already in progress holds an older state: who
             // asks now gets the next one.
@@ -1635,11 +1774,15 @@ fn writer_loop(
             }
         }
         w.publish_log_stats();
-        if step.is_ok() && w.syncing.is_none() && !w.unsynced.is_empty() {
+        if step.is_ok() && !w.unsynced.is_empty() {
             let now = Instant::now();
             let waited_enough = deadline.is_some_and(|d| now >= d);
+            // A flush in progress: ask for the next one now, and the sync
+            // thread starts it the moment this one ends, with everything
+            // appended by then.
             if shutting_down
                 || durability == Durability::Buffered
+                || w.flush_in_flight()
                 || w.unsynced.len() >= expect
                 || waited_enough
             {
@@ -1655,6 +1798,11 @@ fn writer_loop(
             w.fail(&e.to_string(), &rx);
             return;
         }
+        // Free the trees meld replaced now that this round's commits are
+        // answered or on their way to disk: the frees are cache misses
+        // (cold refcounts), which cost a fifth of the writer's time when
+        // they happened inside meld, ahead of the flush.
+        drop(w.melder.take_garbage());
     }
     // A checkpoint whose encoder is done is finished (its last parts wait
     // in the channel: appending them is quick and saves redoing the work
