@@ -259,7 +259,8 @@ pub fn trial_meld(
         // Nothing committed since its snapshot: no conflict possible.
         return Ok(());
     }
-    match local.at(pos, snap) {
+    // A clone: the host melds the intention itself afterwards.
+    match local.clone().at(pos, snap) {
         Some(int) => check(&int, latest, stats),
         None => Ok(()),
     }

@@ -73,8 +73,10 @@ pub enum Finished {
     Intention(Vec<u8>),
 }
 
-/// A finished transaction's tree and lists, before encoding.
-#[derive(Debug)]
+/// A finished transaction's tree and lists, before encoding. A clone
+/// shares the tree (converting a clone copies its nodes instead of moving
+/// them).
+#[derive(Debug, Clone)]
 struct Sealed {
     root: Link,
     local: Arc<Owner>,
@@ -100,15 +102,15 @@ impl Sealed {
 
     /// The same intention as decoded tree nodes at log position `pos`
     /// (what resolving [`Sealed::encode`]'s bytes there would give).
-    fn intention(&self, pos: crate::node::LogPos) -> crate::codec::Intention {
+    fn intention(self, pos: crate::node::LogPos) -> crate::codec::Intention {
         crate::codec::from_local(
-            &self.root,
+            self.root,
             &self.local,
             pos,
-            &self.snapshot,
+            self.snapshot,
             self.isolation,
-            &self.deletes,
-            &self.header_ranges,
+            self.deletes,
+            self.header_ranges,
         )
     }
 }
@@ -116,7 +118,7 @@ impl Sealed {
 /// A finished transaction's intention as tree nodes, kept next to its bytes
 /// by a host that melds in the same process: [`crate::Melder::apply_local`]
 /// uses it instead of decoding the bytes again (the result is identical).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct LocalIntention {
     sealed: Sealed,
 }
@@ -135,7 +137,7 @@ impl LocalIntention {
     /// The decoded intention at log position `pos`, if `snapshot_root` is
     /// the very tree the transaction read (same nodes), else `None`.
     pub(crate) fn at(
-        &self,
+        self,
         pos: crate::node::LogPos,
         snapshot: &Snapshot,
     ) -> Option<crate::codec::Intention> {
@@ -814,8 +816,9 @@ mod tests {
             }
             let pos = snap.pos + 1;
             let s = tx.seal();
-            let direct = s.intention(pos);
             let bytes = s.encode().unwrap();
+            // Consumes the tree: its nodes move into the intention.
+            let direct = s.intention(pos);
             let decoded = resolve(&parse(&bytes).unwrap(), pos, &snap.root).unwrap();
             assert_eq!(shape(&direct), shape(&decoded), "round {round}");
         }
