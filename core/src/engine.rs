@@ -100,6 +100,10 @@ pub struct Melder {
     /// Position of the latest checkpoint begin record (0: none): no state
     /// before it is retained, so no snapshot before it is accepted.
     barrier: LogPos,
+    /// Whether a retained state may hold a stub (node cache): set by a
+    /// sweep that stubbed something or a lazily loaded checkpoint, never
+    /// cleared. Until then [`Melder::promote`] has nothing to do.
+    stubs: bool,
 }
 
 /// Tree memory that meld no longer needs: old states that left the
@@ -158,6 +162,7 @@ impl Melder {
             deferred: false,
             tracker: Tracker::default(),
             barrier: 0,
+            stubs: false,
         }
     }
 
@@ -168,6 +173,7 @@ impl Melder {
     /// melder that melded the whole log.
     pub fn from_checkpoint(loaded: Loaded) -> Melder {
         let mut m = Melder::new(loaded.settings);
+        m.stubs = loaded.state.root.as_ref().is_some_and(|r| r.is_stub());
         m.barrier = loaded.state.pos;
         m.tracker = Tracker::resuming(loaded.state.pos);
         m.window = VecDeque::from([Some(MeldState {
@@ -269,6 +275,7 @@ impl Melder {
         for r in old {
             self.retire(r);
         }
+        self.stubs |= cx.out.stubbed > 0;
         cx.out
     }
 
@@ -278,6 +285,12 @@ impl Melder {
     /// [`Melder::evict`]) after each checkpoint they complete, before they
     /// trim the log below older ones. Walks what is in memory.
     pub fn promote(&self, persisted: &dyn Fn(u16) -> bool) {
+        // Without a stub there is no address to move: skip the walk of
+        // every retained tree (hundreds of thousands of nodes in a large
+        // database, on the writer's thread after every checkpoint).
+        if !self.stubs {
+            return;
+        }
         let mut seen = std::collections::HashSet::new();
         for s in self.window.iter().rev().flatten() {
             crate::cache::promote(&s.snapshot.root, persisted, &mut seen);

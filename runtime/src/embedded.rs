@@ -1531,14 +1531,18 @@ impl Writer {
         // Measure again once the tree may have outgrown the budget, but
         // not at every step while it holds more than the budget that
         // cannot leave yet (not in a checkpoint): a measurement walks all
-        // of memory.
-        if !after_checkpoint
-            && !self.cache_poked
-            && (self.cache_measured + grown < budget || grown < budget / 4)
-        {
+        // of memory. After a checkpoint, measure unless the estimate is
+        // far below the budget (then nothing needs evicting).
+        let estimate = self.cache_measured + grown;
+        let measure = self.cache_poked
+            || if after_checkpoint {
+                estimate >= budget / 2
+            } else {
+                estimate >= budget && grown >= budget / 4
+            };
+        if !measure && !after_checkpoint {
             return Ok(());
         }
-        self.cache_poked = false;
         // The complete checkpoints, looked up once rather than under the
         // store's lock at every node the sweep visits.
         let complete: Vec<u16> = self
@@ -1548,6 +1552,13 @@ impl Writer {
             .filter_map(|(g, _, done)| done.then_some(g))
             .collect();
         let persisted = |g: u16| complete.contains(&g);
+        if !measure {
+            // Stubs (if any) move to the new checkpoint, so older ones can
+            // be trimmed; the growth counted so far keeps counting.
+            self.melder.promote(&persisted);
+            return Ok(());
+        }
+        self.cache_poked = false;
         let mut measured = self.melder.lcs().approx_bytes();
         let before = measured;
         let mut st = CacheStats::default();
@@ -1671,6 +1682,13 @@ fn writer_loop(
         None
     };
     melder.set_deferred_reclaim(true);
+    // What the tree holds at the start (a checkpoint loaded whole can be
+    // most of the budget): later estimates add growth to it.
+    let cache_measured = if plan.cache_bytes > 0 {
+        melder.lcs().approx_bytes()
+    } else {
+        0
+    };
     let mut w = Writer {
         log,
         melder,
@@ -1686,7 +1704,7 @@ fn writer_loop(
         ckpt_waiters: Vec::new(),
         plan,
         store,
-        cache_measured: 0,
+        cache_measured,
         cache_loaded_at: 0,
         cache_appended_at: 0,
         cache_pressure: false,

@@ -382,3 +382,77 @@ proptest! {
         }
     }
 }
+
+/// After a newer checkpoint completes, `Melder::promote` moves every stub
+/// (loaded or not) to read from it, so the older checkpoint is no longer
+/// pinned and can be trimmed; reads keep working without it.
+#[test]
+fn promote_moves_stubs_to_the_newest_checkpoint() {
+    let settings = Settings {
+        db_id: 5,
+        ..Settings::default()
+    };
+    let mut m = Melder::new(settings);
+    for chunk in 0..6u64 {
+        let mut tx = Transaction::begin(m.lcs(), Isolation::Serializable);
+        for i in 0..50 {
+            tx.put(&key(chunk * 50 + i), format!("v{i}").as_bytes())
+                .expect("put");
+        }
+        let melddb::Finished::Intention(b) = tx.finish().expect("finish") else {
+            panic!("writes")
+        };
+        m.apply(&b);
+    }
+    let before = m.lcs().to_vec();
+    let store = Arc::new(MemStore::new());
+    let dyn_store: Arc<dyn NodeStore> = store.clone();
+    // As a host does: a checkpoint's begin record (a barrier: older states
+    // are dropped, the checkpoint holds everything still retained), then
+    // its parts from the state at the barrier.
+    m.apply(&checkpoint::begin_record(settings.db_id));
+    store
+        .add(1, &persist(&settings, m.lcs(), 4096, 1))
+        .expect("parts");
+    assert!(m.evict(&dyn_store, &|g| g == 1).stubbed >= 1);
+    // Loads some bodies: their children are stubs of generation 1 too.
+    for i in (0..300).step_by(37) {
+        assert!(m.lcs().get(&key(i)).is_some());
+    }
+    assert_eq!(take_store_error(), None);
+    assert!(store.pins(1) > 0, "stubs read from checkpoint 1");
+
+    m.apply(&checkpoint::begin_record(settings.db_id));
+    store
+        .add(2, &persist(&settings, m.lcs(), 4096, 2))
+        .expect("parts");
+    assert_eq!(take_store_error(), None);
+    m.promote(&|g| g == 1 || g == 2);
+    assert_eq!(store.pins(1), 0, "nothing reads from checkpoint 1 any more");
+    assert!(store.pins(2) > 0, "stubs read from checkpoint 2");
+    store.remove(1);
+    assert_eq!(m.lcs().to_vec(), before);
+    assert_eq!(take_store_error(), None, "every read-back found its node");
+
+    // A melder that starts from a lazily loaded checkpoint holds a stub
+    // from the start (its root): promote must move it too.
+    let parts3 = persist(&settings, m.lcs(), 4096, 3);
+    store.add(3, &parts3).expect("parts");
+    let lazy = checkpoint::load_lazy(
+        parts3.iter().map(Ok::<_, melddb::CheckpointError>),
+        dyn_store.clone(),
+        3,
+    )
+    .expect("lazy load");
+    let mut r = Melder::from_checkpoint(lazy);
+    assert!(store.pins(3) > 0, "the root stub reads from checkpoint 3");
+    r.apply(&checkpoint::begin_record(settings.db_id));
+    store
+        .add(4, &persist(&settings, r.lcs(), 4096, 4))
+        .expect("parts");
+    r.promote(&|g| g == 3 || g == 4);
+    assert_eq!(store.pins(3), 0, "nothing reads from checkpoint 3 any more");
+    store.remove(3);
+    assert_eq!(r.lcs().to_vec(), before);
+    assert_eq!(take_store_error(), None, "every read-back found its node");
+}
