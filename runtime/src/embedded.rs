@@ -1178,13 +1178,14 @@ impl Writer {
     }
 
     /// The sync thread made everything before `upto` durable: answer
-    /// what that covers.
-    fn synced(&mut self, upto: LogPos) {
+    /// what that covers. Returns how many commits that answered.
+    fn synced(&mut self, upto: LogPos) -> usize {
         self.log.mark_synced(upto);
-        let rest = self.syncing.iter().position(|(_, p)| *p >= upto);
-        let rest = rest.map_or(Vec::new(), |i| self.syncing.split_off(i));
+        let n = self.syncing.partition_point(|(_, p)| *p < upto);
+        let rest = self.syncing.split_off(n);
         let done = std::mem::replace(&mut self.syncing, rest);
         self.release(upto, done);
+        n
     }
 
     /// Makes `state` the one new transactions begin on. The durable
@@ -1659,6 +1660,24 @@ struct WriterSetup {
     plan: CheckpointPlan,
 }
 
+/// Whether `waiting` commits should be flushed now (adaptive group
+/// commit): at shutdown; while a flush runs (the sync thread then starts
+/// the next one the moment it ends, with everything appended by then);
+/// once as many wait as the last flush answered (those clients usually
+/// commit again at once); or when the gathering deadline has passed.
+fn flush_due(
+    w: &Writer,
+    waiting: usize,
+    expect: usize,
+    deadline: Option<Instant>,
+    shutting_down: bool,
+) -> bool {
+    shutting_down
+        || w.flush_in_flight()
+        || waiting >= expect
+        || deadline.is_some_and(|d| Instant::now() >= d)
+}
+
 fn writer_loop(
     log: FileLog,
     mut melder: Melder,
@@ -1742,10 +1761,7 @@ fn writer_loop(
         while let Some(m) = next.take() {
             match m {
                 Msg::Commit(r) => batch.push(r),
-                Msg::Synced(upto, Ok(())) => {
-                    expect = w.syncing.iter().take_while(|(_, p)| *p < upto).count();
-                    w.synced(upto);
-                }
+                Msg::Synced(upto, Ok(())) => expect = w.synced(upto),
                 Msg::Synced(_, Err(e)) => {
                     w.fail(&format!("fdatasync failed: {e}"), &rx);
                     return;
@@ -1763,13 +1779,8 @@ fn writer_loop(
         let mut step = w.write(batch).and_then(|written| {
             // Start the flush before melding when it is due anyway: meld
             // and the disk then overlap instead of taking turns.
-            let due = written.len() + w.unsynced.len();
-            if !written.is_empty()
-                && (w.flush_in_flight()
-                    || shutting_down
-                    || due >= expect
-                    || deadline.is_some_and(|d| Instant::now() >= d))
-            {
+            let waiting = written.len() + w.unsynced.len();
+            if !written.is_empty() && flush_due(&w, waiting, expect, deadline, shutting_down) {
                 deadline = None;
                 w.flush_early(syncer.as_ref())?;
             }
@@ -1793,21 +1804,13 @@ fn writer_loop(
         }
         w.publish_log_stats();
         if step.is_ok() && !w.unsynced.is_empty() {
-            let now = Instant::now();
-            let waited_enough = deadline.is_some_and(|d| now >= d);
-            // A flush in progress: ask for the next one now, and the sync
-            // thread starts it the moment this one ends, with everything
-            // appended by then.
-            if shutting_down
-                || durability == Durability::Buffered
-                || w.flush_in_flight()
-                || w.unsynced.len() >= expect
-                || waited_enough
+            if durability == Durability::Buffered
+                || flush_due(&w, w.unsynced.len(), expect, deadline, shutting_down)
             {
                 deadline = None;
                 step = w.flush(syncer.as_ref());
             } else if deadline.is_none() {
-                deadline = Some(now + GATHER);
+                deadline = Some(Instant::now() + GATHER);
             }
         }
         if let Err(e) = step {
