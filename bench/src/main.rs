@@ -484,54 +484,41 @@ fn embedded_suite(args: &Args) -> Result<(), String> {
     } else {
         (200_000, 3.0, &[1, 2, 4, 8])
     };
-    let engines = Engine::ALL;
     let mixes = [Mix::R8W2, Mix::Op2, Mix::ReadOnly];
-    let total = engines.len() * mixes.len() * threads.len();
-    let mut cells = Vec::new();
-    let started = Instant::now();
     // `--only engine:mix:tN` (any part of it) runs just those cells and
     // prints them: for profiling one engine without the whole suite.
-    let wanted = |e: Engine, m: Mix, t: usize| {
-        args.only
-            .as_ref()
-            .is_none_or(|f| format!("{}:{}:t{t}", e.name(), m.name()).contains(f.as_str()))
-    };
-    let total = if args.only.is_some() {
-        mixes
-            .iter()
-            .flat_map(|&m| {
-                threads
-                    .iter()
-                    .flat_map(move |&t| engines.map(|e| (e, m, t)))
-            })
-            .filter(|&(e, m, t)| wanted(e, m, t))
-            .count()
-    } else {
-        total
-    };
-    for mix in mixes {
-        for &t in threads {
-            for e in engines {
-                if !wanted(e, mix, t) {
-                    continue;
-                }
-                eprint!(
-                    "\r[{:>2}/{total}] {:<16} {:<5} threads={t} ({:.0}s)   ",
-                    cells.len() + 1,
-                    e.name(),
-                    mix.name(),
-                    started.elapsed().as_secs_f64()
-                );
-                cells.push(run_cell(
-                    e,
-                    mix,
-                    t,
-                    keys,
-                    Duration::from_secs_f64(secs),
-                    args.seed,
-                )?);
-            }
-        }
+    let plan: Vec<(Mix, usize, Engine)> = mixes
+        .iter()
+        .flat_map(|&m| {
+            threads
+                .iter()
+                .flat_map(move |&t| Engine::ALL.map(|e| (m, t, e)))
+        })
+        .filter(|(m, t, e)| {
+            args.only
+                .as_ref()
+                .is_none_or(|f| format!("{}:{}:t{t}", e.name(), m.name()).contains(f.as_str()))
+        })
+        .collect();
+    let total = plan.len();
+    let mut cells = Vec::new();
+    let started = Instant::now();
+    for (mix, t, e) in plan {
+        eprint!(
+            "\r[{:>2}/{total}] {:<16} {:<5} threads={t} ({:.0}s)   ",
+            cells.len() + 1,
+            e.name(),
+            mix.name(),
+            started.elapsed().as_secs_f64()
+        );
+        cells.push(run_cell(
+            e,
+            mix,
+            t,
+            keys,
+            Duration::from_secs_f64(secs),
+            args.seed,
+        )?);
     }
     eprintln!();
     if args.only.is_some() {
