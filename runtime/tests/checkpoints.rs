@@ -11,14 +11,8 @@ use melddb::validate::check_tree;
 use melddb::{Isolation, Settings};
 use melddb_runtime::{Database, DbError, DbOptions, Durability};
 
-fn account(i: u64) -> Vec<u8> {
-    format!("acct/{i:04}").into_bytes()
-}
-
-fn balance(v: Option<melddb::Bytes>) -> i64 {
-    v.map(|b| String::from_utf8_lossy(&b).parse().unwrap_or(0))
-        .unwrap_or(0)
-}
+mod common;
+use common::{account, balance, seed_accounts, spawn_transfers};
 
 /// Checkpoints only when asked; commits acknowledged without waiting
 /// for the disk (these tests are about checkpoints, not fsync).
@@ -54,34 +48,8 @@ fn small_checkpoints() -> DbOptions {
 /// Transfers on 4 threads plus inserts on a fifth; returns the inserted
 /// pairs (the model).
 fn workload(db: &Arc<Database>, accounts: u64, rounds: u64) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    db.transact(Isolation::Serializable, |tx| {
-        for i in 0..accounts {
-            tx.put(&account(i), b"1000")?;
-        }
-        Ok(())
-    })
-    .unwrap();
-    let movers: Vec<_> = (0..4u64)
-        .map(|w| {
-            let db = db.clone();
-            thread::spawn(move || {
-                for j in 0..rounds {
-                    let (a, b) = ((w * 7 + j) % accounts, (w * 3 + j * 5 + 1) % accounts);
-                    if a == b {
-                        continue;
-                    }
-                    db.transact(Isolation::Serializable, |tx| {
-                        let x = balance(tx.get(&account(a))?);
-                        let y = balance(tx.get(&account(b))?);
-                        tx.put(&account(a), (x - 3).to_string().as_bytes())?;
-                        tx.put(&account(b), (y + 3).to_string().as_bytes())?;
-                        Ok(())
-                    })
-                    .unwrap();
-                }
-            })
-        })
-        .collect();
+    seed_accounts(db, accounts);
+    let movers = spawn_transfers(db, accounts, rounds, 3);
     let mut model = BTreeMap::new();
     for i in 0..rounds {
         let k = format!("item/{:06}", (i * 7919) % 100_000).into_bytes();

@@ -8,24 +8,8 @@ use std::thread;
 use melddb::{Isolation, Outcome, Settings};
 use melddb_runtime::{Database, DbError, DbOptions, Durability};
 
-fn account(i: u64) -> Vec<u8> {
-    format!("acct/{i:04}").into_bytes()
-}
-
-fn balance(v: Option<melddb::Bytes>) -> i64 {
-    v.map(|b| String::from_utf8_lossy(&b).parse().unwrap_or(0))
-        .unwrap_or(0)
-}
-
-fn seed_accounts(db: &Database, n: u64) {
-    db.transact(Isolation::Serializable, |tx| {
-        for i in 0..n {
-            tx.put(&account(i), b"1000")?;
-        }
-        Ok(())
-    })
-    .unwrap();
-}
+mod common;
+use common::{account, balance, seed_accounts, spawn_transfers};
 
 fn total(db: &Database, n: u64) -> i64 {
     let s = db.snapshot();
@@ -82,28 +66,7 @@ fn concurrent_transfers_keep_the_total_and_reopen_identically() {
         };
         let db = Arc::new(Database::open_with(d.path(), opts.clone()).unwrap());
         seed_accounts(&db, n);
-        let workers: Vec<_> = (0..4u64)
-            .map(|w| {
-                let db = db.clone();
-                thread::spawn(move || {
-                    for j in 0..150u64 {
-                        let (a, b) = ((w * 7 + j) % n, (w * 3 + j * 5 + 1) % n);
-                        if a == b {
-                            continue;
-                        }
-                        db.transact(Isolation::Serializable, |tx| {
-                            let x = balance(tx.get(&account(a))?);
-                            let y = balance(tx.get(&account(b))?);
-                            tx.put(&account(a), (x - 7).to_string().as_bytes())?;
-                            tx.put(&account(b), (y + 7).to_string().as_bytes())?;
-                            Ok(())
-                        })
-                        .unwrap();
-                    }
-                })
-            })
-            .collect();
-        for w in workers {
+        for w in spawn_transfers(&db, n, 150, 7) {
             w.join().unwrap();
         }
         assert_eq!(total(&db, n), 1000 * n as i64);
@@ -237,28 +200,7 @@ fn readers_never_see_a_commit_before_it_is_durable() {
                 checks
             })
         };
-        let writers: Vec<_> = (0..4u64)
-            .map(|w| {
-                let db = db.clone();
-                thread::spawn(move || {
-                    for j in 0..60u64 {
-                        let (a, b) = ((w * 5 + j) % n, (w * 3 + j * 7 + 1) % n);
-                        if a == b {
-                            continue;
-                        }
-                        db.transact(Isolation::Serializable, |tx| {
-                            let x = balance(tx.get(&account(a))?);
-                            let y = balance(tx.get(&account(b))?);
-                            tx.put(&account(a), (x - 3).to_string().as_bytes())?;
-                            tx.put(&account(b), (y + 3).to_string().as_bytes())?;
-                            Ok(())
-                        })
-                        .unwrap();
-                    }
-                })
-            })
-            .collect();
-        for w in writers {
+        for w in spawn_transfers(&db, n, 60, 3) {
             w.join().unwrap();
         }
         done.store(true, std::sync::atomic::Ordering::Release);

@@ -37,6 +37,23 @@ fn key(i: u64) -> Vec<u8> {
     format!("key{i:06}").into_bytes()
 }
 
+/// A melder holding keys 0..50·`chunks`, written 50 to a transaction,
+/// with `value(i)` at key `i`.
+fn filled(settings: Settings, chunks: u64, value: impl Fn(u64) -> Vec<u8>) -> Melder {
+    let mut m = Melder::new(settings);
+    for chunk in 0..chunks {
+        let mut tx = Transaction::begin(m.lcs(), Isolation::Serializable);
+        for i in chunk * 50..(chunk + 1) * 50 {
+            tx.put(&key(i), &value(i)).expect("put");
+        }
+        let melddb::Finished::Intention(b) = tx.finish().expect("finish") else {
+            panic!("writes")
+        };
+        m.apply(&b);
+    }
+    m
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Get(u64),
@@ -246,17 +263,7 @@ fn failed_read_back_is_reported() {
         db_id: 3,
         ..Settings::default()
     };
-    let mut m = Melder::new(settings);
-    for chunk in 0..4u64 {
-        let mut tx = Transaction::begin(m.lcs(), Isolation::Serializable);
-        for i in 0..50 {
-            tx.put(&key(chunk * 50 + i), b"value").expect("put");
-        }
-        let melddb::Finished::Intention(b) = tx.finish().expect("finish") else {
-            panic!("writes")
-        };
-        m.apply(&b);
-    }
+    let mut m = filled(settings, 4, |_| b"value".to_vec());
     let store = Arc::new(MemStore::new());
     let dyn_store: Arc<dyn NodeStore> = store.clone();
     let parts = persist(&settings, m.lcs(), 4096, 1);
@@ -392,18 +399,7 @@ fn promote_moves_stubs_to_the_newest_checkpoint() {
         db_id: 5,
         ..Settings::default()
     };
-    let mut m = Melder::new(settings);
-    for chunk in 0..6u64 {
-        let mut tx = Transaction::begin(m.lcs(), Isolation::Serializable);
-        for i in 0..50 {
-            tx.put(&key(chunk * 50 + i), format!("v{i}").as_bytes())
-                .expect("put");
-        }
-        let melddb::Finished::Intention(b) = tx.finish().expect("finish") else {
-            panic!("writes")
-        };
-        m.apply(&b);
-    }
+    let mut m = filled(settings, 6, |i| format!("v{}", i % 50).into_bytes());
     let before = m.lcs().to_vec();
     let store = Arc::new(MemStore::new());
     let dyn_store: Arc<dyn NodeStore> = store.clone();
