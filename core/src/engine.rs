@@ -125,6 +125,22 @@ impl Garbage {
     pub fn is_empty(&self) -> bool {
         self.roots.is_empty() && self.intentions.is_empty()
     }
+    /// Moves everything `other` holds into this one.
+    pub fn append(&mut self, mut other: Garbage) {
+        self.roots.append(&mut other.roots);
+        self.intentions.append(&mut other.intentions);
+    }
+    /// Frees at most `n` of the retired roots and intentions, so a host
+    /// can free in small steps between other work. Returns whether any
+    /// remain.
+    pub fn free_some(&mut self, n: usize) -> bool {
+        for _ in 0..n {
+            if self.roots.pop().is_none() && self.intentions.pop().is_none() {
+                break;
+            }
+        }
+        !self.is_empty()
+    }
 }
 
 /// A cloned melder starts with no pending garbage: the memory belongs to

@@ -43,7 +43,7 @@ pub mod validate;
 
 pub use codec::{parse, Intention, ParsedIntention};
 pub use db::Database;
-pub use engine::{decode_with, MeldState, Melder, Outcome};
+pub use engine::{decode_with, Garbage, MeldState, Melder, Outcome};
 pub use error::{CheckpointError, CommitError, DecodeError, Error, LogError, OpenError, TxnError};
 pub use genesis::{Settings, DEFAULT_MAX_CONFLICT_ZONE, MAX_CONFLICT_ZONE_LIMIT};
 pub use log::{Entry, Log, MemLog};

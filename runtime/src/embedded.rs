@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use melddb::checkpoint;
 use melddb::pipeline::trial_meld;
 use melddb::{
-    AbortReason, Bytes, Isolation, Log, LogPos, MeldState, Melder, Outcome, Settings, Snapshot,
-    Transaction, TxnError,
+    AbortReason, Bytes, Garbage, Isolation, Log, LogPos, MeldState, Melder, Outcome, Settings,
+    Snapshot, Transaction, TxnError,
 };
 
 use rand::Rng;
@@ -1653,6 +1653,22 @@ impl Writer {
 /// How often an idle writer checks the node cache's memory.
 const CACHE_TICK: Duration = Duration::from_millis(20);
 
+/// Retired roots and intentions the writer frees per step while idle.
+const GARBAGE_STEP: usize = 8;
+/// Retired roots and intentions the writer lets pile up at most.
+const MAX_GARBAGE: usize = 1024;
+
+/// Frees `garbage` a step at a time until it is gone (`None`) or a message
+/// arrives (returned).
+fn free_while_idle(garbage: &mut Garbage, rx: &Receiver<Msg>) -> Option<Msg> {
+    while garbage.free_some(GARBAGE_STEP) {
+        if let Ok(m) = rx.try_recv() {
+            return Some(m);
+        }
+    }
+    None
+}
+
 /// How the writer thread runs (from [`Options`]).
 struct WriterSetup {
     durability: Durability,
@@ -1701,6 +1717,7 @@ fn writer_loop(
         None
     };
     melder.set_deferred_reclaim(true);
+    let mut garbage = Garbage::default();
     // What the tree holds at the start (a checkpoint loaded whole can be
     // most of the budget): later estimates add growth to it.
     let cache_measured = if plan.cache_bytes > 0 {
@@ -1744,15 +1761,20 @@ fn writer_loop(
         // the next message is enough; with a node cache, wake up now and
         // then anyway: readers load nodes while no commit comes.
         let tick = (w.plan.cache_bytes > 0).then(|| Instant::now() + CACHE_TICK);
-        let first = match deadline.or(tick) {
-            None => match rx.recv() {
-                Ok(m) => Some(m),
-                Err(_) => break,
-            },
-            Some(d) => match rx.recv_timeout(d.saturating_duration_since(Instant::now())) {
-                Ok(m) => Some(m),
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        // Free what meld replaced while no message waits; one that
+        // arrives meanwhile is handled first.
+        let first = match free_while_idle(&mut garbage, &rx) {
+            Some(m) => Some(m),
+            None => match deadline.or(tick) {
+                None => match rx.recv() {
+                    Ok(m) => Some(m),
+                    Err(_) => break,
+                },
+                Some(d) => match rx.recv_timeout(d.saturating_duration_since(Instant::now())) {
+                    Ok(m) => Some(m),
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                },
             },
         };
         let mut batch = Vec::new();
@@ -1819,11 +1841,17 @@ fn writer_loop(
             w.fail(&e.to_string(), &rx);
             return;
         }
-        // Free the trees meld replaced now that this round's commits are
-        // answered or on their way to disk: the frees are cache misses
-        // (cold refcounts), which cost a fifth of the writer's time when
-        // they happened inside meld, ahead of the flush.
-        drop(w.melder.take_garbage());
+        // The trees meld replaced are freed when the writer has nothing
+        // else to do (at the top of the loop), a few at a time: the frees
+        // are cache misses on cold reference counts, a fifth of the
+        // writer's time, and done in one piece (inside meld, or at the end
+        // of the round) they held up the flush results and commits that
+        // arrived meanwhile. Past MAX_GARBAGE they are freed at once, so
+        // memory stays bounded under constant load.
+        garbage.append(w.melder.take_garbage());
+        if garbage.len() > MAX_GARBAGE {
+            garbage = Garbage::default();
+        }
     }
     // A checkpoint whose encoder is done is finished (its last parts wait
     // in the channel: appending them is quick and saves redoing the work

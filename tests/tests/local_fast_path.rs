@@ -59,3 +59,70 @@ fn local_intentions_meld_exactly_like_their_bytes() {
         assert!(fast.lcs().len() > 50);
     }
 }
+
+/// A host that frees what meld replaced later, a few pieces at a time
+/// (`set_deferred_reclaim`, `Garbage::free_some`, as the embedded writer
+/// does while idle), sees exactly what an immediate-freeing melder sees:
+/// the same outcomes and digests, and old snapshots that still read the
+/// same after the garbage of their era was freed.
+#[test]
+fn garbage_freed_in_steps_changes_nothing() {
+    let settings = melddb_tests::pipeline_settings(0, 0, false);
+    let mut deferred = Melder::new(settings);
+    deferred.set_deferred_reclaim(true);
+    let mut plain = Melder::new(settings);
+    let mut rng = ChaCha8Rng::seed_from_u64(77);
+    let mut garbage = melddb::Garbage::default();
+    let mut kept: Vec<(melddb::Snapshot, melddb::Digest)> = Vec::new();
+    let mut freed = 0usize;
+    for i in 0..1200u32 {
+        let lag = rng.random_range(0..20u64);
+        let sp = deferred.lcs().pos().saturating_sub(lag);
+        let Some(snap) = deferred.state_at(sp).cloned() else {
+            continue;
+        };
+        let mut tx = Transaction::begin(&snap, Isolation::Serializable);
+        for _ in 0..rng.random_range(1..6) {
+            let k = rng.random_range(0..200u32).to_be_bytes();
+            match rng.random_range(0..3) {
+                0 => drop(tx.get(&k).unwrap()),
+                1 => tx.put(&k, format!("v{i}").as_bytes()).unwrap(),
+                _ => drop(tx.delete(&k).unwrap()),
+            }
+        }
+        let Some((bytes, local)) = tx.finish_local().unwrap() else {
+            continue;
+        };
+        let a = deferred.apply_local(&bytes, local);
+        let b = plain.apply(&bytes);
+        assert_eq!(a, b, "txn {i}");
+        assert_eq!(deferred.lcs().digest(), plain.lcs().digest(), "txn {i}");
+        garbage.append(deferred.take_garbage());
+        if i % 100 == 0 {
+            let s = deferred.lcs().clone();
+            let d = s.digest();
+            kept.push((s, d));
+        }
+        // Free a random number of pieces now and then; sometimes let it
+        // pile up over many transactions.
+        if rng.random_range(0..4) == 0 {
+            let before = garbage.len();
+            let n = rng.random_range(1..40);
+            let more = garbage.free_some(n);
+            assert_eq!(garbage.len(), before.saturating_sub(n), "txn {i}");
+            assert_eq!(more, !garbage.is_empty());
+            freed += before - garbage.len();
+        }
+    }
+    assert!(freed > 500, "only {freed} pieces were freed in steps");
+    while garbage.free_some(7) {}
+    assert!(garbage.is_empty());
+    for (s, d) in &kept {
+        assert_eq!(
+            &s.digest(),
+            d,
+            "a kept snapshot changed after its garbage was freed"
+        );
+    }
+    assert!(kept.len() > 5);
+}
