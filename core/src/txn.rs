@@ -471,8 +471,8 @@ impl Transaction {
     }
 
     fn mark_read(&mut self, key: &[u8]) {
-        if let Some(root) = self.root.clone() {
-            self.root = Some(self.touch(&root, &|n: &Node| match key.cmp(&n.key) {
+        if let Some(root) = self.root.take() {
+            self.root = Some(self.touch(root, &|n: &Node| match key.cmp(&n.key) {
                 std::cmp::Ordering::Less => Dir::Left,
                 std::cmp::Ordering::Greater => Dir::Right,
                 std::cmp::Ordering::Equal => Dir::Here,
@@ -481,18 +481,26 @@ impl Transaction {
     }
 
     /// Copies the path to the node `dir` selects and sets DependsOn on it.
-    fn touch(&self, n: &Arc<Node>, dir: &dyn Fn(&Node) -> Dir) -> Arc<Node> {
-        let mut c = self.local_copy(n);
-        match dir(n) {
-            Dir::Left if n.left().is_some() => {
-                c.left_link = n.left().as_ref().map(|l| self.touch(l, dir));
+    /// This transaction's own nodes on the path are changed in place when
+    /// nothing else holds them (the usual case: every read walks down
+    /// from the root, so the top of the tree was copied by earlier reads).
+    fn touch(&self, n: Arc<Node>, dir: &dyn Fn(&Node) -> Dir) -> Arc<Node> {
+        let mut c = if n.same_owner(&self.local) {
+            n
+        } else {
+            Arc::new(self.local_copy(&n))
+        };
+        let m = Arc::make_mut(&mut c);
+        match dir(m) {
+            Dir::Left if m.left_link.is_some() => {
+                m.left_link = m.left_link.take().map(|l| self.touch(l, dir));
             }
-            Dir::Right if n.right().is_some() => {
-                c.right_link = n.right().as_ref().map(|r| self.touch(r, dir));
+            Dir::Right if m.right_link.is_some() => {
+                m.right_link = m.right_link.take().map(|r| self.touch(r, dir));
             }
-            _ => c.flags |= DEPENDS_ON,
+            _ => m.flags |= DEPENDS_ON,
         }
-        Arc::new(c)
+        c
     }
 
     /// Inserts or updates; also returns whether a new node was created.
