@@ -23,6 +23,7 @@ pub mod segment;
 pub mod server;
 pub mod store;
 pub mod stripe;
+mod syncpool;
 mod writer;
 
 pub use client::{BlockingLog, Client, ClientError, ClientOptions, Subscription};

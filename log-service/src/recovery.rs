@@ -19,6 +19,7 @@ use crate::page::{self, class, Kind, HEADER};
 use crate::segment;
 use crate::store::{Loc, LogIndex, RecoveryReport, Shared};
 use crate::stripe::{self, EndWrite};
+use crate::syncpool::SyncPool;
 use crate::writer::{Cmd, SegState, Writer};
 
 /// What a segment scan found.
@@ -387,6 +388,12 @@ pub(crate) fn recover(
         dedup_order,
         failed: None,
         dirty: Default::default(),
+        // A round syncs at most one segment per zone plus the end-write
+        // segments; the writer's thread takes one of them itself.
+        syncer: SyncPool::new(
+            shared.config.zones.len() + crate::config::END_WRITE_COPIES - 1,
+            shared.faults.clone(),
+        ),
     };
     // Forget what trim made unreachable before deciding what is missing.
     let floor = writer.live_floor();

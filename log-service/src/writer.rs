@@ -27,6 +27,7 @@ use crate::page::{self, class, Header, Kind, HEADER};
 use crate::segment;
 use crate::store::{Loc, LogIndex, Shared};
 use crate::stripe::{self, EndWrite, EntryMeta, RootRef, StripeRef};
+use crate::syncpool::SyncPool;
 
 /// One append waiting for the writer.
 pub(crate) struct AppendReq {
@@ -128,6 +129,8 @@ pub(crate) struct Writer {
     pub failed: Option<String>,
     /// Segments written since the last fsync round.
     pub dirty: BTreeSet<u64>,
+    /// The threads that fsync a round's segments in parallel.
+    pub syncer: SyncPool,
 }
 
 /// A segment the writer's own bookkeeping says is open is not: a bug, but
@@ -794,37 +797,15 @@ impl Writer {
         if !self.shared.config.fsync || dirty.is_empty() {
             return Ok(());
         }
-        let faults = self.shared.faults.clone();
-        let files: Vec<(u64, Arc<File>)> = dirty
+        let (segs, files): (Vec<u64>, Vec<Arc<File>>) = dirty
             .iter()
             .filter_map(|s| self.segs.get(s).map(|st| (*s, st.file.clone())))
-            .collect();
+            .unzip();
         self.shared
             .counters
             .fsyncs
             .fetch_add(files.len() as u64, Ordering::Relaxed);
-        let results: Vec<(u64, io::Result<()>)> = if files.len() == 1 {
-            vec![(files[0].0, faults.sync(&files[0].1))]
-        } else {
-            std::thread::scope(|s| {
-                let hs: Vec<_> = files
-                    .iter()
-                    .map(|(seg, f)| {
-                        let faults = &faults;
-                        (*seg, s.spawn(move || faults.sync(f)))
-                    })
-                    .collect();
-                hs.into_iter()
-                    .map(|(seg, h)| {
-                        (
-                            seg,
-                            h.join()
-                                .unwrap_or_else(|_| Err(io::Error::other("fsync thread panicked"))),
-                        )
-                    })
-                    .collect()
-            })
-        };
+        let results = segs.into_iter().zip(self.syncer.sync_all(&files));
         for (seg, r) in results {
             r.map_err(|e| StoreError::WriteFailed(format!("fsync segment {seg}: {e}")))?;
         }
