@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use melddb_log::{Client, Config, Running, Store};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 /// One load point.
@@ -213,9 +215,23 @@ async fn open_loop(
         tasks.push(tokio::spawn(async move {
             let n = (per * secs) as usize;
             let start = Instant::now();
-            let mut inflight = Vec::with_capacity(n);
-            for i in 0..n {
-                let due = start + Duration::from_secs_f64(i as f64 / per);
+            // Poisson arrivals (exponential gaps, mean 1 / per): together the
+            // clients are one Poisson stream at `rate`, the usual open-loop
+            // model. Fixed gaps made every client send at the same instants,
+            // bursts of `clients` batches that measured the burst, not the
+            // load.
+            let mut rng = ChaCha8Rng::seed_from_u64(0x0be7_1009 ^ c as u64);
+            let mut at = 0.0f64;
+            // Until the deadline, not for a fixed count: the sum of a fixed
+            // number of random gaps overruns on some client, and the rate
+            // over the time taken would come out low.
+            let mut inflight = Vec::with_capacity(n + n / 4);
+            loop {
+                at += -(1.0 - rng.random::<f64>()).ln() / per;
+                if at >= secs {
+                    break;
+                }
+                let due = start + Duration::from_secs_f64(at);
                 tokio::time::sleep_until(due.into()).await;
                 let client = client.clone();
                 let body = body.clone();
