@@ -213,7 +213,6 @@ async fn open_loop(
         let client = Client::connect(addr).await.map_err(|e| e.to_string())?;
         let body = bytes::Bytes::from(vec![c as u8; 1024]);
         tasks.push(tokio::spawn(async move {
-            let n = (per * secs) as usize;
             let start = Instant::now();
             // Poisson arrivals (exponential gaps, mean 1 / per): together the
             // clients are one Poisson stream at `rate`, the usual open-loop
@@ -225,7 +224,7 @@ async fn open_loop(
             // Until the deadline, not for a fixed count: the sum of a fixed
             // number of random gaps overruns on some client, and the rate
             // over the time taken would come out low.
-            let mut inflight = Vec::with_capacity(n + n / 4);
+            let mut inflight = Vec::new();
             loop {
                 at += -(1.0 - rng.random::<f64>()).ln() / per;
                 if at >= secs {

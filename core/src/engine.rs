@@ -151,8 +151,11 @@ impl Clone for Garbage {
     }
 }
 
-/// Retired roots kept at most before the melder frees them itself.
-const MAX_RETIRED: usize = 8192;
+/// Retired roots and intentions kept at most before the melder frees them
+/// itself (about 500 commits' worth: each retires a root and an
+/// intention). A host that frees in steps while idle relies on it under
+/// constant load.
+const MAX_RETIRED: usize = 1024;
 
 impl Melder {
     /// A melder for a new database; its state after the genesis record
@@ -227,8 +230,10 @@ impl Melder {
 
     /// With `true`, memory released by meld is kept until the host takes
     /// it with [`Melder::take_garbage`] (to free it elsewhere) instead of
-    /// being freed inside [`Melder::apply`]. At most 8192 roots are kept; past
-    /// that the melder frees them itself, so memory stays bounded.
+    /// being freed inside [`Melder::apply`], or frees it in steps with
+    /// [`Melder::free_garbage`]. At most 1024 retired roots and
+    /// intentions are kept; past that the melder frees them itself, so
+    /// memory stays bounded.
     pub fn set_deferred_reclaim(&mut self, deferred: bool) {
         self.deferred = deferred;
         if !deferred {
@@ -240,6 +245,14 @@ impl Melder {
     /// [`Melder::set_deferred_reclaim`]).
     pub fn take_garbage(&mut self) -> Garbage {
         std::mem::take(&mut self.retired)
+    }
+
+    /// Frees at most `n` pieces of the memory released since the last
+    /// [`Melder::take_garbage`] (see [`Garbage::free_some`]), so a host can
+    /// free a little at a time between other work. Returns whether any
+    /// remain.
+    pub fn free_garbage(&mut self, n: usize) -> bool {
+        self.retired.free_some(n)
     }
 
     fn make_room(&mut self) {

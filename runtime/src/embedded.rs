@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use melddb::checkpoint;
 use melddb::pipeline::trial_meld;
 use melddb::{
-    AbortReason, Bytes, Garbage, Isolation, Log, LogPos, MeldState, Melder, Outcome, Settings,
-    Snapshot, Transaction, TxnError,
+    AbortReason, Bytes, Isolation, Log, LogPos, MeldState, Melder, Outcome, Settings, Snapshot,
+    Transaction, TxnError,
 };
 
 use rand::Rng;
@@ -1655,13 +1655,11 @@ const CACHE_TICK: Duration = Duration::from_millis(20);
 
 /// Retired roots and intentions the writer frees per step while idle.
 const GARBAGE_STEP: usize = 8;
-/// Retired roots and intentions the writer lets pile up at most.
-const MAX_GARBAGE: usize = 1024;
 
-/// Frees `garbage` a step at a time until it is gone (`None`) or a message
-/// arrives (returned).
-fn free_while_idle(garbage: &mut Garbage, rx: &Receiver<Msg>) -> Option<Msg> {
-    while garbage.free_some(GARBAGE_STEP) {
+/// Frees what meld retired a step at a time until it is gone (`None`) or a
+/// message arrives (returned).
+fn free_while_idle(melder: &mut Melder, rx: &Receiver<Msg>) -> Option<Msg> {
+    while melder.free_garbage(GARBAGE_STEP) {
         if let Ok(m) = rx.try_recv() {
             return Some(m);
         }
@@ -1717,7 +1715,6 @@ fn writer_loop(
         None
     };
     melder.set_deferred_reclaim(true);
-    let mut garbage = Garbage::default();
     // What the tree holds at the start (a checkpoint loaded whole can be
     // most of the budget): later estimates add growth to it.
     let cache_measured = if plan.cache_bytes > 0 {
@@ -1763,7 +1760,7 @@ fn writer_loop(
         let tick = (w.plan.cache_bytes > 0).then(|| Instant::now() + CACHE_TICK);
         // Free what meld replaced while no message waits; one that
         // arrives meanwhile is handled first.
-        let first = match free_while_idle(&mut garbage, &rx) {
+        let first = match free_while_idle(&mut w.melder, &rx) {
             Some(m) => Some(m),
             None => match deadline.or(tick) {
                 None => match rx.recv() {
@@ -1841,17 +1838,14 @@ fn writer_loop(
             w.fail(&e.to_string(), &rx);
             return;
         }
-        // The trees meld replaced are freed when the writer has nothing
-        // else to do (at the top of the loop), a few at a time: the frees
-        // are cache misses on cold reference counts, a fifth of the
-        // writer's time, and done in one piece (inside meld, or at the end
-        // of the round) they held up the flush results and commits that
-        // arrived meanwhile. Past MAX_GARBAGE they are freed at once, so
-        // memory stays bounded under constant load.
-        garbage.append(w.melder.take_garbage());
-        if garbage.len() > MAX_GARBAGE {
-            garbage = Garbage::default();
-        }
+        // The trees meld replaced stay retired in the melder and are freed
+        // when the writer has nothing else to do (at the top of the loop),
+        // a few at a time: the frees are cache misses on cold reference
+        // counts, a fifth of the writer's time, and done in one piece
+        // (inside meld, or at the end of the round) they held up the flush
+        // results and commits that arrived meanwhile. Under constant load
+        // the melder's own bound frees them at once, so memory stays
+        // bounded.
     }
     // A checkpoint whose encoder is done is finished (its last parts wait
     // in the channel: appending them is quick and saves redoing the work

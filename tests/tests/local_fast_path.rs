@@ -117,6 +117,16 @@ fn garbage_freed_in_steps_changes_nothing() {
     assert!(freed > 500, "only {freed} pieces were freed in steps");
     while garbage.free_some(7) {}
     assert!(garbage.is_empty());
+    // The melder frees what it retires in steps too, without a take.
+    for i in 0..20u32 {
+        let mut tx = Transaction::begin(deferred.lcs(), Isolation::Serializable);
+        tx.put(&i.to_be_bytes(), b"late").unwrap();
+        let (bytes, local) = tx.finish_local().unwrap().expect("a write");
+        assert!(deferred.apply_local(&bytes, local)[0].is_committed());
+    }
+    assert!(deferred.free_garbage(0), "meld retired nothing");
+    while deferred.free_garbage(7) {}
+    assert!(deferred.take_garbage().is_empty());
     for (s, d) in &kept {
         assert_eq!(
             &s.digest(),
