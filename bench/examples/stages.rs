@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use melddb::pipeline::premeld;
 use melddb::{MeldStats, Settings};
-use melddb_bench::pipeline::{generate, loaded, Sizes};
+use melddb_bench::pipeline::{generate, loaded, Generated, Sizes};
 
 fn main() {
     let a: Vec<u64> = std::env::args()
@@ -16,18 +16,20 @@ fn main() {
     let s = Sizes {
         keys: *a.first().unwrap_or(&100_000),
         txns: *a.get(1).unwrap_or(&6_000) as usize,
+        zone_min: *a.get(2).unwrap_or(&600) / 2,
         zone: *a.get(2).unwrap_or(&600),
     };
     for (t, d) in [(0, 0), (2, 5)] {
         let settings = Settings {
-            max_conflict_zone: 2048,
+            max_conflict_zone: s.zone as u32 + 64,
             premeld_threads: t,
             premeld_distance: d,
             ..Settings::default()
         };
         let base = loaded(settings, s.keys);
-        let log = generate(&base, &s, 1);
-        let mut m = base.clone();
+        let Generated {
+            warm: mut m, log, ..
+        } = generate(&base, &s, 1);
         let (mut dec, mut pre, mut fin) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
         let mut nodes = 0u64;
         let mut st = MeldStats::default();

@@ -62,6 +62,14 @@ struct Args {
     /// Measured transactions per experiment (default: 6,000 quick, 20,000 full).
     #[arg(long)]
     txns: Option<usize>,
+    /// Pipeline suite: the shortest conflict zone (snapshot lag) of a
+    /// transaction (default: 300 quick, 10,000 full).
+    #[arg(long)]
+    zone_min: Option<u64>,
+    /// Pipeline suite: the longest conflict zone; lags are uniform between
+    /// the two (default: 600 quick, 30,000 full, Hyder II's range).
+    #[arg(long)]
+    zone_max: Option<u64>,
 }
 
 fn main() {
@@ -303,13 +311,17 @@ fn pipeline_suite(args: &Args) -> Result<(), String> {
         Sizes {
             keys: 100_000,
             txns: args.txns.unwrap_or(6_000),
-            zone: 600,
+            zone_min: args.zone_min.unwrap_or(300),
+            zone: args.zone_max.unwrap_or(600),
         }
     } else {
         Sizes {
             keys: 1_000_000,
             txns: args.txns.unwrap_or(40_000),
-            zone: 1_500,
+            // Hyder II §3.2: at its measured throughput a conflict zone
+            // was typically 10K-30K transactions.
+            zone_min: args.zone_min.unwrap_or(10_000),
+            zone: args.zone_max.unwrap_or(30_000),
         }
     };
     let reps = if args.quick { 1 } else { 3 };
@@ -464,7 +476,7 @@ fn pipeline_suite(args: &Args) -> Result<(), String> {
             "metrics": metrics,
             "config": {
                 "quick": args.quick, "seed": args.seed, "keys": sizes.keys, "txns": sizes.txns,
-                "zone": sizes.zone, "value_bytes": 100, "ops": "8 reads + 2 writes, serializable",
+                "zone_min": sizes.zone_min, "zone": sizes.zone, "value_bytes": 100, "ops": "8 reads + 2 writes, serializable",
                 "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
                 "wasm": {"native_per_s": wasm.native_per_s, "wasm_per_s": wasm.wasm_per_s, "runtime": "node WASI (wasm32-wasip1)"},
             },

@@ -17,8 +17,9 @@ pub struct Sizes {
     pub keys: u64,
     /// Measured transactions.
     pub txns: usize,
-    /// Largest snapshot lag (conflict zone) of a transaction; lags are
-    /// uniform in `zone/2..=zone`.
+    /// Shortest snapshot lag (conflict zone) of a transaction.
+    pub zone_min: u64,
+    /// Longest snapshot lag; lags are uniform in `zone_min..=zone`.
     pub zone: u64,
 }
 
@@ -90,15 +91,34 @@ pub fn loaded(settings: Settings, keys: u64) -> Melder {
     m
 }
 
+/// The workload's log, generated on a loaded melder.
+pub struct Generated {
+    /// The melder after the warm-up entries: the state the measured
+    /// entries continue from, with the retained states their snapshots
+    /// and premelds need.
+    pub warm: Melder,
+    /// The warm-up entries (already melded into `warm`): as many as the
+    /// longest zone, so every measured transaction has a full-length one.
+    pub warm_up: Vec<Vec<u8>>,
+    /// The measured entries.
+    pub log: Vec<Vec<u8>>,
+}
+
 /// Generates the workload's log on `base` (untimed), melding as it goes
-/// so snapshots exist; returns the entries after `base`.
-pub fn generate(base: &Melder, s: &Sizes, seed: u64) -> Vec<Vec<u8>> {
+/// so snapshots exist: `s.zone` warm-up entries, then `s.txns` measured
+/// ones. Without the warm-up the first `zone` transactions would run on
+/// snapshots clamped to the loaded state and have shorter zones.
+pub fn generate(base: &Melder, s: &Sizes, seed: u64) -> Generated {
+    let group = base.settings().group_meld;
+    // Group meld melds pairs: the warm-up ends on a whole pair.
+    let warm_len = (s.zone as usize).next_multiple_of(2);
     let mut m = base.clone();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let start = m.lcs().pos();
-    let mut out = Vec::with_capacity(s.txns);
-    while out.len() < s.txns {
-        let lag = rng.random_range(s.zone / 2..=s.zone);
+    let mut warm: Option<Melder> = (warm_len == 0).then(|| m.clone());
+    let mut out = Vec::with_capacity(warm_len + s.txns);
+    while out.len() < warm_len + s.txns {
+        let lag = rng.random_range(s.zone_min.min(s.zone)..=s.zone);
         let mut sp = m.lcs().pos().saturating_sub(lag).max(start);
         if m.state_at(sp).is_none() {
             sp -= 1;
@@ -118,19 +138,28 @@ pub fn generate(base: &Melder, s: &Sizes, seed: u64) -> Vec<Vec<u8>> {
         if let Ok(Finished::Intention(b)) = tx.finish() {
             m.apply(&b);
             out.push(b);
+            if out.len() == warm_len {
+                warm = Some(m.clone());
+            }
         }
     }
-    if base.settings().group_meld && out.len() % 2 == 1 {
+    if group && (out.len() - warm_len) % 2 == 1 {
         out.pop();
     }
-    out
+    let log = out.split_off(warm_len);
+    Generated {
+        warm: warm.unwrap_or(m),
+        warm_up: out,
+        log,
+    }
 }
 
 /// Runs one configuration: load, generate, then meld the log end to end
 /// with the threaded pipeline (best of `reps` runs).
 pub fn run_config(c: PipeConfig, s: &Sizes, seed: u64, reps: usize) -> Result<PipeResult, String> {
     let settings = Settings {
-        max_conflict_zone: 2048,
+        // Room for the longest zone; old states are retained this long.
+        max_conflict_zone: u32::try_from(s.zone + 64).map_err(|_| "zone too long")?,
         premeld_threads: c.t,
         premeld_distance: c.d,
         group_meld: c.group,
@@ -138,7 +167,8 @@ pub fn run_config(c: PipeConfig, s: &Sizes, seed: u64, reps: usize) -> Result<Pi
     };
     settings.validate().map_err(|e| e.to_string())?;
     let base = loaded(settings, s.keys);
-    let log = generate(&base, s, seed);
+    let Generated { warm, log, .. } = generate(&base, s, seed);
+    let base = warm;
     let mut best: Option<Report> = None;
     for _ in 0..reps.max(1) {
         // Every configuration gets the same threads: one worker per core
@@ -197,7 +227,9 @@ pub fn write_plain_log(
             entries.push(b);
         }
     }
-    entries.extend(generate(&m, s, seed));
+    let g = generate(&m, s, seed);
+    entries.extend(g.warm_up);
+    entries.extend(g.log);
     let mut out = Vec::new();
     for e in std::iter::once(&settings.encode()).chain(&entries) {
         out.extend_from_slice(&(e.len() as u32).to_le_bytes());
