@@ -387,7 +387,7 @@ fn pipeline_suite(args: &Args) -> Result<(), String> {
     eprintln!("pipeline: wasm vs native meld ...");
     let wasm = melddb_bench::wasm::ratio(args.quick, args.seed)?;
     println!(
-        "{:<10} {:>3} {:>4} {:>6} {:>12} {:>8} {:>14} {:>14} {:>10} {:>10} {:>11}",
+        "{:<10} {:>3} {:>4} {:>6} {:>12} {:>8} {:>14} {:>14} {:>10} {:>10} {:>11} {:>9}",
         "config",
         "t",
         "d",
@@ -398,13 +398,15 @@ fn pipeline_suite(args: &Args) -> Result<(), String> {
         "prep nodes/tx",
         "final zone",
         "final busy",
-        "final us/tx"
+        "final us/tx",
+        "cpu cores"
     );
     for r in rows.iter().chain(&sweep_rows) {
         println!(
-            "{:<10} {:>3} {:>4} {:>6} {:>12.0} {:>8.3} {:>14.1} {:>14.1} {:>10.1} {:>10.2} {:>11.2}",
+            "{:<10} {:>3} {:>4} {:>6} {:>12.0} {:>8.3} {:>14.1} {:>14.1} {:>10.1} {:>10.2} {:>11.2} {:>9.2}",
             r.config.name, r.config.t, r.config.d, r.config.group, r.tps, r.commit_rate,
-            r.final_nodes_per_txn, r.prep_nodes_per_txn, r.final_zone, r.final_busy, r.final_us_per_txn
+            r.final_nodes_per_txn, r.prep_nodes_per_txn, r.final_zone, r.final_busy, r.final_us_per_txn,
+            r.cpu_cores
         );
     }
     println!(
@@ -463,7 +465,8 @@ fn pipeline_suite(args: &Args) -> Result<(), String> {
             "final_nodes_per_txn": round2(r.final_nodes_per_txn),
             "prep_nodes_per_txn": round2(r.prep_nodes_per_txn),
             "final_zone": round2(r.final_zone), "final_busy": round2(r.final_busy),
-            "final_us_per_txn": round2(r.final_us_per_txn), "digest": r.digest,
+            "final_us_per_txn": round2(r.final_us_per_txn), "cpu_cores": round2(r.cpu_cores),
+            "digest": r.digest,
         })
     };
     if let Some(dir) = &args.plots {
