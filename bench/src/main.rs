@@ -62,6 +62,10 @@ struct Args {
     /// Measured transactions per experiment (default: 6,000 quick, 20,000 full).
     #[arg(long)]
     txns: Option<usize>,
+    /// Pipeline suite: keys loaded before the workload (default: 100,000
+    /// quick, 1,000,000 full; the large option is 10,000,000).
+    #[arg(long)]
+    keys: Option<u64>,
     /// Pipeline suite: the shortest conflict zone (snapshot lag) of a
     /// transaction (default: 300 quick, 10,000 full).
     #[arg(long)]
@@ -309,14 +313,14 @@ fn pipeline_suite(args: &Args) -> Result<(), String> {
     use melddb_bench::pipeline::{run_config, PipeConfig, PipeResult, Sizes};
     let sizes = if args.quick {
         Sizes {
-            keys: 100_000,
+            keys: args.keys.unwrap_or(100_000),
             txns: args.txns.unwrap_or(6_000),
             zone_min: args.zone_min.unwrap_or(300),
             zone: args.zone_max.unwrap_or(600),
         }
     } else {
         Sizes {
-            keys: 1_000_000,
+            keys: args.keys.unwrap_or(1_000_000),
             txns: args.txns.unwrap_or(40_000),
             // Hyder II §3.2: at its measured throughput a conflict zone
             // was typically 10K-30K transactions.
