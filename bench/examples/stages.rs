@@ -17,11 +17,11 @@ fn main() {
         keys: *a.first().unwrap_or(&100_000),
         txns: *a.get(1).unwrap_or(&6_000) as usize,
         zone_min: *a.get(2).unwrap_or(&600) / 2,
-        zone: *a.get(2).unwrap_or(&600),
+        zone_max: *a.get(2).unwrap_or(&600),
     };
     for (t, d) in [(0, 0), (2, 5)] {
         let settings = Settings {
-            max_conflict_zone: s.zone as u32 + 64,
+            max_conflict_zone: s.zone_max as u32 + 64,
             premeld_threads: t,
             premeld_distance: d,
             ..Settings::default()

@@ -316,7 +316,7 @@ fn pipeline_suite(args: &Args) -> Result<(), String> {
             keys: args.keys.unwrap_or(100_000),
             txns: args.txns.unwrap_or(6_000),
             zone_min: args.zone_min.unwrap_or(300),
-            zone: args.zone_max.unwrap_or(600),
+            zone_max: args.zone_max.unwrap_or(600),
         }
     } else {
         Sizes {
@@ -325,7 +325,7 @@ fn pipeline_suite(args: &Args) -> Result<(), String> {
             // Hyder II §3.2: at its measured throughput a conflict zone
             // was typically 10K-30K transactions.
             zone_min: args.zone_min.unwrap_or(10_000),
-            zone: args.zone_max.unwrap_or(30_000),
+            zone_max: args.zone_max.unwrap_or(30_000),
         }
     };
     let reps = if args.quick { 1 } else { 3 };
@@ -483,7 +483,7 @@ fn pipeline_suite(args: &Args) -> Result<(), String> {
             "metrics": metrics,
             "config": {
                 "quick": args.quick, "seed": args.seed, "keys": sizes.keys, "txns": sizes.txns,
-                "zone_min": sizes.zone_min, "zone": sizes.zone, "value_bytes": 100, "ops": "8 reads + 2 writes, serializable",
+                "zone_min": sizes.zone_min, "zone_max": sizes.zone_max, "value_bytes": 100, "ops": "8 reads + 2 writes, serializable",
                 "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
                 "wasm": {"native_per_s": wasm.native_per_s, "wasm_per_s": wasm.wasm_per_s, "runtime": "node WASI (wasm32-wasip1)"},
             },

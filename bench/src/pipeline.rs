@@ -19,8 +19,8 @@ pub struct Sizes {
     pub txns: usize,
     /// Shortest snapshot lag (conflict zone) of a transaction.
     pub zone_min: u64,
-    /// Longest snapshot lag; lags are uniform in `zone_min..=zone`.
-    pub zone: u64,
+    /// Longest snapshot lag; lags are uniform in `zone_min..=zone_max`.
+    pub zone_max: u64,
 }
 
 /// A pipeline configuration: premeld threads `t`, distance `d`, group meld.
@@ -109,20 +109,20 @@ pub struct Generated {
 }
 
 /// Generates the workload's log on `base` (untimed), melding as it goes
-/// so snapshots exist: `s.zone` warm-up entries, then `s.txns` measured
-/// ones. Without the warm-up the first `zone` transactions would run on
+/// so snapshots exist: `s.zone_max` warm-up entries, then `s.txns` measured
+/// ones. Without the warm-up the first `zone_max` transactions would run on
 /// snapshots clamped to the loaded state and have shorter zones.
 pub fn generate(base: &Melder, s: &Sizes, seed: u64) -> Generated {
     let group = base.settings().group_meld;
     // Group meld melds pairs: the warm-up ends on a whole pair.
-    let warm_len = (s.zone as usize).next_multiple_of(2);
+    let warm_len = (s.zone_max as usize).next_multiple_of(2);
     let mut m = base.clone();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let start = m.lcs().pos();
     let mut warm: Option<Melder> = (warm_len == 0).then(|| m.clone());
     let mut out = Vec::with_capacity(warm_len + s.txns);
     while out.len() < warm_len + s.txns {
-        let lag = rng.random_range(s.zone_min.min(s.zone)..=s.zone);
+        let lag = rng.random_range(s.zone_min.min(s.zone_max)..=s.zone_max);
         let mut sp = m.lcs().pos().saturating_sub(lag).max(start);
         if m.state_at(sp).is_none() {
             sp -= 1;
@@ -163,7 +163,7 @@ pub fn generate(base: &Melder, s: &Sizes, seed: u64) -> Generated {
 pub fn run_config(c: PipeConfig, s: &Sizes, seed: u64, reps: usize) -> Result<PipeResult, String> {
     let settings = Settings {
         // Room for the longest zone; old states are retained this long.
-        max_conflict_zone: u32::try_from(s.zone + 64).map_err(|_| "zone too long")?,
+        max_conflict_zone: u32::try_from(s.zone_max + 64).map_err(|_| "zone too long")?,
         premeld_threads: c.t,
         premeld_distance: c.d,
         group_meld: c.group,

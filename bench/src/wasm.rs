@@ -84,7 +84,7 @@ pub fn ratio(quick: bool, seed: u64) -> Result<WasmRatio, String> {
             keys: if quick { 50_000 } else { 128_000 },
             txns: if quick { 5_000 } else { 20_000 },
             zone_min: 8,
-            zone: 16,
+            zone_max: 16,
         };
         let entries = write_plain_log(&dir.join("log.bin"), Settings::default(), &sizes, seed)?;
         let n = Command::new(&native)
