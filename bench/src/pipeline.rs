@@ -113,15 +113,13 @@ pub struct Generated {
 /// ones. Without the warm-up the first `zone_max` transactions would run on
 /// snapshots clamped to the loaded state and have shorter zones.
 pub fn generate(base: &Melder, s: &Sizes, seed: u64) -> Generated {
-    let group = base.settings().group_meld;
-    // Group meld melds pairs: the warm-up ends on a whole pair.
-    let warm_len = (s.zone_max as usize).next_multiple_of(2);
     let mut m = base.clone();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let start = m.lcs().pos();
-    let mut warm: Option<Melder> = (warm_len == 0).then(|| m.clone());
-    let mut out = Vec::with_capacity(warm_len + s.txns);
-    while out.len() < warm_len + s.txns {
+    // One transaction on a snapshot `zone_min..=zone_max` entries behind
+    // the tail (clamped to the loaded state), melded so later ones can
+    // read the state after it; returns its log entry.
+    let mut next = |m: &mut Melder| loop {
         let lag = rng.random_range(s.zone_min.min(s.zone_max)..=s.zone_max);
         let mut sp = m.lcs().pos().saturating_sub(lag).max(start);
         if m.state_at(sp).is_none() {
@@ -141,21 +139,18 @@ pub fn generate(base: &Melder, s: &Sizes, seed: u64) -> Generated {
         }
         if let Ok(Finished::Intention(b)) = tx.finish() {
             m.apply(&b);
-            out.push(b);
-            if out.len() == warm_len {
-                warm = Some(m.clone());
-            }
+            return b;
         }
+    };
+    // Group meld melds pairs: the warm-up ends on a whole pair.
+    let warm_len = (s.zone_max as usize).next_multiple_of(2);
+    let warm_up: Vec<Vec<u8>> = (0..warm_len).map(|_| next(&mut m)).collect();
+    let warm = m.clone();
+    let mut log: Vec<Vec<u8>> = (0..s.txns).map(|_| next(&mut m)).collect();
+    if base.settings().group_meld && log.len() % 2 == 1 {
+        log.pop();
     }
-    if group && (out.len() - warm_len) % 2 == 1 {
-        out.pop();
-    }
-    let log = out.split_off(warm_len);
-    Generated {
-        warm: warm.unwrap_or(m),
-        warm_up: out,
-        log,
-    }
+    Generated { warm, warm_up, log }
 }
 
 /// Runs one configuration: load, generate, then meld the log end to end
