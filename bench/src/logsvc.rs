@@ -204,6 +204,7 @@ async fn open_loop(
     addr: &str,
     clients: usize,
     batch: usize,
+    record: usize,
     rate: f64,
     secs: f64,
 ) -> Result<Point, String> {
@@ -211,7 +212,7 @@ async fn open_loop(
     let mut tasks = Vec::new();
     for c in 0..clients {
         let client = Client::connect(addr).await.map_err(|e| e.to_string())?;
-        let body = bytes::Bytes::from(vec![c as u8; 1024]);
+        let body = bytes::Bytes::from(vec![c as u8; record]);
         tasks.push(tokio::spawn(async move {
             let start = Instant::now();
             // Poisson arrivals (exponential gaps, mean 1 / per): together the
@@ -259,7 +260,7 @@ async fn open_loop(
         clients,
         0,
         batch,
-        1024,
+        record,
         0.0,
     )
     .await
@@ -344,7 +345,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
             .ok_or("no append runs")?;
         let peak = best.ops_s;
         eprintln!("open loop at half of {peak:.0}/s, batches of {} ...", best.batch);
-        let half_load = open_loop(&addr, 64, best.batch, peak / 2.0, secs).await?;
+        let half_load = open_loop(&addr, 64, best.batch, 1024, peak / 2.0, secs).await?;
         let mut sizes = Vec::new();
         let size_list: &[usize] = if quick { &[256, 4096, 65536] } else { &[256, 1024, 4096, 16384, 65536] };
         let mut amp = 0.0;
@@ -399,4 +400,129 @@ pub fn run(quick: bool) -> Result<Results, String> {
             geometry: "4 data + 1 parity pages per stripe, 5 zones (directories on one disk), 256 KiB pages, fsync on".into(),
         })
     })
+}
+
+/// One load point run on its own (`log --point`), with what the service did
+/// during it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Probe {
+    /// The load point.
+    pub point: Point,
+    /// Process CPU time over wall time (client and service share it).
+    pub cpu_cores: f64,
+    /// Writer batches.
+    pub batches: u64,
+    /// fsync calls.
+    pub fsyncs: u64,
+    /// Share of the wall time the writer spent building and writing
+    /// batches.
+    pub write_share: f64,
+    /// Share of the wall time the writer waited for fsync rounds.
+    pub sync_share: f64,
+}
+
+/// A load point: `CLIENTSxDEPTHxBATCHxBYTES` (closed loop, for example
+/// `64x4x64x1024`) or `CLIENTSxBATCHxBYTES@RATE` (open loop at RATE
+/// records/s, Poisson arrivals).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PointSpec {
+    /// Clients, in flight per client, records per request, record bytes.
+    Closed(usize, usize, usize, usize),
+    /// Clients, records per request, record bytes, records/s.
+    Open(usize, usize, usize, f64),
+}
+
+impl std::str::FromStr for PointSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<PointSpec, String> {
+        let bad = || {
+            format!(
+                "bad load point {s:?}: expected CLIENTSxDEPTHxBATCHxBYTES (closed loop, e.g. 64x4x64x1024) or CLIENTSxBATCHxBYTES@RATE (open loop, e.g. 64x64x1024@90000)"
+            )
+        };
+        let (dims, rate) = match s.split_once('@') {
+            Some((d, r)) => (d, Some(r.parse::<f64>().map_err(|_| bad())?)),
+            None => (s, None),
+        };
+        let n: Vec<usize> = dims
+            .split('x')
+            .map(|v| v.parse::<usize>().map_err(|_| bad()))
+            .collect::<Result<_, _>>()?;
+        if n.contains(&0) {
+            return Err(bad());
+        }
+        match (rate, n.as_slice()) {
+            (None, &[c, d, b, r]) => Ok(PointSpec::Closed(c, d, b, r)),
+            (Some(rate), &[c, b, r]) if rate > 0.0 => Ok(PointSpec::Open(c, b, r, rate)),
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// Runs one load point for `secs` on a fresh service; progress to stderr.
+pub fn probe(spec: PointSpec, secs: f64) -> Result<Probe, String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let dir = tmp.path().join("svc");
+    rt.block_on(async {
+        let (store, running) = start(&dir).await?;
+        let addr = running.tcp.to_string();
+        let before = store.stats();
+        let cpu = cpu_time::ProcessTime::try_now().map_err(|e| format!("process CPU time: {e}"))?;
+        let wall = Instant::now();
+        eprintln!("{spec:?} for {secs} s ...");
+        let point = match spec {
+            PointSpec::Closed(c, d, b, r) => {
+                closed_loop(&addr, "load point", c, d, b, r, secs).await?
+            }
+            PointSpec::Open(c, b, r, rate) => open_loop(&addr, c, b, r, rate, secs).await?,
+        };
+        let wall = wall.elapsed().as_secs_f64();
+        let cpu_cores = cpu
+            .try_elapsed()
+            .map_err(|e| format!("process CPU time: {e}"))?
+            .as_secs_f64()
+            / wall;
+        let after = store.stats();
+        stop(store, running).await;
+        let share = |us: u64| us as f64 / 1e6 / wall;
+        Ok(Probe {
+            point,
+            cpu_cores,
+            batches: after.batches - before.batches,
+            fsyncs: after.fsyncs - before.fsyncs,
+            write_share: share(after.write_us - before.write_us),
+            sync_share: share(after.sync_us - before.sync_us),
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PointSpec;
+
+    #[test]
+    fn load_points_parse_and_bad_ones_are_refused() {
+        assert_eq!(
+            "64x4x64x1024".parse::<PointSpec>(),
+            Ok(PointSpec::Closed(64, 4, 64, 1024))
+        );
+        assert_eq!(
+            "64x64x1024@90000".parse::<PointSpec>(),
+            Ok(PointSpec::Open(64, 64, 1024, 90000.0))
+        );
+        for bad in [
+            "",
+            "64x4x64",
+            "64x4x64x1024@5",
+            "0x1x1x1",
+            "1x1x1@0",
+            "axbxcxd",
+        ] {
+            assert!(bad.parse::<PointSpec>().is_err(), "{bad:?} parsed");
+        }
+    }
 }

@@ -74,6 +74,15 @@ struct Args {
     /// the two (default: 600 quick, 30,000 full, Hyder II's range).
     #[arg(long)]
     zone_max: Option<u64>,
+    /// Log suite: run only this load point on a fresh service and print
+    /// what the writer did during it: `CLIENTSxDEPTHxBATCHxBYTES` (closed
+    /// loop, e.g. `64x4x64x1024`) or `CLIENTSxBATCHxBYTES@RATE` (open loop,
+    /// Poisson arrivals, e.g. `64x64x1024@90000`).
+    #[arg(long)]
+    point: Option<melddb_bench::logsvc::PointSpec>,
+    /// Log suite with `--point`: seconds to run it.
+    #[arg(long, default_value_t = 4.0)]
+    secs: f64,
 }
 
 fn main() {
@@ -751,6 +760,9 @@ fn embedded_replot(args: &Args) -> Result<(), String> {
 }
 
 fn log_suite(args: &Args) -> Result<(), String> {
+    if let Some(spec) = args.point {
+        return log_point(args, spec);
+    }
     let r = melddb_bench::logsvc::run(args.quick)?;
     println!(
         "{:<42} {:>5} {:>5} {:>5} {:>7} {:>11} {:>9} {:>8} {:>8}",
@@ -818,6 +830,43 @@ fn log_suite(args: &Args) -> Result<(), String> {
             "config": { "quick": args.quick, "geometry": r.geometry },
             "rows": all,
             "recovery": r.recovery,
+        });
+        write_json(path, &doc)?;
+    }
+    Ok(())
+}
+
+/// `log --point`: one load point, its figures and the writer's time split.
+fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), String> {
+    if !(args.secs > 0.0 && args.secs.is_finite()) {
+        return Err(format!(
+            "--secs must be a positive number of seconds, not {}",
+            args.secs
+        ));
+    }
+    let r = melddb_bench::logsvc::probe(spec, args.secs)?;
+    let p = &r.point;
+    println!(
+        "{:>11} {:>9} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8}",
+        "ops/s", "MiB/s", "p50 ms", "p99 ms", "cpu cores", "batches", "fsyncs", "write %", "sync %"
+    );
+    println!(
+        "{:>11.0} {:>9.1} {:>8.3} {:>8.3} {:>9.2} {:>8} {:>8} {:>8.1} {:>8.1}",
+        p.ops_s,
+        p.mib_s,
+        p.p50_ms,
+        p.p99_ms,
+        r.cpu_cores,
+        r.batches,
+        r.fsyncs,
+        100.0 * r.write_share,
+        100.0 * r.sync_share
+    );
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({
+            "suite": "log-point",
+            "config": { "point": format!("{spec:?}"), "secs": args.secs },
+            "probe": r,
         });
         write_json(path, &doc)?;
     }

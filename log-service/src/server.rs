@@ -553,7 +553,7 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
     let m = &ctx.metrics;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let mut reg = Registry::with_prefix("melddb_log");
-    let counters: [(&str, &str, u64); 16] = [
+    let counters: [(&str, &str, u64); 18] = [
         ("appends", "Acknowledged appends", s.appends),
         (
             "append_bytes",
@@ -568,6 +568,16 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
             s.bytes_written,
         ),
         ("fsyncs", "fsync calls", s.fsyncs),
+        (
+            "write_us",
+            "Microseconds the writer spent building and writing batches",
+            s.write_us,
+        ),
+        (
+            "sync_us",
+            "Microseconds the writer waited for fsync rounds",
+            s.sync_us,
+        ),
         ("reads", "Record reads", s.reads),
         (
             "pages_rebuilt",

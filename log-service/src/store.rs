@@ -82,6 +82,8 @@ pub(crate) struct Counters {
     pub stripes: AtomicU64,
     pub bytes_written: AtomicU64,
     pub fsyncs: AtomicU64,
+    pub write_us: AtomicU64,
+    pub sync_us: AtomicU64,
     pub reads: AtomicU64,
     pub pages_rebuilt: AtomicU64,
     pub segments_repaired: AtomicU64,
@@ -142,6 +144,11 @@ pub struct Stats {
     pub bytes_written: u64,
     /// fsync calls.
     pub fsyncs: u64,
+    /// Microseconds the writer spent building and writing batches (stripes,
+    /// parity, pages, end-writes), without the fsyncs.
+    pub write_us: u64,
+    /// Microseconds the writer waited for batches' fsync rounds.
+    pub sync_us: u64,
     /// Record reads.
     pub reads: u64,
     /// Pages rebuilt from parity on read.
@@ -606,6 +613,8 @@ impl Store {
             stripes: g(&c.stripes),
             bytes_written: g(&c.bytes_written),
             fsyncs: g(&c.fsyncs),
+            write_us: g(&c.write_us),
+            sync_us: g(&c.sync_us),
             reads: g(&c.reads),
             pages_rebuilt: g(&c.pages_rebuilt),
             segments_repaired: g(&c.segments_repaired),

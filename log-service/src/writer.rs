@@ -461,9 +461,15 @@ impl Writer {
         let first_seq = self.next_seq;
         let lens_before: BTreeMap<u64, u64> =
             self.segs.iter().map(|(&s, st)| (s, st.len)).collect();
-        let written = self
-            .write_batch(&pending, first_seq)
-            .and_then(|done| self.sync_dirty().map(|_| done));
+        let t0 = std::time::Instant::now();
+        let written = self.write_batch(&pending, first_seq);
+        let t1 = std::time::Instant::now();
+        let written = written.and_then(|done| self.sync_dirty().map(|_| done));
+        let c = &self.shared.counters;
+        c.write_us
+            .fetch_add((t1 - t0).as_micros() as u64, Ordering::Relaxed);
+        c.sync_us
+            .fetch_add(t1.elapsed().as_micros() as u64, Ordering::Relaxed);
         match written {
             Ok(done) => self.publish(pending, done, first_seq),
             Err(e) => {
