@@ -99,19 +99,43 @@ pub fn encode(h: &Header, body: &[u8]) -> Vec<u8> {
 /// Appends an encoded page to `out` (no intermediate buffer).
 pub fn encode_into(out: &mut Vec<u8>, h: &Header, body: &[u8]) {
     debug_assert_eq!(h.body_len as usize, body.len());
-    let start = out.len();
     out.reserve(HEADER + body.len());
+    let start = begin(out, h);
+    out.extend_from_slice(body);
+    seal(out, start);
+}
+
+/// Starts a page at the end of `out`: its header, with the CRC left blank
+/// until [`seal`]. The caller appends the `h.body_len` body bytes (or
+/// computes them in place, as the writer does for parity) and then seals.
+/// Returns where the page starts.
+pub fn begin(out: &mut Vec<u8>, h: &Header) -> usize {
+    let start = out.len();
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&[0; 4]);
     out.push(h.kind as u8);
     out.push(h.shard);
     out.push(h.k);
     out.push(h.m);
-    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&h.body_len.to_le_bytes());
     out.extend_from_slice(&h.stripe.to_le_bytes());
     out.extend_from_slice(&h.payload_len.to_le_bytes());
-    out.extend_from_slice(body);
-    let crc = crc32fast::hash(&out[start + 8..]);
+    debug_assert_eq!(out.len() - start, HEADER);
+    start
+}
+
+/// Fills in the CRC of the page that starts at `start` in `out` (begun
+/// with [`begin`], its body complete).
+pub fn seal(out: &mut [u8], start: usize) {
+    let body_len = u32::from_le_bytes([
+        out[start + 12],
+        out[start + 13],
+        out[start + 14],
+        out[start + 15],
+    ]) as usize;
+    let end = start + HEADER + body_len;
+    debug_assert!(end <= out.len());
+    let crc = crc32fast::hash(&out[start + 8..end]);
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 

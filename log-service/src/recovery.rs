@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use reed_solomon_erasure::galois_8::ReedSolomon;
 use tokio::sync::mpsc;
 
 use crate::error::{ConfigError, OpenError};
@@ -394,6 +395,16 @@ pub(crate) fn recover(
             shared.config.zones.len() + crate::config::END_WRITE_COPIES - 1,
             shared.faults.clone(),
         ),
+        rs: ReedSolomon::new(shared.config.data_shards, shared.config.parity_shards).map_err(
+            |e| {
+                OpenError::Config(ConfigError::Invalid(format!(
+                    "{} data + {} parity shards: {e}",
+                    shared.config.data_shards, shared.config.parity_shards
+                )))
+            },
+        )?,
+        page_bufs: Vec::new(),
+        payload_buf: Vec::new(),
     };
     // Forget what trim made unreachable before deciding what is missing.
     let floor = writer.live_floor();

@@ -5,7 +5,7 @@
 
 use reed_solomon_erasure::galois_8::ReedSolomon;
 
-use crate::page::Kind;
+use crate::page::{self, Kind};
 
 /// Where one stripe's pages are: one `(segment, offset)` per shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,18 +173,30 @@ pub struct RootRef<'a> {
     pub tail: &'a [u8],
 }
 
+/// Bytes of the root payload [`encode_root_refs`] makes of `entries`.
+pub fn root_payload_len(entries: &[RootRef<'_>]) -> usize {
+    4 + entries
+        .iter()
+        .map(|e| root_entry_overhead(&e.meta.log, e.fragments.len()) + e.tail.len())
+        .sum::<usize>()
+}
+
 /// Encodes a root stripe's payload; also returns where each entry's tail
 /// bytes start.
 pub fn encode_root_refs(entries: &[RootRef<'_>]) -> (Vec<u8>, Vec<u32>) {
-    let size: usize = 4 + entries
-        .iter()
-        .map(|e| root_entry_overhead(&e.meta.log, e.fragments.len()) + e.tail.len())
-        .sum::<usize>();
-    let mut out = Vec::with_capacity(size);
+    let mut out = Vec::new();
+    let offsets = encode_root_refs_into(&mut out, entries);
+    (out, offsets)
+}
+
+/// [`encode_root_refs`] into a buffer the caller reuses (cleared first).
+pub fn encode_root_refs_into(out: &mut Vec<u8>, entries: &[RootRef<'_>]) -> Vec<u32> {
+    out.clear();
+    out.reserve(root_payload_len(entries));
     let mut offsets = Vec::with_capacity(entries.len());
     out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
     for e in entries {
-        put_meta(&mut out, e.meta);
+        put_meta(out, e.meta);
         out.extend_from_slice(&(e.fragments.len() as u32).to_le_bytes());
         for f in &e.fragments {
             out.extend_from_slice(&f.to_le_bytes());
@@ -193,7 +205,7 @@ pub fn encode_root_refs(entries: &[RootRef<'_>]) -> (Vec<u8>, Vec<u32>) {
         offsets.push(out.len() as u32);
         out.extend_from_slice(e.tail);
     }
-    (out, offsets)
+    offsets
 }
 
 /// [`encode_root_refs`] for owned entries.
@@ -344,6 +356,69 @@ pub fn encode_shards(payload: &[u8], k: usize, m: usize) -> Vec<Vec<u8>> {
     shards
 }
 
+/// Appends one stripe's pages, one to each of `bufs` (`k + m` buffers in
+/// shard order, `k` and `m` from `rs`): the payload cut into `k` data
+/// shards, zero-padded, then the `m` parity shards computed from them in
+/// place, each page with its header and CRC. Unlike [`encode_shards`] plus
+/// [`crate::page::encode_into`], no shard exists outside the page buffers:
+/// the payload is copied once, and the buffers can be reused from batch to
+/// batch. Returns the shard length.
+pub fn encode_pages_into(
+    bufs: &mut [Vec<u8>],
+    rs: &ReedSolomon,
+    kind: Kind,
+    seq: u64,
+    payload: &[u8],
+) -> Result<u32, String> {
+    let (k, m) = (rs.data_shard_count(), rs.parity_shard_count());
+    if bufs.len() != k + m {
+        return Err(format!("{} page buffers for {k}+{m} shards", bufs.len()));
+    }
+    let shard_len = payload.len().div_ceil(k).max(1);
+    let too_big = || format!("a payload of {} bytes does not fit a stripe", payload.len());
+    let body_len = u32::try_from(shard_len).map_err(|_| too_big())?;
+    let payload_len = u32::try_from(payload.len()).map_err(|_| too_big())?;
+    let mut starts = Vec::with_capacity(k + m);
+    for (j, buf) in bufs.iter_mut().enumerate() {
+        let h = page::Header {
+            kind,
+            shard: j as u8,
+            k: k as u8,
+            m: m as u8,
+            body_len,
+            stripe: seq,
+            payload_len,
+        };
+        buf.reserve(page::HEADER + shard_len);
+        let start = page::begin(buf, &h);
+        if j < k {
+            let lo = (j * shard_len).min(payload.len());
+            let hi = ((j + 1) * shard_len).min(payload.len());
+            buf.extend_from_slice(&payload[lo..hi]);
+        }
+        buf.resize(start + page::HEADER + shard_len, 0);
+        starts.push(start);
+    }
+    let (data, parity) = bufs.split_at_mut(k);
+    let body = |s: usize| s + page::HEADER..s + page::HEADER + shard_len;
+    let data: Vec<&[u8]> = data
+        .iter()
+        .zip(&starts)
+        .map(|(b, &s)| &b[body(s)])
+        .collect();
+    let mut parity: Vec<&mut [u8]> = parity
+        .iter_mut()
+        .zip(&starts[k..])
+        .map(|(b, &s)| &mut b[body(s)])
+        .collect();
+    rs.encode_sep(&data, &mut parity)
+        .map_err(|e| format!("parity of stripe {seq}: {e}"))?;
+    for (buf, &s) in bufs.iter_mut().zip(&starts) {
+        page::seal(buf, s);
+    }
+    Ok(body_len)
+}
+
 /// Rebuilds every shard from the ones that survived (`None` = lost or
 /// corrupt). Fails when fewer than `k` survive.
 pub fn rebuild(
@@ -417,6 +492,40 @@ mod tests {
     }
 
     #[test]
+    fn pages_built_in_place_match_shards_then_pages() {
+        // The oracle: shards cut and encoded on their own, then each wrapped
+        // in a page. Buffers start non-empty, as a reused one would.
+        for (k, m) in [(4, 1), (2, 1), (3, 2), (1, 1)] {
+            let rs = ReedSolomon::new(k, m).unwrap();
+            for len in [0usize, 1, 2, 7, 64, 1000, 4097] {
+                let payload: Vec<u8> = (0..len as u32).map(|i| (i * 31 % 253) as u8).collect();
+                let mut bufs: Vec<Vec<u8>> = (0..k + m).map(|j| vec![j as u8; j * 3]).collect();
+                let mut want = bufs.clone();
+                let shard_len =
+                    encode_pages_into(&mut bufs, &rs, Kind::Ordered, 77, &payload).unwrap();
+                let shards = encode_shards(&payload, k, m);
+                assert_eq!(shard_len as usize, shards[0].len(), "{k}+{m}, {len} bytes");
+                for (j, shard) in shards.iter().enumerate() {
+                    let h = page::Header {
+                        kind: Kind::Ordered,
+                        shard: j as u8,
+                        k: k as u8,
+                        m: m as u8,
+                        body_len: shard.len() as u32,
+                        stripe: 77,
+                        payload_len: len as u32,
+                    };
+                    page::encode_into(&mut want[j], &h, shard);
+                }
+                assert_eq!(bufs, want, "{k}+{m}, {len} bytes");
+            }
+        }
+        let rs = ReedSolomon::new(4, 1).unwrap();
+        let mut three = vec![Vec::new(); 3];
+        assert!(encode_pages_into(&mut three, &rs, Kind::Ordered, 1, b"x").is_err());
+    }
+
+    #[test]
     fn records_round_trip_and_truncations_are_rejected() {
         let meta = EntryMeta {
             log: "orders".into(),
@@ -434,6 +543,15 @@ mod tests {
         }];
         let (enc, offsets) = encode_root(&roots);
         assert_eq!(&enc[offsets[0] as usize..], b"tail");
+        let refs = [RootRef {
+            meta: &roots[0].meta,
+            fragments: vec![5, 6],
+            tail: b"tail",
+        }];
+        assert_eq!(root_payload_len(&refs), enc.len());
+        let mut reused = vec![1, 2, 3];
+        assert_eq!(encode_root_refs_into(&mut reused, &refs), offsets);
+        assert_eq!(reused, enc);
         assert_eq!(decode_root(&enc).unwrap(), roots);
         for cut in 0..enc.len() {
             assert!(decode_root(&enc[..cut]).is_err());
