@@ -4,7 +4,7 @@
 //! rebuild the index and the request-id table, slide the windows back
 //! into place, and rebuild segment files that are missing or damaged.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fs::File;
 use std::io::{BufReader, Read, Seek};
 use std::path::Path;
@@ -22,6 +22,10 @@ use crate::store::{Loc, LogIndex, RecoveryReport, Shared};
 use crate::stripe::{self, EndWrite};
 use crate::syncpool::SyncPool;
 use crate::writer::{Cmd, SegState, Writer};
+
+/// Batches the writer may have on disk unacknowledged at a crash: one
+/// whose fsync round was running and the one written meanwhile.
+const UNSYNCED_BATCHES: usize = 2;
 
 /// What a segment scan found.
 #[derive(Debug, Default)]
@@ -156,6 +160,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> OpenError + '_ {
 pub(crate) fn recover(
     shared: Arc<Shared>,
     rx: mpsc::Receiver<Cmd>,
+    wake: mpsc::WeakSender<Cmd>,
 ) -> Result<(Writer, RecoveryReport), OpenError> {
     let t0 = Instant::now();
     let config = shared.config.clone();
@@ -249,23 +254,29 @@ pub(crate) fn recover(
             meta.discarded.push((h, max_present));
         }
     }
-    // Pages and end-writes of a batch share one fsync round, so the last
-    // batch's end-writes may have reached the disk without all its pages:
-    // every stripe of it must still be readable (k good pages), or none of
-    // it counts (none of it was acknowledged).
-    if let Some(last) = copies.values().map(|ew| ew.batch_seq).max() {
-        let broken = copies
-            .range(last..)
-            .any(|(_, ew)| crate::store::valid_pages(&shared, &ew.stripe) < ew.stripe.k as usize);
+    // Pages and end-writes of a batch share one fsync round, and the
+    // writer writes the next batch while that round runs, so the last two
+    // batches' end-writes may have reached the disk without all their
+    // pages. Every stripe of such a batch must still be readable (k good
+    // pages), or that batch and the one after it are dropped: neither was
+    // acknowledged. Only a batch's own stripes decide: the batch before the
+    // last may have been acknowledged while the last one was torn.
+    let batches: BTreeSet<u64> = copies.values().map(|ew| ew.batch_seq).collect();
+    for &batch in batches.iter().rev().take(UNSYNCED_BATCHES).rev() {
+        let broken = copies.range(batch..).any(|(_, ew)| {
+            ew.batch_seq == batch
+                && crate::store::valid_pages(&shared, &ew.stripe) < ew.stripe.k as usize
+        });
         if broken {
-            let dropped = copies.split_off(&last);
+            let dropped = copies.split_off(&batch);
             tracing::warn!(
-                from = last,
+                from = batch,
                 count = dropped.len(),
-                "dropping the last batch: a stripe of it is incomplete"
+                "dropping an unacknowledged batch (and any after it): a stripe of it is incomplete"
             );
             report.dropped_stripes += dropped.len() as u64;
-            meta.discarded.push((last, max_present));
+            meta.discarded.push((batch, max_present));
+            break;
         }
     }
     let discarded_max = meta.discarded.iter().map(|d| d.1).max().unwrap_or(0);
@@ -392,7 +403,7 @@ pub(crate) fn recover(
         // A round syncs at most one segment per zone plus the end-write
         // segments; the writer's thread takes one of them itself.
         syncer: SyncPool::new(
-            shared.config.zones.len() + crate::config::END_WRITE_COPIES - 1,
+            shared.config.zones.len() + crate::config::END_WRITE_COPIES,
             shared.faults.clone(),
         ),
         rs: ReedSolomon::new(shared.config.data_shards, shared.config.parity_shards).map_err(
@@ -405,6 +416,8 @@ pub(crate) fn recover(
         )?,
         page_bufs: Vec::new(),
         payload_buf: Vec::new(),
+        inflight: None,
+        wake,
     };
     // Forget what trim made unreachable before deciding what is missing.
     let floor = writer.live_floor();

@@ -53,6 +53,8 @@ pub struct Faults {
     delay_us: AtomicU64,
     /// Fail every fsync while set.
     fail_sync: AtomicBool,
+    /// Delay added to every fsync, in microseconds.
+    sync_delay_us: AtomicU64,
 }
 
 impl Faults {
@@ -71,6 +73,12 @@ impl Faults {
     /// Every write sleeps this long first.
     pub fn slow_writes(&self, delay: Duration) {
         self.delay_us
+            .store(delay.as_micros() as u64, Ordering::SeqCst);
+    }
+    /// Every fsync sleeps this long first (a slow device: the next batch is
+    /// written while it runs).
+    pub fn slow_syncs(&self, delay: Duration) {
+        self.sync_delay_us
             .store(delay.as_micros() as u64, Ordering::SeqCst);
     }
     /// Make fsync fail (or stop failing).
@@ -100,6 +108,10 @@ impl Faults {
 
     /// fsyncs `file` unless syncs are set to fail.
     pub fn sync(&self, file: &File) -> io::Result<()> {
+        let d = self.sync_delay_us.load(Ordering::Relaxed);
+        if d > 0 {
+            std::thread::sleep(Duration::from_micros(d));
+        }
         if self.fail_sync.load(Ordering::SeqCst) {
             return Err(io::Error::other("injected fsync fault"));
         }

@@ -223,7 +223,7 @@ impl Store {
             stopping: Default::default(),
         });
         let (tx, rx) = mpsc::channel(config.limits.append_queue);
-        let (writer, report) = crate::recovery::recover(shared.clone(), rx)?;
+        let (writer, report) = crate::recovery::recover(shared.clone(), rx, tx.downgrade())?;
         let handle = std::thread::Builder::new()
             .name("melddb-log-writer".into())
             .spawn(move || writer.run())

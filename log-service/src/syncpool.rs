@@ -5,20 +5,44 @@
 //! The threads live as long as the writer. Spawning them for every round
 //! (what the writer did first) cost a thread creation and a join per
 //! segment per batch, on the critical path of every acknowledgement.
+//!
+//! A round is started and waited for separately: the writer writes the
+//! next batch while the helpers sync the one before.
 
 use std::fs::File;
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
 use crate::segment::Faults;
 
+/// Called once when every file of a round is synced.
+pub(crate) type OnDone = Arc<dyn Fn() + Send + Sync>;
+
 /// One fsync asked of a helper, answered on `done` with its index.
 struct Job {
     index: usize,
     file: Arc<File>,
     done: Sender<(usize, io::Result<()>)>,
+    countdown: Countdown,
+}
+
+/// Files of a round not yet synced, plus one held by `start` until every
+/// job is handed out; whoever takes it to zero calls `on_done`.
+#[derive(Clone)]
+struct Countdown {
+    left: Arc<AtomicUsize>,
+    on_done: OnDone,
+}
+
+impl Countdown {
+    fn tick(&self) {
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            (self.on_done)();
+        }
+    }
 }
 
 /// Long-lived fsync threads.
@@ -58,39 +82,63 @@ impl SyncPool {
         }
     }
 
-    /// fsyncs every file, in parallel where there are helpers (the first
-    /// one on the caller's thread), and returns each result in order.
-    pub(crate) fn sync_all(&self, files: &[Arc<File>]) -> Vec<io::Result<()>> {
+    /// Hands every file to the helpers and returns at once; the round's
+    /// results come from [`Round::wait`], and `on_done` is called (on a
+    /// helper, or here) once they are all in. Where there is no helper (or
+    /// it is gone) the file is synced here, before returning.
+    pub(crate) fn start(&self, files: &[Arc<File>], on_done: OnDone) -> Round {
         let mut results: Vec<Option<io::Result<()>>> = files.iter().map(|_| None).collect();
         let (done_tx, done_rx) = channel();
+        let countdown = Countdown {
+            left: Arc::new(AtomicUsize::new(files.len() + 1)),
+            on_done,
+        };
         let mut asked = 0usize;
-        for (index, file) in files.iter().enumerate().skip(1) {
+        for (index, file) in files.iter().enumerate() {
             let job = Job {
                 index,
                 file: file.clone(),
                 done: done_tx.clone(),
+                countdown: countdown.clone(),
             };
-            let sent = match self.workers.get((index - 1) % self.workers.len().max(1)) {
+            let sent = match self.workers.get(index % self.workers.len().max(1)) {
                 Some(w) => w.send(job).map_err(|e| e.0),
                 None => Err(job),
             };
             match sent {
                 Ok(()) => asked += 1,
-                // No helper (or it is gone): sync here.
-                Err(job) => results[job.index] = Some(self.faults.sync(&job.file)),
+                Err(job) => {
+                    results[job.index] = Some(self.faults.sync(&job.file));
+                    countdown.tick();
+                }
             }
         }
-        drop(done_tx);
-        if let Some(first) = files.first() {
-            results[0] = Some(self.faults.sync(first));
+        countdown.tick();
+        Round {
+            results,
+            asked,
+            done: done_rx,
         }
-        for _ in 0..asked {
-            match done_rx.recv() {
-                Ok((i, r)) => results[i] = Some(r),
+    }
+}
+
+/// An fsync round under way on the helpers.
+pub(crate) struct Round {
+    results: Vec<Option<io::Result<()>>>,
+    asked: usize,
+    done: Receiver<(usize, io::Result<()>)>,
+}
+
+impl Round {
+    /// Waits for every file of the round; results in the order given.
+    pub(crate) fn wait(mut self) -> Vec<io::Result<()>> {
+        for _ in 0..self.asked {
+            match self.done.recv() {
+                Ok((i, r)) => self.results[i] = Some(r),
                 Err(_) => break,
             }
         }
-        results
+        self.results
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err(io::Error::other("an fsync helper thread stopped"))))
             .collect()
@@ -101,6 +149,7 @@ fn work(rx: &Receiver<Job>, faults: &Faults) {
     for job in rx {
         // A send error means the writer stopped waiting: nobody to tell.
         let _ = job.done.send((job.index, faults.sync(&job.file)));
+        job.countdown.tick();
     }
 }
 
@@ -131,9 +180,25 @@ mod tests {
             let pool = SyncPool::new(helpers, Arc::new(Faults::none()));
             for n in [0, 1, 2, 5, 9] {
                 let (_dir, files) = temp_files(n);
-                let r = pool.sync_all(&files);
+                let calls = Arc::new(AtomicUsize::new(0));
+                let c = calls.clone();
+                let on_done: OnDone = Arc::new(move || {
+                    c.fetch_add(1, Ordering::SeqCst);
+                });
+                let r = pool.start(&files, on_done).wait();
                 assert_eq!(r.len(), n, "{helpers} helpers, {n} files");
                 assert!(r.iter().all(|r| r.is_ok()), "{helpers} helpers, {n} files");
+                // The last helper calls back just after sending its result.
+                let t = std::time::Instant::now();
+                while calls.load(Ordering::SeqCst) == 0 && t.elapsed().as_secs() < 5 {
+                    std::thread::yield_now();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                assert_eq!(
+                    calls.load(Ordering::SeqCst),
+                    1,
+                    "{helpers} helpers, {n} files"
+                );
             }
         }
     }
@@ -144,10 +209,14 @@ mod tests {
         let pool = SyncPool::new(3, faults.clone());
         let (_dir, files) = temp_files(6);
         faults.fail_syncs(true);
-        let r = pool.sync_all(&files);
+        let r = pool.start(&files, Arc::new(|| {})).wait();
         assert_eq!(r.len(), 6);
         assert!(r.iter().all(|r| r.is_err()));
         faults.fail_syncs(false);
-        assert!(pool.sync_all(&files).iter().all(|r| r.is_ok()));
+        assert!(pool
+            .start(&files, Arc::new(|| {}))
+            .wait()
+            .iter()
+            .all(|r| r.is_ok()));
     }
 }

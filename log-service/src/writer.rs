@@ -1,8 +1,11 @@
 //! The single writer thread: it sequences appends into positions, packs
-//! them into stripes, writes the pages to the current window of segments,
-//! fsyncs, writes the end-write records to three segments, fsyncs, and
-//! only then acknowledges. It also owns the sliding windows (§2.3),
-//! trim, and segment repair, so nothing else ever writes a segment.
+//! them into stripes, writes the pages to the current window of segments
+//! and the end-write records to three segments, fsyncs all of them in one
+//! round, and only then acknowledges. The round runs on helper threads
+//! while the writer writes the next batch, so at most two batches are
+//! unacknowledged at once (recovery checks the last two). It also owns the
+//! sliding windows (§2.3), trim, and segment repair, so nothing else ever
+//! writes a segment.
 //!
 //! Windows: with base `b` and `n = k + m` pages per stripe, segments
 //! `b..b+3` take end-writes (class 3), the next `n` root stripes (class 2)
@@ -27,7 +30,7 @@ use crate::page::{self, class, Header, Kind, HEADER};
 use crate::segment;
 use crate::store::{Loc, LogIndex, Shared};
 use crate::stripe::{self, EndWrite, EntryMeta, RootRef, StripeRef};
-use crate::syncpool::SyncPool;
+use crate::syncpool::{OnDone, Round, SyncPool};
 use reed_solomon_erasure::galois_8::ReedSolomon;
 
 /// One append waiting for the writer.
@@ -57,6 +60,9 @@ pub(crate) enum Cmd {
         reply: oneshot::Sender<Result<(), String>>,
     },
     Barrier(oneshot::Sender<()>),
+    /// The fsync round of the in-flight batch starting at this stripe
+    /// ended (sent by the fsync helpers; stale ones are ignored).
+    Synced(u64),
     Segments(oneshot::Sender<Vec<SegmentInfo>>),
     Shutdown,
 }
@@ -121,6 +127,23 @@ impl Body<'_> {
     }
 }
 
+/// A batch written to its segments whose fsync round is under way. The
+/// writer writes the next batch meanwhile; this one is answered when its
+/// round ends (recovery therefore checks the last two batches).
+pub(crate) struct InFlight {
+    pending: Vec<Pending>,
+    ews: Vec<EndWrite>,
+    first_seq: u64,
+    /// Segment lengths before the batch, for a roll back.
+    lens_before: BTreeMap<u64, u64>,
+    /// The segments being synced and the round; `None` without fsync.
+    round: Option<(Vec<u64>, Round)>,
+    /// Request ids in the batch, to their index in `pending`.
+    keys: HashMap<(u64, u64), usize>,
+    /// Each log's tail after the batch.
+    tails: HashMap<String, u64>,
+}
+
 /// Page buffers larger than this are not kept between groups.
 const KEEP_BUFFER_BYTES: usize = 32 << 20;
 
@@ -154,6 +177,11 @@ pub(crate) struct Writer {
     pub page_bufs: Vec<Vec<u8>>,
     /// The root payload being encoded, reused.
     pub payload_buf: Vec<u8>,
+    /// The batch whose fsync round is under way, if any.
+    pub inflight: Option<InFlight>,
+    /// The writer's own queue, for the fsync helpers' wake-ups (weak: the
+    /// queue still closes when the store is dropped).
+    pub wake: mpsc::WeakSender<Cmd>,
 }
 
 /// A segment the writer's own bookkeeping says is open is not: a bug, but
@@ -348,11 +376,22 @@ impl Writer {
         loop {
             let cmd = match queue.pop_front() {
                 Some(c) => c,
+                // While a batch syncs, the next command is either appends
+                // (written at once, next to the round) or the round's end.
                 None => match self.rx.blocking_recv() {
                     Some(c) => c,
-                    None => return,
+                    None => {
+                        self.finish_inflight();
+                        return;
+                    }
                 },
             };
+            if !matches!(cmd, Cmd::Append(_) | Cmd::AppendMany(_) | Cmd::Synced(_)) {
+                // Everything but an append sees the in-flight batch done:
+                // trim records the stable point, repair rewrites segments,
+                // a barrier promises that earlier appends are answered.
+                self.finish_inflight();
+            }
             match cmd {
                 Cmd::Append(a) => self.gather_and_append(vec![a], &mut queue),
                 Cmd::AppendMany(v) => self.gather_and_append(v, &mut queue),
@@ -384,6 +423,11 @@ impl Writer {
                             .collect(),
                     );
                 }
+                Cmd::Synced(seq) => {
+                    if self.inflight.as_ref().is_some_and(|f| f.first_seq == seq) {
+                        self.finish_inflight();
+                    }
+                }
                 Cmd::Shutdown => {}
             }
             if self.shared.stopping.load(Ordering::SeqCst) && queue.is_empty() {
@@ -392,6 +436,7 @@ impl Writer {
                     queue.push_back(c);
                 }
                 if queue.is_empty() {
+                    self.finish_inflight();
                     return;
                 }
             }
@@ -414,6 +459,9 @@ impl Writer {
                     bytes += v.iter().map(|a| a.bytes.len()).sum::<usize>();
                     batch.extend(v);
                 }
+                // This batch finishes the in-flight one after it is written
+                // anyway.
+                Ok(Cmd::Synced(_)) => {}
                 Ok(other) => queue.push_back(other),
                 Err(_) => break,
             }
@@ -439,8 +487,8 @@ impl Writer {
             }
             return;
         }
-        let mut pending: Vec<Pending> = Vec::new();
-        let mut in_batch: HashMap<(u64, u64), usize> = HashMap::new();
+        let mut pending: Vec<Pending> = Vec::with_capacity(reqs.len());
+        let mut in_batch: HashMap<(u64, u64), usize> = HashMap::with_capacity(reqs.len());
         let mut tails: HashMap<String, u64> = HashMap::new();
         for r in reqs {
             let key = (r.client, r.request);
@@ -448,6 +496,14 @@ impl Writer {
                 if let Some(&pos) = self.dedup.get(&key) {
                     let _ = r.reply.send(Ok(pos));
                     continue;
+                }
+                // A retry of an append in the batch still syncing: answered
+                // with it.
+                if let Some(f) = &mut self.inflight {
+                    if let Some(&i) = f.keys.get(&key) {
+                        f.pending[i].replies.push(r.reply);
+                        continue;
+                    }
                 }
                 if let Some(&i) = in_batch.get(&key) {
                     pending[i].replies.push(r.reply);
@@ -458,7 +514,11 @@ impl Writer {
             let tail = match tails.get_mut(&r.log) {
                 Some(t) => t,
                 None => {
-                    let t = self.tail_of(&r.log);
+                    // After the in-flight batch's records, if it has any.
+                    let t = match self.inflight.as_ref().and_then(|f| f.tails.get(&r.log)) {
+                        Some(&t) => t,
+                        None => self.tail_of(&r.log),
+                    };
                     tails.entry(r.log.clone()).or_insert(t)
                 }
             };
@@ -486,31 +546,91 @@ impl Writer {
             self.segs.iter().map(|(&s, st)| (s, st.len)).collect();
         let t0 = std::time::Instant::now();
         let written = self.write_batch(&pending, first_seq);
-        let t1 = std::time::Instant::now();
-        let written = written.and_then(|done| self.sync_dirty().map(|_| done));
-        let c = &self.shared.counters;
-        c.write_us
-            .fetch_add((t1 - t0).as_micros() as u64, Ordering::Relaxed);
-        c.sync_us
-            .fetch_add(t1.elapsed().as_micros() as u64, Ordering::Relaxed);
-        match written {
-            Ok(done) => self.publish(pending, done, first_seq),
+        self.shared
+            .counters
+            .write_us
+            .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+        // The batch before this one was syncing while this one was
+        // written: it is answered (or failed) first, in log order.
+        let before_ok = self.finish_inflight();
+        let round = if !before_ok {
+            // The failed batch before was rolled back together with this
+            // one's writes (everything after its start).
+            Err(StoreError::WriteFailed(
+                "the batch before this one failed to reach the disk; this one was rolled back with it".into(),
+            ))
+        } else {
+            written.and_then(|ews| self.start_sync(Some(first_seq)).map(|round| (ews, round)))
+        };
+        match round {
+            Ok((ews, None)) => self.publish(pending, ews, first_seq),
+            Ok((ews, round)) => {
+                self.inflight = Some(InFlight {
+                    pending,
+                    ews,
+                    first_seq,
+                    lens_before,
+                    round,
+                    keys: in_batch,
+                    tails,
+                });
+            }
             Err(e) => {
-                self.shared
-                    .counters
-                    .write_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %e, "append batch failed; rolling back");
-                self.roll_back(&lens_before, first_seq);
-                let err = match e {
-                    StoreError::Full(_) => e,
-                    other => StoreError::WriteFailed(other.to_string()),
-                };
-                for p in pending {
-                    for r in p.replies {
-                        let _ = r.send(Err(err.clone()));
-                    }
+                if before_ok {
+                    self.roll_back(&lens_before, first_seq);
                 }
+                self.fail(pending, e);
+            }
+        }
+    }
+
+    /// Waits for the in-flight batch's fsync round, then answers its
+    /// appends, or rolls it back (with anything written after it) and
+    /// fails them. Returns whether it reached the disk (true when there was
+    /// none).
+    fn finish_inflight(&mut self) -> bool {
+        let Some(f) = self.inflight.take() else {
+            return true;
+        };
+        let t = std::time::Instant::now();
+        let synced = match f.round {
+            None => Ok(()),
+            Some((segs, round)) => segs.into_iter().zip(round.wait()).try_for_each(|(seg, r)| {
+                r.map_err(|e| StoreError::WriteFailed(format!("fsync segment {seg}: {e}")))
+            }),
+        };
+        self.shared
+            .counters
+            .sync_us
+            .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+        match synced {
+            Ok(()) => {
+                self.publish(f.pending, f.ews, f.first_seq);
+                true
+            }
+            Err(e) => {
+                self.roll_back(&f.lens_before, f.first_seq);
+                self.fail(f.pending, e);
+                false
+            }
+        }
+    }
+
+    /// Answers a batch that did not reach the disk (its writes are rolled
+    /// back) with the error.
+    fn fail(&mut self, pending: Vec<Pending>, e: StoreError) {
+        self.shared
+            .counters
+            .write_failures
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(error = %e, "append batch failed; rolled back");
+        let err = match e {
+            StoreError::Full(_) => e,
+            other => StoreError::WriteFailed(other.to_string()),
+        };
+        for p in pending {
+            for r in p.replies {
+                let _ = r.send(Err(err.clone()));
             }
         }
     }
@@ -844,9 +964,22 @@ impl Writer {
     /// fsyncs every segment written since the last round, in parallel
     /// (they are independent devices in a real deployment).
     fn sync_dirty(&mut self) -> Result<(), StoreError> {
+        match self.start_sync(None)? {
+            None => Ok(()),
+            Some((segs, round)) => segs.into_iter().zip(round.wait()).try_for_each(|(seg, r)| {
+                r.map_err(|e| StoreError::WriteFailed(format!("fsync segment {seg}: {e}")))
+            }),
+        }
+    }
+
+    /// Starts the fsync round of every segment written since the last one,
+    /// on the helpers; `None` when there is nothing to sync (or fsync is
+    /// off). With `wake`, the round's end is sent to the writer's own queue
+    /// as `Cmd::Synced(wake)`, so an idle writer answers the batch at once.
+    fn start_sync(&mut self, wake: Option<u64>) -> Result<Option<(Vec<u64>, Round)>, StoreError> {
         let dirty = std::mem::take(&mut self.dirty);
         if !self.shared.config.fsync || dirty.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let (segs, files): (Vec<u64>, Vec<Arc<File>>) = dirty
             .iter()
@@ -856,11 +989,20 @@ impl Writer {
             .counters
             .fsyncs
             .fetch_add(files.len() as u64, Ordering::Relaxed);
-        let results = segs.into_iter().zip(self.syncer.sync_all(&files));
-        for (seg, r) in results {
-            r.map_err(|e| StoreError::WriteFailed(format!("fsync segment {seg}: {e}")))?;
-        }
-        Ok(())
+        let on_done: OnDone = match wake {
+            Some(seq) => {
+                let tx = self.wake.clone();
+                Arc::new(move || {
+                    // Full means commands are queued: handling any of them
+                    // finishes the round, so the wake-up is not needed.
+                    if let Some(tx) = tx.upgrade() {
+                        let _ = tx.try_send(Cmd::Synced(seq));
+                    }
+                })
+            }
+            None => Arc::new(|| {}),
+        };
+        Ok(Some((segs, self.syncer.start(&files, on_done))))
     }
 
     /// The batch is durable: index it, remember its request ids, answer,

@@ -615,3 +615,162 @@ fn a_corrupt_length_in_a_header_is_damage_not_a_torn_tail() {
     check(&store, &model);
     assert_eq!(store.scrub_blocking().bad_pages, 0);
 }
+
+/// Zeroes what the batch between the lengths `from` and `to` wrote to
+/// segments 3 and 4 (two of the three pages of its stripe), as if those
+/// writes never reached the disk. Inside the zero-filled space, a write
+/// that never happened reads back as zeros.
+fn lose_pages(dir: &Path, from: &[u64], to: &[u64]) {
+    use std::os::unix::fs::FileExt;
+    let files = seg_files(dir);
+    for i in [3usize, 4] {
+        assert!(to[i] > from[i], "the batch wrote to segment {i}");
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&files[i])
+            .unwrap();
+        f.write_all_at(&vec![0u8; (to[i] - from[i]) as usize], from[i])
+            .unwrap();
+    }
+}
+
+#[test]
+fn of_the_last_two_batches_a_torn_one_is_dropped_with_what_follows_it() {
+    // The writer writes a batch while the one before it syncs, so the last
+    // two batches can both be torn at a crash. Batches A then B (five
+    // records each, one root stripe each) after 20 single appends.
+    for torn in ["A", "B"] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = small_config(dir.path());
+        cfg.segment_bytes = 1 << 20;
+        let store = Store::open(cfg.clone()).unwrap();
+        for i in 0..20u64 {
+            store
+                .append_blocking("b", 0, 0, vec![i as u8; 100])
+                .unwrap();
+        }
+        let lens = || -> Vec<u64> { seg_files(dir.path()).iter().map(|f| data_len(f)).collect() };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let batch = |first: u8| -> Vec<bytes::Bytes> {
+            (0..5).map(|i| vec![first + i; 300].into()).collect()
+        };
+        let l0 = lens();
+        let a = rt
+            .block_on(store.append_many("b", 0, 0, batch(0xa0)))
+            .unwrap();
+        let l1 = lens();
+        let b = rt
+            .block_on(store.append_many("b", 0, 0, batch(0xb0)))
+            .unwrap();
+        let l2 = lens();
+        assert_eq!((a[0], b[0]), (20, 25));
+        drop(store);
+        if torn == "A" {
+            lose_pages(dir.path(), &l0, &l1);
+        } else {
+            lose_pages(dir.path(), &l1, &l2);
+        }
+        let store = Store::open(cfg.clone()).unwrap();
+        assert!(
+            store.recovery().dropped_stripes >= 1,
+            "{torn}: {:?}",
+            store.recovery()
+        );
+        // A torn A takes B with it (neither was acknowledged); a torn B
+        // leaves A, which may have been acknowledged before B was written.
+        let tail = if torn == "A" { 20 } else { 25 };
+        assert_eq!(store.bounds("b"), (0, tail), "torn {torn}");
+        for i in 0..20u64 {
+            assert_eq!(&store.read("b", i).unwrap()[..], &vec![i as u8; 100][..]);
+        }
+        for pos in 20..tail {
+            let want = vec![0xa0 + (pos - 20) as u8; 300];
+            assert_eq!(&store.read("b", pos).unwrap()[..], &want[..], "torn {torn}");
+        }
+        assert_eq!(
+            store.append_blocking("b", 0, 0, b"after".to_vec()).unwrap(),
+            tail
+        );
+        drop(store);
+        let store = Store::open(cfg).unwrap();
+        assert_eq!(store.bounds("b"), (0, tail + 1), "torn {torn}, reopened");
+        assert_eq!(&store.read("b", tail).unwrap()[..], b"after");
+    }
+}
+
+#[test]
+fn appends_arriving_while_a_batch_syncs_get_the_next_positions_and_retries_join_it() {
+    // Slow fsyncs hold each batch in flight while the writer takes the next
+    // one: positions must continue after the syncing batch, a retry of a
+    // request in it must be answered with it (not appended again), and a
+    // failed round must fail the batch written after it too.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = small_config(dir.path());
+    let faults = Arc::new(Faults::none());
+    let store = Arc::new(Store::open_with_faults(cfg.clone(), faults.clone()).unwrap());
+    let hold = std::time::Duration::from_millis(400);
+    let later = std::time::Duration::from_millis(150);
+    let append = |client: u64, request: u64, body: &'static [u8]| {
+        let store = store.clone();
+        std::thread::spawn(move || store.append_blocking("p", client, request, body.to_vec()))
+    };
+    faults.slow_syncs(hold);
+    let first = append(7, 1, b"first");
+    std::thread::sleep(later);
+    let retry = append(7, 1, b"first");
+    let second = append(7, 2, b"second");
+    let anonymous = append(0, 0, b"third");
+    let first = first.join().unwrap().unwrap();
+    assert_eq!(first, 0);
+    assert_eq!(
+        retry.join().unwrap().unwrap(),
+        0,
+        "the retry joined the syncing batch"
+    );
+    let mut rest = [
+        second.join().unwrap().unwrap(),
+        anonymous.join().unwrap().unwrap(),
+    ];
+    rest.sort();
+    assert_eq!(rest, [1, 2], "positions continue after the syncing batch");
+    assert_eq!(store.bounds("p"), (0, 3));
+
+    // A round that fails: the batch written while it ran fails with it.
+    faults.fail_syncs(true);
+    let doomed = append(7, 3, b"doomed");
+    std::thread::sleep(later);
+    let behind = append(7, 4, b"behind");
+    assert!(matches!(
+        doomed.join().unwrap(),
+        Err(StoreError::WriteFailed(_))
+    ));
+    assert!(matches!(
+        behind.join().unwrap(),
+        Err(StoreError::WriteFailed(_))
+    ));
+    faults.fail_syncs(false);
+    faults.slow_syncs(std::time::Duration::ZERO);
+    assert_eq!(
+        store
+            .append_blocking("p", 7, 4, b"behind".to_vec())
+            .unwrap(),
+        3
+    );
+    assert_eq!(store.bounds("p"), (0, 4));
+    let want: [&[u8]; 4] = [b"first", b"second", b"third", b"behind"];
+    let check = |s: &Store| {
+        let got: Vec<Vec<u8>> = (0..4).map(|i| s.read("p", i).unwrap().to_vec()).collect();
+        let mut sorted_mid = [got[1].clone(), got[2].clone()];
+        sorted_mid.sort();
+        assert_eq!(got[0], want[0]);
+        assert_eq!(sorted_mid, [want[1].to_vec(), want[2].to_vec()]);
+        assert_eq!(got[3], want[3]);
+    };
+    check(&store);
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    assert_eq!(store.bounds("p"), (0, 4));
+    check(&store);
+}
