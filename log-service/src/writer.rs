@@ -625,7 +625,7 @@ impl Writer {
             .fetch_add(1, Ordering::Relaxed);
         tracing::warn!(error = %e, "append batch failed; rolled back");
         let err = match e {
-            StoreError::Full(_) => e,
+            StoreError::Full(_) | StoreError::WriteFailed(_) => e,
             other => StoreError::WriteFailed(other.to_string()),
         };
         for p in pending {

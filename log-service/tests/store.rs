@@ -742,14 +742,12 @@ fn appends_arriving_while_a_batch_syncs_get_the_next_positions_and_retries_join_
     let doomed = append(7, 3, b"doomed");
     std::thread::sleep(later);
     let behind = append(7, 4, b"behind");
-    assert!(matches!(
-        doomed.join().unwrap(),
-        Err(StoreError::WriteFailed(_))
-    ));
-    assert!(matches!(
-        behind.join().unwrap(),
-        Err(StoreError::WriteFailed(_))
-    ));
+    for r in [doomed.join().unwrap(), behind.join().unwrap()] {
+        let e = r.expect_err("a failed round acknowledges nothing");
+        assert!(matches!(e, StoreError::WriteFailed(_)), "{e}");
+        // One prefix, not the error wrapped in itself.
+        assert_eq!(e.to_string().matches("write failed").count(), 1, "{e}");
+    }
     faults.fail_syncs(false);
     faults.slow_syncs(std::time::Duration::ZERO);
     assert_eq!(
