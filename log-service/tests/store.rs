@@ -515,10 +515,10 @@ fn bad_arguments_are_typed_errors() {
     assert!(Store::open(bad).is_err());
 }
 
-#[test]
-fn a_last_batch_whose_pages_did_not_reach_the_disk_is_dropped_whole() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = small_config(dir.path());
+/// A store in `dir` with 20 single appends of 100 bytes to log "b", each
+/// its own batch.
+fn twenty_appends(dir: &Path) -> (Config, Store) {
+    let mut cfg = small_config(dir);
     cfg.segment_bytes = 1 << 20;
     let store = Store::open(cfg.clone()).unwrap();
     for i in 0..20u64 {
@@ -526,7 +526,19 @@ fn a_last_batch_whose_pages_did_not_reach_the_disk_is_dropped_whole() {
             .append_blocking("b", 0, 0, vec![i as u8; 100])
             .unwrap();
     }
-    let len_before: Vec<u64> = seg_files(dir.path()).iter().map(|f| data_len(f)).collect();
+    (cfg, store)
+}
+
+/// Where each segment's pages end.
+fn data_lens(dir: &Path) -> Vec<u64> {
+    seg_files(dir).iter().map(|f| data_len(f)).collect()
+}
+
+#[test]
+fn a_last_batch_whose_pages_did_not_reach_the_disk_is_dropped_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, store) = twenty_appends(dir.path());
+    let len_before = data_lens(dir.path());
     // One batch of five records: one root stripe, end-writes on 0,1,2.
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -540,23 +552,11 @@ fn a_last_batch_whose_pages_did_not_reach_the_disk_is_dropped_whole() {
         ))
         .unwrap();
     assert_eq!(pos, vec![20, 21, 22, 23, 24]);
+    let len_after = data_lens(dir.path());
     drop(store);
     // As if the machine died with the end-writes on disk but two of the
-    // three pages of the stripe not: cut segments 3 and 4 back.
-    let files = seg_files(dir.path());
-    // (Inside the zero-filled space, a write that never reached the disk
-    // reads back as zeros.)
-    for i in [3usize, 4] {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&files[i])
-            .unwrap();
-        let end = data_len(&files[i]);
-        assert!(end > len_before[i], "the batch wrote to segment {i}");
-        f.write_all_at(&vec![0u8; (end - len_before[i]) as usize], len_before[i])
-            .unwrap();
-    }
+    // three pages of the stripe not.
+    lose_pages(dir.path(), &len_before, &len_after);
     let store = Store::open(cfg.clone()).unwrap();
     assert!(
         store.recovery().dropped_stripes >= 1,
@@ -641,15 +641,8 @@ fn of_the_last_two_batches_a_torn_one_is_dropped_with_what_follows_it() {
     // records each, one root stripe each) after 20 single appends.
     for torn in ["A", "B"] {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = small_config(dir.path());
-        cfg.segment_bytes = 1 << 20;
-        let store = Store::open(cfg.clone()).unwrap();
-        for i in 0..20u64 {
-            store
-                .append_blocking("b", 0, 0, vec![i as u8; 100])
-                .unwrap();
-        }
-        let lens = || -> Vec<u64> { seg_files(dir.path()).iter().map(|f| data_len(f)).collect() };
+        let (cfg, store) = twenty_appends(dir.path());
+        let lens = || data_lens(dir.path());
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
