@@ -107,7 +107,8 @@ pub fn encode_into(out: &mut Vec<u8>, h: &Header, body: &[u8]) {
 
 /// Starts a page at the end of `out`: its header, with the CRC left blank
 /// until [`seal`]. The caller appends the `h.body_len` body bytes (or
-/// computes them in place, as the writer does for parity) and then seals.
+/// computes them in place, as the writer does for parity) and then seals,
+/// before anything else is appended to `out`.
 /// Returns where the page starts.
 pub fn begin(out: &mut Vec<u8>, h: &Header) -> usize {
     let start = out.len();
@@ -124,18 +125,10 @@ pub fn begin(out: &mut Vec<u8>, h: &Header) -> usize {
     start
 }
 
-/// Fills in the CRC of the page that starts at `start` in `out` (begun
-/// with [`begin`], its body complete).
+/// Fills in the CRC of the page that starts at `start` in `out` and runs
+/// to its end (begun with [`begin`], its body complete).
 pub fn seal(out: &mut [u8], start: usize) {
-    let body_len = u32::from_le_bytes([
-        out[start + 12],
-        out[start + 13],
-        out[start + 14],
-        out[start + 15],
-    ]) as usize;
-    let end = start + HEADER + body_len;
-    debug_assert!(end <= out.len());
-    let crc = crc32fast::hash(&out[start + 8..end]);
+    let crc = crc32fast::hash(&out[start + 8..]);
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 

@@ -401,7 +401,8 @@ pub(crate) fn recover(
         failed: None,
         dirty: Default::default(),
         // A round syncs at most one segment per zone plus the end-write
-        // segments; the writer's thread takes one of them itself.
+        // segments, each on its own helper: the writer writes the next
+        // batch meanwhile.
         syncer: SyncPool::new(
             shared.config.zones.len() + crate::config::END_WRITE_COPIES,
             shared.faults.clone(),

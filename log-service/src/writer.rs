@@ -190,6 +190,13 @@ fn vanished(what: &str) -> StoreError {
     StoreError::WriteFailed(format!("{what} is not open in the writer"))
 }
 
+/// Waits for an fsync round over `segs`; the first failure, by segment.
+fn wait_round((segs, round): (Vec<u64>, Round)) -> Result<(), StoreError> {
+    segs.into_iter().zip(round.wait()).try_for_each(|(seg, r)| {
+        r.map_err(|e| StoreError::WriteFailed(format!("fsync segment {seg}: {e}")))
+    })
+}
+
 fn io_err(e: io::Error) -> String {
     e.to_string()
 }
@@ -560,7 +567,7 @@ impl Writer {
                 "the batch before this one failed to reach the disk; this one was rolled back with it".into(),
             ))
         } else {
-            written.and_then(|ews| self.start_sync(Some(first_seq)).map(|round| (ews, round)))
+            written.map(|ews| (ews, self.start_sync(Some(first_seq))))
         };
         match round {
             Ok((ews, None)) => self.publish(pending, ews, first_seq),
@@ -593,12 +600,7 @@ impl Writer {
             return true;
         };
         let t = std::time::Instant::now();
-        let synced = match f.round {
-            None => Ok(()),
-            Some((segs, round)) => segs.into_iter().zip(round.wait()).try_for_each(|(seg, r)| {
-                r.map_err(|e| StoreError::WriteFailed(format!("fsync segment {seg}: {e}")))
-            }),
-        };
+        let synced = f.round.map_or(Ok(()), wait_round);
         self.shared
             .counters
             .sync_us
@@ -964,22 +966,17 @@ impl Writer {
     /// fsyncs every segment written since the last round, in parallel
     /// (they are independent devices in a real deployment).
     fn sync_dirty(&mut self) -> Result<(), StoreError> {
-        match self.start_sync(None)? {
-            None => Ok(()),
-            Some((segs, round)) => segs.into_iter().zip(round.wait()).try_for_each(|(seg, r)| {
-                r.map_err(|e| StoreError::WriteFailed(format!("fsync segment {seg}: {e}")))
-            }),
-        }
+        self.start_sync(None).map_or(Ok(()), wait_round)
     }
 
     /// Starts the fsync round of every segment written since the last one,
     /// on the helpers; `None` when there is nothing to sync (or fsync is
     /// off). With `wake`, the round's end is sent to the writer's own queue
     /// as `Cmd::Synced(wake)`, so an idle writer answers the batch at once.
-    fn start_sync(&mut self, wake: Option<u64>) -> Result<Option<(Vec<u64>, Round)>, StoreError> {
+    fn start_sync(&mut self, wake: Option<u64>) -> Option<(Vec<u64>, Round)> {
         let dirty = std::mem::take(&mut self.dirty);
         if !self.shared.config.fsync || dirty.is_empty() {
-            return Ok(None);
+            return None;
         }
         let (segs, files): (Vec<u64>, Vec<Arc<File>>) = dirty
             .iter()
@@ -1002,7 +999,7 @@ impl Writer {
             }
             None => Arc::new(|| {}),
         };
-        Ok(Some((segs, self.syncer.start(&files, on_done))))
+        Some((segs, self.syncer.start(&files, on_done)))
     }
 
     /// The batch is durable: index it, remember its request ids, answer,
