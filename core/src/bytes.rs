@@ -65,6 +65,18 @@ impl Bytes {
 }
 
 impl Bytes {
+    /// Starts loading the shared allocation's header (its reference count)
+    /// into the cache without waiting for it, so that a later clone's
+    /// atomic increment, which stalls the core until the line arrives,
+    /// finds it there. A plain load does not stall: the core goes on with
+    /// the instructions after it while the line is fetched.
+    #[inline]
+    pub(crate) fn touch(&self) {
+        if let Repr::Shared(a) = &self.0 {
+            std::hint::black_box(Arc::strong_count(a));
+        }
+    }
+
     /// Heap bytes behind this string (0 when stored inline): the shared
     /// allocation's length plus its two reference counts.
     pub(crate) fn heap_bytes(&self) -> usize {

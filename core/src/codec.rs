@@ -20,7 +20,7 @@ use crate::error::{
     MAX_RANGES_PER_NODE, MAX_VALUE_LEN,
 };
 use crate::node::{
-    find, height, max_key, min_key, oldest_from, Bytes, Extra, Link, LogPos, Node, Owner,
+    find, height, max_key, min_key, oldest_from, touch, Bytes, Extra, Link, LogPos, Node, Owner,
     OwnerKind, Vn, ALTERED, DEPENDS_ON, DEPENDS_ON_TREE, LEFT_OWNED, RIGHT_OWNED,
     SUBTREE_ONLY_READ,
 };
@@ -874,6 +874,19 @@ impl<'s> Builder<'s, '_> {
         }
         let key: Bytes = p.key.into();
         let twin = hint.filter(|h| h.node.key[..] == *p.key);
+        if let Some(t) = &twin {
+            // The snapshot tree is cold here (decoding runs far behind the
+            // tail): start the loads this node will need later, the twin's
+            // value for an unaltered node and the twin's children (the
+            // hints of this node's children), so their cache misses overlap
+            // with each other and with the walk instead of stalling it one
+            // after another.
+            if p.value.is_none() {
+                t.node.payload.touch();
+            }
+            touch(&t.node.left_link);
+            touch(&t.node.right_link);
+        }
         let mut links: [Link; 2] = [None, None];
         for side in [0usize, 1] {
             let child_range: Interval = if side == 0 {
