@@ -369,9 +369,13 @@ fn pipeline_suite(args: &Args) -> Result<(), String> {
     } else {
         &[1, 2, 5, 10, 20, 50, 100]
     };
+    // The wasm comparison runs first: it needs the wasm32-wasip1 target and
+    // Node, and a missing one should fail the suite at once, not after the
+    // configurations have run for ten minutes.
+    eprintln!("pipeline: wasm vs native meld ...");
+    let wasm = melddb_bench::wasm::ratio(args.quick, args.seed)?;
     if std::env::var_os("MELDDB_BENCH_WASM_ONLY").is_some() {
-        let w = melddb_bench::wasm::ratio(args.quick, args.seed)?;
-        println!("{w:?}");
+        println!("{wasm:?}");
         return Ok(());
     }
     let mut rows: Vec<PipeResult> = Vec::new();
@@ -397,8 +401,6 @@ fn pipeline_suite(args: &Args) -> Result<(), String> {
         eprintln!("pipeline: premeld distance sweep t=2 d={d} ...");
         sweep_rows.push(run_config(c, &sizes, args.seed, 1)?);
     }
-    eprintln!("pipeline: wasm vs native meld ...");
-    let wasm = melddb_bench::wasm::ratio(args.quick, args.seed)?;
     println!(
         "{:<10} {:>3} {:>4} {:>6} {:>12} {:>8} {:>14} {:>14} {:>10} {:>10} {:>11} {:>9}",
         "config",
