@@ -18,8 +18,26 @@ const INLINE: usize = 22;
 /// bytes at a time as big-endian integers. Meld compares keys at every node
 /// it visits; for the short keys of typical workloads this avoids a call to
 /// `memcmp` per comparison.
-#[inline]
+#[inline(always)]
 pub(crate) fn cmp_keys(a: &[u8], b: &[u8]) -> Ordering {
+    // Keys of eight bytes or more (the common case) are decided by their
+    // first eight bytes unless those are equal; this path has no loop.
+    if let (Some(x), Some(y)) = (a.first_chunk::<8>(), b.first_chunk::<8>()) {
+        let (x, y) = (u64::from_be_bytes(*x), u64::from_be_bytes(*y));
+        if x != y {
+            return x.cmp(&y);
+        }
+        if a.len() == 8 && b.len() == 8 {
+            return Ordering::Equal;
+        }
+        return cmp_rest(&a[8..], &b[8..]);
+    }
+    cmp_rest(a, b)
+}
+
+/// `cmp_keys` for what the eight-byte fast path does not decide.
+#[inline(never)]
+fn cmp_rest(a: &[u8], b: &[u8]) -> Ordering {
     let n = a.len().min(b.len());
     let mut i = 0;
     while i + 8 <= n {
@@ -58,7 +76,8 @@ impl Bytes {
     #[inline]
     pub fn as_slice(&self) -> &[u8] {
         match &self.0 {
-            Repr::Inline { len, data } => &data[..*len as usize],
+            // `min` instead of a bounds check: `len` never exceeds INLINE.
+            Repr::Inline { len, data } => &data[..(*len as usize).min(INLINE)],
             Repr::Shared(a) => a,
         }
     }

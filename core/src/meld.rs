@@ -278,7 +278,21 @@ struct Cx<'a, 's> {
 impl<'a> Cx<'a, '_> {
     /// Descends `t` through intention nodes outside `gap`; those belong to
     /// other calls of the recursion.
-    fn narrow<'t>(&mut self, mut t: ILink<'t>, gap: Gap<'_>) -> ILink<'t> {
+    ///
+    /// Inlined: almost always `t` is already inside `gap`, and the call
+    /// itself (saving and restoring registers) cost more than that check.
+    #[inline(always)]
+    fn narrow<'t>(&mut self, t: ILink<'t>, gap: Gap<'_>) -> ILink<'t> {
+        match t {
+            Some(n) if gap.contains(&n.key) => t,
+            None => None,
+            Some(_) => self.narrow_out(t, gap),
+        }
+    }
+
+    /// `narrow` when `t`'s root lies outside `gap`.
+    #[inline(never)]
+    fn narrow_out<'t>(&mut self, mut t: ILink<'t>, gap: Gap<'_>) -> ILink<'t> {
         while let Some(n) = t {
             match gap.cmp_key(&n.key) {
                 Ordering::Less => t = iright(n),
@@ -581,7 +595,25 @@ impl<'a> Cx<'a, '_> {
     }
 
     /// The conflict checks for one intention node against its LCS twin.
+    ///
+    /// Inlined: the common outcome (an unchanged twin, no dependency
+    /// range) is a few comparisons, cheaper than the call; the rare parts
+    /// (a conflict, a tombstone lookup, range checks) are out of line.
+    #[inline(always)]
     fn check(&mut self, n: &Node, twin: Option<&Arc<Node>>) -> R<()> {
+        let fine = if n.scv != 0 {
+            twin.is_some_and(|t| t.ncv() == n.scv) || (!n.altered() && !n.depends_on())
+        } else {
+            twin.is_none() && self.tombs.map.is_empty()
+        };
+        if fine && n.extra.is_none() {
+            return Ok(());
+        }
+        self.check_slow(n, twin)
+    }
+
+    #[inline(never)]
+    fn check_slow(&mut self, n: &Node, twin: Option<&Arc<Node>>) -> R<()> {
         if n.scv != 0 {
             let changed = twin.is_none_or(|t| t.ncv() != n.scv);
             if changed {

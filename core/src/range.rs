@@ -71,7 +71,7 @@ impl<'a> RangeRef<'a> {
             Bound::Excluded(e) => key < e,
         }
     }
-    #[inline]
+    #[inline(always)]
     pub(crate) fn contains(&self, key: &[u8]) -> bool {
         self.above_start(key) && self.below_end(key)
     }
@@ -135,7 +135,7 @@ pub(crate) struct Gap<'a> {
 
 impl<'a> Gap<'a> {
     pub(crate) const ALL: Gap<'static> = Gap { lo: None, hi: None };
-    #[inline]
+    #[inline(always)]
     pub(crate) fn cmp_key(&self, key: &[u8]) -> Ordering {
         if let Some(lo) = self.lo {
             if cmp_keys(key, lo) != Ordering::Greater {
@@ -149,7 +149,7 @@ impl<'a> Gap<'a> {
         }
         Ordering::Equal
     }
-    #[inline]
+    #[inline(always)]
     pub(crate) fn contains(&self, key: &[u8]) -> bool {
         self.cmp_key(key) == Ordering::Equal
     }
