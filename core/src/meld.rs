@@ -351,8 +351,13 @@ impl<'a> Cx<'a, '_> {
                 .bounds
                 .get(n.seq as usize - 1)
                 .is_some_and(|(lo, hi)| {
-                    gap.lo.is_none_or(|g| lo.as_deref().is_some_and(|l| l >= g))
-                        && gap.hi.is_none_or(|g| hi.as_deref().is_some_and(|h| h <= g))
+                    gap.lo.is_none_or(|g| {
+                        lo.as_deref()
+                            .is_some_and(|l| cmp_keys(l, g) != Ordering::Less)
+                    }) && gap.hi.is_none_or(|g| {
+                        hi.as_deref()
+                            .is_some_and(|h| cmp_keys(h, g) != Ordering::Greater)
+                    })
                 })
     }
 
