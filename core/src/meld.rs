@@ -255,7 +255,8 @@ pub(crate) fn meld(input: &MeldInput<'_>, stats: &mut MeldStats) -> R<Melded> {
             return Err(Box::new(AbortReason::Phantom { range: r.clone() }));
         }
     }
-    let root = cx.meld(input.lcs_root, i.owned_root(), Gap::ALL)?;
+    // The whole intention against the whole LCS: both cover every key.
+    let root = cx.meld(input.lcs_root, i.owned_root(), Gap::ALL, true)?;
     cx.stats.ephemeral_nodes += cx.eph_count as u64;
     Ok(Melded {
         root,
@@ -342,8 +343,9 @@ impl<'a> Cx<'a, '_> {
 
     /// Whether intention subtree `n` can replace an LCS subtree of `gap` as
     /// is: no delete and no silent insert-then-delete inside, and all its
-    /// keys inside `gap` (its own interval is).
-    fn graftable(&self, n: &Arc<Node>, gap: Gap<'_>) -> bool {
+    /// keys inside `gap` (its own interval is; when `aligned`, that
+    /// interval is `gap` itself, see [`Cx::meld`]).
+    fn graftable(&self, n: &Arc<Node>, gap: Gap<'_>, aligned: bool) -> bool {
         self.deletes_in(gap).is_empty()
             && !self.tombs.noop_in(gap.as_range(), self.snap_pos)
             && self
@@ -351,21 +353,30 @@ impl<'a> Cx<'a, '_> {
                 .bounds
                 .get(n.seq as usize - 1)
                 .is_some_and(|(lo, hi)| {
-                    gap.lo.is_none_or(|g| {
-                        lo.as_deref()
-                            .is_some_and(|l| cmp_keys(l, g) != Ordering::Less)
-                    }) && gap.hi.is_none_or(|g| {
-                        hi.as_deref()
-                            .is_some_and(|h| cmp_keys(h, g) != Ordering::Greater)
-                    })
+                    aligned
+                        || gap.lo.is_none_or(|g| {
+                            lo.as_deref()
+                                .is_some_and(|l| cmp_keys(l, g) != Ordering::Less)
+                        }) && gap.hi.is_none_or(|g| {
+                            hi.as_deref()
+                                .is_some_and(|h| cmp_keys(h, g) != Ordering::Greater)
+                        })
                 })
     }
 
-    fn meld<'t>(&mut self, l: &'t Link, i: ILink<'t>, gap: Gap<'t>) -> R<Link>
+    /// Melds intention subtree `i` into LCS subtree `l`, which covers `gap`.
+    ///
+    /// `aligned`: every call above this one was symmetric (same key on
+    /// both sides), so the keys that bound `l`'s interval also bound `i`'s
+    /// in the intention: `i` lies inside `gap` and its interval is `gap`.
+    /// Then narrowing and the graft's interval test cannot change anything
+    /// and are skipped; updates keep almost every call aligned.
+    fn meld<'t>(&mut self, l: &'t Link, i: ILink<'t>, gap: Gap<'t>, aligned: bool) -> R<Link>
     where
         'a: 't,
     {
-        let i = self.narrow(i, gap);
+        debug_assert!(!aligned || i.is_none_or(|n| gap.contains(&n.key)));
+        let i = if aligned { i } else { self.narrow(i, gap) };
         let Some(inode) = i else {
             // No intention changes in this interval but its deletes.
             if self.i.deletes.is_empty() {
@@ -375,7 +386,7 @@ impl<'a> Cx<'a, '_> {
         };
         self.stats.intention_nodes += 1;
         if inode.only_read() {
-            return self.meld_read_only(l, i, inode, gap);
+            return self.meld_read_only(l, i, inode, gap, aligned);
         }
         let Some(lnode) = l else {
             return self.keep_inserts(i, gap);
@@ -384,7 +395,7 @@ impl<'a> Cx<'a, '_> {
         let lk: &'t [u8] = &lnode.key;
         let symmetric = cmp_keys(&inode.key, &lnode.key) == Ordering::Equal;
         let twin = if symmetric {
-            if inode.ssv != 0 && inode.ssv == lnode.nsv() && self.graftable(inode, gap) {
+            if inode.ssv != 0 && inode.ssv == lnode.nsv() && self.graftable(inode, gap, aligned) {
                 // Serial case for this subtree: nothing under `l` changed
                 // since the writer's snapshot.
                 return Ok(Some(inode.clone()));
@@ -401,8 +412,9 @@ impl<'a> Cx<'a, '_> {
         } else {
             (i, i)
         };
-        let left = self.meld_child(lnode.left(), li, gap.left_of(lk))?;
-        let right = self.meld_child(lnode.right(), ri, gap.right_of(lk))?;
+        let aligned = aligned && symmetric;
+        let left = self.meld_child(lnode.left(), li, gap.left_of(lk), aligned)?;
+        let right = self.meld_child(lnode.right(), ri, gap.right_of(lk), aligned)?;
         let mid = self.mid(twin, lnode)?;
         Ok(self.assemble(lnode, left, mid, right))
     }
@@ -410,14 +422,14 @@ impl<'a> Cx<'a, '_> {
     /// `meld` for a child, skipping the call when the intention has nothing
     /// there (no node and no delete): the LCS child stays as it is.
     #[inline]
-    fn meld_child<'t>(&mut self, l: &'t Link, i: ILink<'t>, gap: Gap<'t>) -> R<Link>
+    fn meld_child<'t>(&mut self, l: &'t Link, i: ILink<'t>, gap: Gap<'t>, aligned: bool) -> R<Link>
     where
         'a: 't,
     {
         if i.is_none() && self.i.deletes.is_empty() {
             return Ok(l.clone());
         }
-        self.meld(l, i, gap)
+        self.meld(l, i, gap, aligned)
     }
 
     /// The content that ends up under the LCS node's key: the intention's
@@ -468,6 +480,7 @@ impl<'a> Cx<'a, '_> {
         i: ILink<'t>,
         inode: &'t Arc<Node>,
         gap: Gap<'t>,
+        aligned: bool,
     ) -> R<Link>
     where
         'a: 't,
@@ -475,26 +488,26 @@ impl<'a> Cx<'a, '_> {
         let Some(lnode) = l else {
             return self.keep_inserts(i, gap);
         };
-        if cmp_keys(&inode.key, &lnode.key) == Ordering::Equal
-            && inode.ssv == lnode.nsv()
-            && self.graftable(inode, gap)
-        {
+        let symmetric = cmp_keys(&inode.key, &lnode.key) == Ordering::Equal;
+        if symmetric && inode.ssv == lnode.nsv() && self.graftable(inode, gap, aligned) {
             return Ok(if self.keep_readset {
                 Some(inode.clone())
             } else {
                 l.clone()
             });
         }
-        self.check_only(l, i, gap)?;
+        self.check_only(l, i, gap, aligned)?;
         self.apply_deletes(l.clone(), gap)
     }
 
-    /// Conflict detection without building anything.
-    fn check_only<'t>(&mut self, l: &'t Link, i: ILink<'t>, gap: Gap<'t>) -> R<()>
+    /// Conflict detection without building anything (`aligned` as in
+    /// [`Cx::meld`]).
+    fn check_only<'t>(&mut self, l: &'t Link, i: ILink<'t>, gap: Gap<'t>, aligned: bool) -> R<()>
     where
         'a: 't,
     {
-        let i = self.narrow(i, gap);
+        debug_assert!(!aligned || i.is_none_or(|n| gap.contains(&n.key)));
+        let i = if aligned { i } else { self.narrow(i, gap) };
         let Some(inode) = i else {
             return Ok(());
         };
@@ -511,14 +524,14 @@ impl<'a> Cx<'a, '_> {
                 return Ok(());
             }
             self.check(inode, Some(lnode))?;
-            self.check_only(lnode.left(), ileft(inode), gap.left_of(lk))?;
-            self.check_only(lnode.right(), iright(inode), gap.right_of(lk))
+            self.check_only(lnode.left(), ileft(inode), gap.left_of(lk), aligned)?;
+            self.check_only(lnode.right(), iright(inode), gap.right_of(lk), aligned)
         } else {
             if let Some(t) = self.find_owned(i, lk) {
                 self.check(t, Some(lnode))?;
             }
-            self.check_only(lnode.left(), i, gap.left_of(lk))?;
-            self.check_only(lnode.right(), i, gap.right_of(lk))
+            self.check_only(lnode.left(), i, gap.left_of(lk), false)?;
+            self.check_only(lnode.right(), i, gap.right_of(lk), false)
         }
     }
 
