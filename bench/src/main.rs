@@ -247,12 +247,10 @@ fn meld_suite(args: &Args) -> Result<(), String> {
         );
         metrics.insert(format!("abort_rate_{tag}"), round2(r.abort_rate));
         metrics.insert(format!("meld_p99_us_{tag}"), round2(r.p99_us));
-        let slowest = r
-            .meld_tps_rounds
-            .iter()
-            .copied()
-            .fold(f64::INFINITY, f64::min);
-        metrics.insert(format!("meld_tps_{tag}_slowest_round"), slowest.round());
+        metrics.insert(
+            format!("meld_tps_{tag}_slowest_round"),
+            r.slowest_meld_tps().round(),
+        );
     }
     for r in rows.iter().filter(|r| r.spec.experiment == "asymmetric") {
         metrics.insert(
@@ -940,7 +938,7 @@ fn print_table(rows: &[Measured]) {
             s.read_pct,
             s.keys / 1024,
             r.meld_tps,
-            r.meld_tps_rounds.iter().copied().fold(f64::INFINITY, f64::min),
+            r.slowest_meld_tps(),
             r.mean_us,
             r.p99_us,
             r.reclaim_us,

@@ -80,6 +80,16 @@ pub struct Measured {
     pub brute_tps_rounds: Vec<f64>,
 }
 
+impl Measured {
+    /// Melds/s of the slowest round.
+    pub fn slowest_meld_tps(&self) -> f64 {
+        self.meld_tps_rounds
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min)
+    }
+}
+
 fn key(i: u64) -> [u8; 8] {
     (i * STRIDE).to_be_bytes()
 }

@@ -278,12 +278,17 @@ struct Cx<'a, 's> {
 
 impl<'a> Cx<'a, '_> {
     /// Descends `t` through intention nodes outside `gap`; those belong to
-    /// other calls of the recursion.
+    /// other calls of the recursion. When `aligned` (see [`Cx::meld`]) `t`
+    /// is inside `gap` already and nothing is compared.
     ///
     /// Inlined: almost always `t` is already inside `gap`, and the call
     /// itself (saving and restoring registers) cost more than that check.
     #[inline(always)]
-    fn narrow<'t>(&mut self, t: ILink<'t>, gap: Gap<'_>) -> ILink<'t> {
+    fn narrow<'t>(&mut self, t: ILink<'t>, gap: Gap<'_>, aligned: bool) -> ILink<'t> {
+        debug_assert!(!aligned || t.is_none_or(|n| gap.contains(&n.key)));
+        if aligned {
+            return t;
+        }
         match t {
             Some(n) if gap.contains(&n.key) => t,
             None => None,
@@ -375,8 +380,7 @@ impl<'a> Cx<'a, '_> {
     where
         'a: 't,
     {
-        debug_assert!(!aligned || i.is_none_or(|n| gap.contains(&n.key)));
-        let i = if aligned { i } else { self.narrow(i, gap) };
+        let i = self.narrow(i, gap, aligned);
         let Some(inode) = i else {
             // No intention changes in this interval but its deletes.
             if self.i.deletes.is_empty() {
@@ -506,8 +510,7 @@ impl<'a> Cx<'a, '_> {
     where
         'a: 't,
     {
-        debug_assert!(!aligned || i.is_none_or(|n| gap.contains(&n.key)));
-        let i = if aligned { i } else { self.narrow(i, gap) };
+        let i = self.narrow(i, gap, aligned);
         let Some(inode) = i else {
             return Ok(());
         };
