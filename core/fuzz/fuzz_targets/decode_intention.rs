@@ -6,22 +6,20 @@
 use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
-use melddb::{Database, Isolation, Settings};
+use melddb::Database;
 
-static BASE: LazyLock<Database> = LazyLock::new(|| {
-    let mut db = Database::create(Settings::default()).expect("settings are valid");
-    let mut tx = db.begin(Isolation::Serializable);
-    for i in 0u64..200 {
-        tx.put(&(i * 3).to_be_bytes(), &i.to_le_bytes()).expect("valid pair");
-    }
-    db.commit(tx).expect("in-memory commit");
-    db
-});
+mod base;
+
+static BASE: LazyLock<Database> = LazyLock::new(base::base);
 
 fn check(bytes: &[u8]) {
     let _ = melddb::parse(bytes);
     let base = &*BASE;
-    if base.melder().decode(base.melder().next_pos(), bytes).is_ok() {
+    if base
+        .melder()
+        .decode(base.melder().next_pos(), bytes)
+        .is_ok()
+    {
         let mut replica = Database::open(base.log().clone()).expect("replica opens");
         let _ = replica.append_raw(bytes);
         melddb::validate::check_tree(&replica.snapshot()).expect("tree stays valid");
