@@ -483,7 +483,12 @@ pub fn decode_response(frame: &Bytes) -> Result<(u64, Response), FrameError> {
     let corr = c.u64()?;
     let r = match ty {
         101 => {
-            c.u8()?;
+            // The server's version, which the frame header already states:
+            // a frame whose two disagree is not one this build wrote.
+            let v = c.u8()?;
+            if v != VERSION {
+                return Err(FrameError::Version(v));
+            }
             Response::HelloOk
         }
         102 => Response::Appended { pos: c.u64()? },

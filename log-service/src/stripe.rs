@@ -452,12 +452,15 @@ pub fn payload(
         rs.reconstruct_data(&mut shards)
             .map_err(|e| format!("{usable} of {} pages usable: {e}", k + m))?;
     }
+    // `payload_len` comes from a record on disk: check it against the
+    // shards before reserving memory for it.
+    let have: usize = shards[..k].iter().flatten().map(Vec::len).sum();
+    if have < payload_len {
+        return Err("shards shorter than the payload".into());
+    }
     let mut out = Vec::with_capacity(payload_len);
     for s in shards[..k].iter().flatten() {
         out.extend_from_slice(s);
-    }
-    if out.len() < payload_len {
-        return Err("shards shorter than the payload".into());
     }
     out.truncate(payload_len);
     Ok(out)
@@ -469,6 +472,16 @@ mod tests {
 
     fn payload_of(s: Vec<Option<Vec<u8>>>, k: usize, m: usize, len: usize) -> Vec<u8> {
         super::payload(s, k, m, len).unwrap()
+    }
+
+    #[test]
+    fn a_payload_length_beyond_the_shards_is_an_error_before_any_allocation() {
+        let shards = encode_shards(b"short payload", 2, 1);
+        let opt: Vec<Option<Vec<u8>>> = shards.into_iter().map(Some).collect();
+        // A length no allocation could satisfy: reserving it first would
+        // panic (capacity overflow) instead of reporting the bad record.
+        let e = super::payload(opt, 2, 1, usize::MAX / 2).unwrap_err();
+        assert!(e.contains("shorter than the payload"), "{e}");
     }
 
     #[test]
