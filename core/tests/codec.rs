@@ -191,6 +191,18 @@ proptest! {
         let mut with_magic = b"MLDI\x01".to_vec();
         with_magic.extend_from_slice(&bytes);
         let _ = parse(&with_magic);
+        // The genesis record is read from the same untrusted log.
+        let _ = Settings::decode(&bytes);
+        // Past its checksum too: magic and version, the bytes, a good CRC.
+        let mut genesis = Settings::default().encode();
+        genesis.truncate(5);
+        genesis.extend_from_slice(&bytes);
+        let crc = crc32fast_hash(&genesis);
+        genesis.extend_from_slice(&crc.to_le_bytes());
+        if let Ok(s) = Settings::decode(&genesis) {
+            // What decodes is a valid configuration.
+            prop_assert!(s.validate().is_ok());
+        }
     }
 
     /// Valid intentions with random edits, with the checksum fixed up.
