@@ -8,8 +8,8 @@
 use bytes::Bytes;
 use melddb_log::page::{self, Header, Kind};
 use melddb_log::protocol::{
-    decode_request, decode_response, encode_request, encode_response, error, Code, Request,
-    Response,
+    decode_request, decode_response, encode_request, encode_response, error, Code, FrameError,
+    Request, Response,
 };
 use melddb_log::stripe::{
     decode_end_write, decode_root, encode_end_write, encode_root, EndWrite, EntryMeta, RootEntry,
@@ -194,7 +194,21 @@ fn the_valid_encodings_decode_to_what_was_encoded() {
     for (i, r) in requests().iter().enumerate() {
         let f = encode_request(i as u64, r);
         assert_eq!(decode_request(&f).unwrap(), (i as u64, r.clone()));
+        for cut in 0..f.len() {
+            // Appends take the rest of the frame as the record, so a cut
+            // inside the record is a shorter record, not an error.
+            if !(matches!(r, Request::Append { .. }) && cut >= f.len() - 12) {
+                assert!(
+                    decode_request(&f.slice(..cut)).is_err(),
+                    "{r:?} cut at {cut}"
+                );
+            }
+        }
     }
+    assert!(matches!(
+        decode_request(&Bytes::from_static(&[9, 1])),
+        Err((0, FrameError::Version(9)))
+    ));
     for r in responses() {
         let f = encode_response(3, &r);
         assert_eq!(decode_response(&f).unwrap(), (3, r));
