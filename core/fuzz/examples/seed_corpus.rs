@@ -15,9 +15,7 @@ use melddb::{Finished, Isolation, Order, Transaction};
 #[path = "../fuzz_targets/base.rs"]
 mod base;
 
-fn key(i: u64) -> [u8; 8] {
-    i.to_be_bytes()
-}
+use base::key;
 
 /// One transaction shape: what it does on the base snapshot.
 type Shape = fn(&mut Transaction);
