@@ -34,6 +34,9 @@ enum Suite {
     /// Redraw the embedded suite's plots (`--plots`) from its JSON
     /// (`--json`), without running anything.
     EmbeddedPlots,
+    /// Redraw the pipeline suite's plots (`--plots`) from its JSON
+    /// (`--json`), without running anything.
+    PipelinePlots,
 }
 
 #[derive(Debug, Parser)]
@@ -98,6 +101,7 @@ fn main() {
         Suite::Embedded => embedded_suite(&args),
         Suite::Log => log_suite(&args),
         Suite::EmbeddedPlots => embedded_replot(&args),
+        Suite::PipelinePlots => pipeline_replot(&args),
     };
     if let Err(e) = result {
         eprintln!("melddb-bench: {e}");
@@ -769,6 +773,61 @@ fn embedded_replot(args: &Args) -> Result<(), String> {
     let samples: Vec<Sample> =
         serde_json::from_value(doc["long_run"].clone()).map_err(|e| e.to_string())?;
     plot::embedded_plots(dir, &cells, &samples)?;
+    eprintln!("plots written to {}", dir.display());
+    Ok(())
+}
+
+fn pipeline_replot(args: &Args) -> Result<(), String> {
+    use melddb_bench::pipeline::{PipeConfig, PipeResult};
+    let (Some(json), Some(dir)) = (&args.json, &args.plots) else {
+        return Err("pipeline-plots needs --json FILE (input) and --plots DIR".into());
+    };
+    let text = std::fs::read_to_string(json).map_err(|e| format!("{}: {e}", json.display()))?;
+    let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    if doc["suite"] != "pipeline" {
+        return Err(format!(
+            "{} is not the pipeline suite's JSON",
+            json.display()
+        ));
+    }
+    let f = |r: &serde_json::Value, k: &str| r.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+    let parse = |key: &str| -> Result<Vec<PipeResult>, String> {
+        doc[key]
+            .as_array()
+            .ok_or(format!("no {key} in the JSON"))?
+            .iter()
+            .map(|r| {
+                // Plot labels are static names; the suite writes only these.
+                let name = match r["config"].as_str() {
+                    Some("plain") => "plain",
+                    Some("group") => "group",
+                    Some("premeld") => "premeld",
+                    Some("both") => "both",
+                    Some("sweep") => "sweep",
+                    other => return Err(format!("unknown configuration {other:?} in {key}")),
+                };
+                Ok(PipeResult {
+                    config: PipeConfig {
+                        name,
+                        t: f(r, "t") as u32,
+                        d: f(r, "d") as u32,
+                        group: r["group"].as_bool().unwrap_or(false),
+                    },
+                    tps: f(r, "tps"),
+                    commit_rate: f(r, "commit_rate"),
+                    final_nodes_per_txn: f(r, "final_nodes_per_txn"),
+                    prep_nodes_per_txn: f(r, "prep_nodes_per_txn"),
+                    final_zone: f(r, "final_zone"),
+                    final_busy: f(r, "final_busy"),
+                    final_us_per_txn: f(r, "final_us_per_txn"),
+                    cpu_cores: f(r, "cpu_cores"),
+                    digest: r["digest"].as_str().unwrap_or_default().to_string(),
+                })
+            })
+            .collect()
+    };
+    let (rows, sweep) = (parse("rows")?, parse("sweep")?);
+    plot::pipeline_plots(dir, &rows, &sweep).map_err(|e| format!("plots: {e}"))?;
     eprintln!("plots written to {}", dir.display());
     Ok(())
 }

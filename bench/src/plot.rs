@@ -1,4 +1,5 @@
-//! PNG plots of the meld suite (the shapes of the paper's figures 8–11, 14, 15).
+//! PNG plots of the bench suites: meld (the meld paper's figures 8–11,
+//! 14, 15 in shape), pipeline (Hyder II's 10–13 and 20), log and embedded.
 
 use std::path::Path;
 
@@ -164,7 +165,8 @@ pub fn meld_plots(dir: &Path, rows: &[Measured]) -> Result<(), String> {
 }
 
 /// Pipeline plots: the premeld-distance sweep (Hyder II fig. 20 in shape)
-/// with plain, group and both as reference lines.
+/// with plain, group and both as reference lines, and figures 10-13 in
+/// shape per configuration.
 pub fn pipeline_plots(
     dir: &Path,
     rows: &[melddb_bench::pipeline::PipeResult],
@@ -207,7 +209,133 @@ pub fn pipeline_plots(
         "Final-meld nodes visited per transaction vs premeld distance",
         "nodes per txn",
         &|r| r.final_nodes_per_txn,
-    )
+    )?;
+    pipeline_configs_plot(&dir.join("pipeline-configs.png"), rows)
+}
+
+/// One bar group per label; each series is one bar in every group.
+/// With `log_y`, bar heights are log10 of the values and the axis is
+/// labelled in powers of ten (for figures whose values span 1 to 10^5).
+fn bar_panel(
+    area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    title: &str,
+    ylabel: &str,
+    labels: &[&str],
+    series: &[(&str, Vec<f64>)],
+    log_y: bool,
+) -> Result<(), String> {
+    let h = |v: f64| if log_y { v.max(1.0).log10() } else { v };
+    let ymax = series
+        .iter()
+        .flat_map(|s| s.1.iter().map(|v| h(*v)))
+        .fold(0.0f64, f64::max)
+        * 1.15;
+    let n = labels.len();
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(35)
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..ymax.max(1.0))
+        .map_err(|e| e.to_string())?;
+    let names: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n)
+        .x_label_formatter(&|v| {
+            let i = v.round();
+            match names.get(i as usize) {
+                Some(name) if (v - i).abs() < 1e-6 && i >= 0.0 => name.clone(),
+                _ => String::new(),
+            }
+        })
+        .y_desc(ylabel)
+        .y_label_formatter(&|v| {
+            let v = if log_y { 10f64.powf(*v) } else { *v };
+            if v >= 1000.0 {
+                format!("{:.0}K", v / 1000.0)
+            } else {
+                format!("{v:.0}")
+            }
+        })
+        .draw()
+        .map_err(|e| e.to_string())?;
+    let k = series.len().max(1) as f64;
+    let width = 0.8 / k;
+    for (j, (name, values)) in series.iter().enumerate() {
+        let color = Palette99::pick(j).to_rgba();
+        let x0 = -0.4 + j as f64 * width;
+        chart
+            .draw_series(values.iter().enumerate().map(|(i, v)| {
+                let x = i as f64 + x0;
+                Rectangle::new([(x, 0.0), (x + width * 0.9, h(*v))], color.filled())
+            }))
+            .map_err(|e| e.to_string())?
+            .label(*name)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
+    if series.len() > 1 {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Hyder II figures 10-13 in shape, one panel each, per configuration
+/// (plain, group, premeld, both): committed tps, final-meld nodes per
+/// transaction, the conflict zone final meld saw, and nodes per stage.
+fn pipeline_configs_plot(
+    path: &Path,
+    rows: &[melddb_bench::pipeline::PipeResult],
+) -> Result<(), String> {
+    let root = BitMapBackend::new(path, (1200, 900)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let panels = root.split_evenly((2, 2));
+    let labels: Vec<&str> = rows.iter().map(|r| r.config.name).collect();
+    let col = |f: &dyn Fn(&melddb_bench::pipeline::PipeResult) -> f64| -> Vec<f64> {
+        rows.iter().map(f).collect()
+    };
+    bar_panel(
+        &panels[0],
+        "Committed tps, end to end (Fig. 10)",
+        "committed tps",
+        &labels,
+        &[("tps", col(&|r| r.tps))],
+        false,
+    )?;
+    bar_panel(
+        &panels[1],
+        "Final-meld nodes visited per txn (Fig. 11)",
+        "nodes per txn",
+        &labels,
+        &[("final meld", col(&|r| r.final_nodes_per_txn))],
+        false,
+    )?;
+    bar_panel(
+        &panels[2],
+        "Conflict zone seen by final meld (Fig. 12, log scale)",
+        "intentions",
+        &labels,
+        &[("zone", col(&|r| r.final_zone))],
+        true,
+    )?;
+    bar_panel(
+        &panels[3],
+        "Nodes visited per txn by stage (Fig. 13)",
+        "nodes per txn",
+        &labels,
+        &[
+            ("final meld", col(&|r| r.final_nodes_per_txn)),
+            ("premeld + group meld", col(&|r| r.prep_nodes_per_txn)),
+        ],
+        false,
+    )?;
+    root.present().map_err(|e| e.to_string())
 }
 
 /// The log suite's plots: appends/s vs clients, MiB/s vs record size,
