@@ -790,13 +790,19 @@ fn pipeline_replot(args: &Args) -> Result<(), String> {
             json.display()
         ));
     }
-    let f = |r: &serde_json::Value, k: &str| r.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
     let parse = |key: &str| -> Result<Vec<PipeResult>, String> {
         doc[key]
             .as_array()
             .ok_or(format!("no {key} in the JSON"))?
             .iter()
-            .map(|r| {
+            .enumerate()
+            .map(|(i, r)| {
+                // A missing figure is an error, not a zero bar.
+                let f = |k: &str| {
+                    r.get(k).and_then(|v| v.as_f64()).ok_or(format!(
+                        "{key}[{i}] has no number {k:?}: not the pipeline suite's JSON, or damaged"
+                    ))
+                };
                 // Plot labels are static names; the suite writes only these.
                 let name = match r["config"].as_str() {
                     Some("plain") => "plain",
@@ -804,23 +810,25 @@ fn pipeline_replot(args: &Args) -> Result<(), String> {
                     Some("premeld") => "premeld",
                     Some("both") => "both",
                     Some("sweep") => "sweep",
-                    other => return Err(format!("unknown configuration {other:?} in {key}")),
+                    other => return Err(format!("{key}[{i}]: unknown configuration {other:?}")),
                 };
                 Ok(PipeResult {
                     config: PipeConfig {
                         name,
-                        t: f(r, "t") as u32,
-                        d: f(r, "d") as u32,
-                        group: r["group"].as_bool().unwrap_or(false),
+                        t: f("t")? as u32,
+                        d: f("d")? as u32,
+                        group: r["group"]
+                            .as_bool()
+                            .ok_or(format!("{key}[{i}] has no boolean \"group\""))?,
                     },
-                    tps: f(r, "tps"),
-                    commit_rate: f(r, "commit_rate"),
-                    final_nodes_per_txn: f(r, "final_nodes_per_txn"),
-                    prep_nodes_per_txn: f(r, "prep_nodes_per_txn"),
-                    final_zone: f(r, "final_zone"),
-                    final_busy: f(r, "final_busy"),
-                    final_us_per_txn: f(r, "final_us_per_txn"),
-                    cpu_cores: f(r, "cpu_cores"),
+                    tps: f("tps")?,
+                    commit_rate: f("commit_rate")?,
+                    final_nodes_per_txn: f("final_nodes_per_txn")?,
+                    prep_nodes_per_txn: f("prep_nodes_per_txn")?,
+                    final_zone: f("final_zone")?,
+                    final_busy: f("final_busy")?,
+                    final_us_per_txn: f("final_us_per_txn")?,
+                    cpu_cores: f("cpu_cores")?,
                     digest: r["digest"].as_str().unwrap_or_default().to_string(),
                 })
             })
