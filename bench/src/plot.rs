@@ -76,13 +76,20 @@ fn line_chart(
             .draw_series(pts.iter().map(|p| Circle::new(*p, 3, color.filled())))
             .map_err(|e| e.to_string())?;
     }
+    draw_legend(&mut chart)?;
+    root.present().map_err(|e| e.to_string())
+}
+
+/// The series legend, in one style for every chart.
+fn draw_legend<'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, CT>,
+) -> Result<(), String> {
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
-        .map_err(|e| e.to_string())?;
-    root.present().map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())
 }
 
 fn by_degree(rows: &[Measured], exp: &str, y: impl Fn(&Measured) -> f64) -> Vec<Series> {
@@ -276,12 +283,7 @@ fn bar_panel(
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
     }
     if series.len() > 1 {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| e.to_string())?;
+        draw_legend(&mut chart)?;
     }
     Ok(())
 }
