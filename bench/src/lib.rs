@@ -5,3 +5,8 @@ pub mod logsvc;
 pub mod pipeline;
 pub mod wasm;
 pub mod workload;
+
+/// `x` rounded to two decimals, as the suites write figures into JSON.
+pub fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}

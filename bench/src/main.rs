@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
+use melddb_bench::round2;
 use melddb_bench::workload::{loaded, run, Measured, Spec, Write};
 
 /// mimalloc: meld allocates and frees many small nodes; the same allocator
@@ -489,17 +490,6 @@ fn pipeline_suite(args: &Args) -> Result<(), String> {
     put("final_zone_plain", plain.final_zone);
     put("final_zone_premeld", premeld.final_zone);
     put("wasm_to_native_meld_ratio", wasm.ratio);
-    let row_json = |r: &PipeResult| {
-        serde_json::json!({
-            "config": r.config.name, "t": r.config.t, "d": r.config.d, "group": r.config.group,
-            "tps": round2(r.tps), "commit_rate": round2(r.commit_rate),
-            "final_nodes_per_txn": round2(r.final_nodes_per_txn),
-            "prep_nodes_per_txn": round2(r.prep_nodes_per_txn),
-            "final_zone": round2(r.final_zone), "final_busy": round2(r.final_busy),
-            "final_us_per_txn": round2(r.final_us_per_txn), "cpu_cores": round2(r.cpu_cores),
-            "digest": r.digest,
-        })
-    };
     if let Some(dir) = &args.plots {
         plot::pipeline_plots(dir, &rows, &sweep_rows).map_err(|e| format!("plots: {e}"))?;
         eprintln!("plots written to {}", dir.display());
@@ -514,8 +504,8 @@ fn pipeline_suite(args: &Args) -> Result<(), String> {
                 "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
                 "wasm": {"native_per_s": wasm.native_per_s, "wasm_per_s": wasm.wasm_per_s, "runtime": "node WASI (wasm32-wasip1)"},
             },
-            "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
-            "sweep": sweep_rows.iter().map(row_json).collect::<Vec<_>>(),
+            "rows": rows.iter().map(PipeResult::to_json).collect::<Vec<_>>(),
+            "sweep": sweep_rows.iter().map(PipeResult::to_json).collect::<Vec<_>>(),
         });
         write_json(path, &doc)?;
     }
@@ -778,7 +768,7 @@ fn embedded_replot(args: &Args) -> Result<(), String> {
 }
 
 fn pipeline_replot(args: &Args) -> Result<(), String> {
-    use melddb_bench::pipeline::{PipeConfig, PipeResult};
+    use melddb_bench::pipeline::PipeResult;
     let (Some(json), Some(dir)) = (&args.json, &args.plots) else {
         return Err("pipeline-plots needs --json FILE (input) and --plots DIR".into());
     };
@@ -796,42 +786,7 @@ fn pipeline_replot(args: &Args) -> Result<(), String> {
             .ok_or(format!("no {key} in the JSON"))?
             .iter()
             .enumerate()
-            .map(|(i, r)| {
-                // A missing figure is an error, not a zero bar.
-                let f = |k: &str| {
-                    r.get(k).and_then(|v| v.as_f64()).ok_or(format!(
-                        "{key}[{i}] has no number {k:?}: not the pipeline suite's JSON, or damaged"
-                    ))
-                };
-                // Plot labels are static names; the suite writes only these.
-                let name = match r["config"].as_str() {
-                    Some("plain") => "plain",
-                    Some("group") => "group",
-                    Some("premeld") => "premeld",
-                    Some("both") => "both",
-                    Some("sweep") => "sweep",
-                    other => return Err(format!("{key}[{i}]: unknown configuration {other:?}")),
-                };
-                Ok(PipeResult {
-                    config: PipeConfig {
-                        name,
-                        t: f("t")? as u32,
-                        d: f("d")? as u32,
-                        group: r["group"]
-                            .as_bool()
-                            .ok_or(format!("{key}[{i}] has no boolean \"group\""))?,
-                    },
-                    tps: f("tps")?,
-                    commit_rate: f("commit_rate")?,
-                    final_nodes_per_txn: f("final_nodes_per_txn")?,
-                    prep_nodes_per_txn: f("prep_nodes_per_txn")?,
-                    final_zone: f("final_zone")?,
-                    final_busy: f("final_busy")?,
-                    final_us_per_txn: f("final_us_per_txn")?,
-                    cpu_cores: f("cpu_cores")?,
-                    digest: r["digest"].as_str().unwrap_or_default().to_string(),
-                })
-            })
+            .map(|(i, r)| PipeResult::from_json(r, &format!("{key}[{i}]")))
             .collect()
     };
     let (rows, sweep) = (parse("rows")?, parse("sweep")?);
@@ -970,10 +925,6 @@ fn write_json(path: &std::path::Path, doc: &serde_json::Value) -> Result<(), Str
     std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
     eprintln!("JSON written to {}", path.display());
     Ok(())
-}
-
-fn round2(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
 }
 
 fn print_table(rows: &[Measured]) {

@@ -65,6 +65,61 @@ pub struct PipeResult {
     pub digest: String,
 }
 
+/// The configuration names the suite uses (the rows and the sweep).
+const CONFIG_NAMES: [&str; 5] = ["plain", "group", "premeld", "both", "sweep"];
+
+impl PipeResult {
+    /// One row of the suite's JSON (figures rounded to two decimals).
+    pub fn to_json(&self) -> serde_json::Value {
+        use crate::round2;
+        serde_json::json!({
+            "config": self.config.name, "t": self.config.t, "d": self.config.d,
+            "group": self.config.group,
+            "tps": round2(self.tps), "commit_rate": round2(self.commit_rate),
+            "final_nodes_per_txn": round2(self.final_nodes_per_txn),
+            "prep_nodes_per_txn": round2(self.prep_nodes_per_txn),
+            "final_zone": round2(self.final_zone), "final_busy": round2(self.final_busy),
+            "final_us_per_txn": round2(self.final_us_per_txn),
+            "cpu_cores": round2(self.cpu_cores),
+            "digest": self.digest,
+        })
+    }
+
+    /// Reads back a row [`PipeResult::to_json`] wrote. A missing or
+    /// malformed field is an error naming it (`at` says which row), not a
+    /// zero.
+    pub fn from_json(r: &serde_json::Value, at: &str) -> Result<PipeResult, String> {
+        let f = |k: &str| {
+            r.get(k).and_then(|v| v.as_f64()).ok_or(format!(
+                "{at} has no number {k:?}: not the pipeline suite's JSON, or damaged"
+            ))
+        };
+        let name = r["config"]
+            .as_str()
+            .and_then(|n| CONFIG_NAMES.into_iter().find(|c| *c == n))
+            .ok_or(format!("{at}: unknown configuration {}", r["config"]))?;
+        Ok(PipeResult {
+            config: PipeConfig {
+                name,
+                t: f("t")? as u32,
+                d: f("d")? as u32,
+                group: r["group"]
+                    .as_bool()
+                    .ok_or(format!("{at} has no boolean \"group\""))?,
+            },
+            tps: f("tps")?,
+            commit_rate: f("commit_rate")?,
+            final_nodes_per_txn: f("final_nodes_per_txn")?,
+            prep_nodes_per_txn: f("prep_nodes_per_txn")?,
+            final_zone: f("final_zone")?,
+            final_busy: f("final_busy")?,
+            final_us_per_txn: f("final_us_per_txn")?,
+            cpu_cores: f("cpu_cores")?,
+            digest: r["digest"].as_str().unwrap_or_default().to_string(),
+        })
+    }
+}
+
 const VALUE: [u8; 100] = [7u8; 100];
 
 fn key(i: u64) -> [u8; 8] {

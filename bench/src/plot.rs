@@ -245,15 +245,14 @@ fn bar_panel(
         .y_label_area_size(70)
         .build_cartesian_2d(-0.5..(n as f64 - 0.5), 0.0..ymax.max(1.0))
         .map_err(|e| e.to_string())?;
-    let names: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
     chart
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(n)
         .x_label_formatter(&|v| {
             let i = v.round();
-            match names.get(i as usize) {
-                Some(name) if (v - i).abs() < 1e-6 && i >= 0.0 => name.clone(),
+            match labels.get(i as usize) {
+                Some(name) if (v - i).abs() < 1e-6 && i >= 0.0 => name.to_string(),
                 _ => String::new(),
             }
         })

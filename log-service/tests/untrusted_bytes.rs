@@ -143,6 +143,7 @@ fn check(b: &[u8]) -> Result<(), TestCaseError> {
         // The one documented leniency: an error code this build does not
         // know (a newer server's) reads as `BadFrame`.
         if let Response::Error { code, .. } = &r {
+            // The code follows version, type and correlation id (1 + 1 + 8 bytes).
             let wire = u16::from_le_bytes([b[10], b[11]]);
             if wire != *code as u16 {
                 prop_assert_eq!(*code, Code::BadFrame);
