@@ -12,6 +12,7 @@
 
 #![deny(missing_docs)]
 
+mod chunked;
 pub mod client;
 pub mod config;
 pub mod error;

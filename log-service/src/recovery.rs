@@ -14,6 +14,7 @@ use std::time::Instant;
 use reed_solomon_erasure::galois_8::ReedSolomon;
 use tokio::sync::mpsc;
 
+use crate::chunked::Chunked;
 use crate::error::{ConfigError, OpenError};
 use crate::meta::Meta;
 use crate::page::{self, class, Kind, HEADER};
@@ -22,6 +23,12 @@ use crate::store::{Loc, LogIndex, RecoveryReport, Shared};
 use crate::stripe::{self, EndWrite};
 use crate::syncpool::SyncPool;
 use crate::writer::{Cmd, SegState, Writer};
+
+/// Request ids the dedup table is sized for when the store opens (at most
+/// the configured window). The default window, 1 Mi ids, reserves about
+/// 66 MB of address space (table and order); only what is used becomes
+/// resident.
+const DEDUP_PRESIZE: usize = 4 << 20;
 
 /// Batches the writer may have on disk unacknowledged at a crash: one
 /// whose fsync round was running and the one written meanwhile.
@@ -302,17 +309,22 @@ pub(crate) fn recover(
             name.clone(),
             LogIndex {
                 first: lm.first,
-                locs: VecDeque::new(),
+                locs: Chunked::default(),
             },
         );
     }
-    let mut dedup = HashMap::new();
-    let mut dedup_order = VecDeque::new();
+    // Sized for the whole window now: growing it later rehashes every id
+    // while the writer waits, which stalled appends for tens of
+    // milliseconds each time the table doubled under load. Capped, so a
+    // huge configured window does not reserve gigabytes at open.
+    let presize = config.dedup_window.min(DEDUP_PRESIZE) + 1;
+    let mut dedup = HashMap::with_capacity(presize);
+    let mut dedup_order = VecDeque::with_capacity(presize);
     for ew in copies.values() {
         for (i, e) in ew.entries.iter().enumerate() {
             let l = logs.entry(e.log.clone()).or_insert_with(|| LogIndex {
                 first: e.pos,
-                locs: VecDeque::new(),
+                locs: Chunked::default(),
             });
             if e.pos < l.first {
                 continue; // trimmed

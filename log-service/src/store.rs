@@ -3,7 +3,7 @@
 //! thread, straight from the segment files, rebuilding lost pages from
 //! parity), trim, subscribe, scrub.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::num::NonZeroUsize;
 use std::os::unix::fs::FileExt;
@@ -17,6 +17,7 @@ use melddb::Entry;
 use serde::Serialize;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
+use crate::chunked::Chunked;
 use crate::config::Config;
 use crate::error::{OpenError, StoreError};
 use crate::page::{self, Kind};
@@ -48,7 +49,7 @@ pub(crate) struct LogIndex {
     /// First readable position.
     pub first: u64,
     /// `locs[i]` is position `first + i`.
-    pub locs: VecDeque<Loc>,
+    pub locs: Chunked<Loc>,
 }
 
 impl LogIndex {

@@ -23,6 +23,7 @@ use std::sync::{Arc, PoisonError};
 use melddb::Entry;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::chunked::Chunked;
 use crate::config::END_WRITE_COPIES;
 use crate::error::StoreError;
 use crate::meta::{LogMeta, Meta};
@@ -1015,7 +1016,7 @@ impl Writer {
                 for (i, e) in ew.entries.iter().enumerate() {
                     let l = idx.logs.entry(e.log.clone()).or_insert_with(|| LogIndex {
                         first: e.pos,
-                        locs: VecDeque::new(),
+                        locs: Chunked::default(),
                     });
                     debug_assert_eq!(l.tail(), e.pos);
                     l.locs.push_back(Loc {
@@ -1110,7 +1111,7 @@ impl Writer {
             // The log exists: pos > first >= 0 and pos <= tail were checked.
             if let Some(l) = idx.logs.get_mut(log) {
                 let drop = (pos - l.first) as usize;
-                l.locs.drain(..drop);
+                l.locs.drop_front(drop);
                 l.first = pos;
             }
         }
