@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use melddb_log::config::END_WRITE_COPIES;
 use melddb_log::{Client, Config, Running, Store};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -64,6 +65,9 @@ pub struct Results {
     pub write_amplification_64k: f64,
     /// Stripe geometry used.
     pub geometry: String,
+    /// fsync rounds on the idle disk before the service starts: over the
+    /// files one round of this geometry touches, and over one file.
+    pub round_floor: Vec<RoundFloor>,
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -74,9 +78,12 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// Zones (directories) the suite's service stripes over.
+const ZONES: usize = 5;
+
 fn config(dir: &Path) -> Config {
     // Four data pages and one parity page per stripe, five zones.
-    let zones: Vec<PathBuf> = (0..5).map(|z| dir.join(format!("zone{z}"))).collect();
+    let zones: Vec<PathBuf> = (0..ZONES).map(|z| dir.join(format!("zone{z}"))).collect();
     let mut c = Config::with_zones(zones);
     c.data_shards = 4;
     c.parity_shards = 1;
@@ -118,6 +125,108 @@ fn raw_write(dir: &Path, mib: Option<usize>, secs: Option<Duration>) -> Result<f
     drop(f);
     let _ = std::fs::remove_file(&path);
     Ok(written as f64 / s)
+}
+
+/// Latency of one fsync round on the idle disk, the floor under the
+/// service's append latency: what a round costs before any load.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoundFloor {
+    /// Files written and fdatasync'd per round.
+    pub files: usize,
+    /// Bytes appended to each file per round.
+    pub bytes: usize,
+    /// Rounds timed.
+    pub rounds: usize,
+    /// Median round (ms).
+    pub p50_ms: f64,
+    /// 99th percentile round (ms).
+    pub p99_ms: f64,
+    /// Bytes written per second over the rounds, back to back (MiB/s).
+    pub mib_s: f64,
+}
+
+/// Times `rounds` fsync rounds as the service's writer runs them: append
+/// `bytes` to each of `files` files, then fdatasync them all in parallel
+/// on long-lived helper threads (one per file, as the service's sync
+/// pool has) and wait for the last. Nothing else runs meanwhile, so this
+/// is the least a round of that many files costs on this disk; an append
+/// is acknowledged only after at least one such round.
+pub fn fsync_round_floor(
+    dir: &Path,
+    files: usize,
+    bytes: usize,
+    rounds: usize,
+) -> Result<RoundFloor, String> {
+    use std::os::unix::fs::FileExt as _;
+    use std::sync::mpsc;
+    let dir = dir.join(format!("floor{files}"));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let mut handles = Vec::new();
+    for f in 0..files {
+        let file = std::fs::File::create(dir.join(format!("f{f}"))).map_err(|e| e.to_string())?;
+        handles.push(Arc::new(file));
+    }
+    let (done_tx, done_rx) = mpsc::channel::<std::io::Result<()>>();
+    let mut go = Vec::new();
+    let mut helpers = Vec::new();
+    for file in &handles {
+        let (tx, rx) = mpsc::channel::<()>();
+        let (file, done) = (file.clone(), done_tx.clone());
+        go.push(tx);
+        helpers.push(std::thread::spawn(move || {
+            while rx.recv().is_ok() {
+                if done.send(file.sync_data()).is_err() {
+                    return;
+                }
+            }
+        }));
+    }
+    drop(done_tx);
+    let page = vec![0xa5u8; bytes];
+    let mut lat = Vec::with_capacity(rounds);
+    let t0 = Instant::now();
+    let mut result = Ok(());
+    'rounds: for r in 0..rounds {
+        let t = Instant::now();
+        for file in &handles {
+            if let Err(e) = file.write_all_at(&page, (r * bytes) as u64) {
+                result = Err(e.to_string());
+                break 'rounds;
+            }
+        }
+        for tx in &go {
+            let _ = tx.send(());
+        }
+        for _ in 0..files {
+            match done_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    result = Err(e.to_string());
+                    break 'rounds;
+                }
+                Err(_) => {
+                    result = Err("an fsync helper stopped".into());
+                    break 'rounds;
+                }
+            }
+        }
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let mib_s = (lat.len() * files * bytes) as f64 / t0.elapsed().as_secs_f64() / (1 << 20) as f64;
+    drop(go);
+    for h in helpers {
+        let _ = h.join();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    result?;
+    Ok(RoundFloor {
+        files,
+        bytes,
+        rounds: lat.len(),
+        p50_ms: pct(&mut lat, 0.5),
+        p99_ms: pct(&mut lat, 0.99),
+        mib_s,
+    })
 }
 
 async fn start(dir: &Path) -> Result<(Arc<Store>, Running), String> {
@@ -225,31 +334,16 @@ async fn open_loop(
     rate: f64,
     secs: f64,
 ) -> Result<Point, String> {
-    let per = rate / clients as f64 / batch as f64;
+    let mut senders = Vec::new();
     let mut tasks = Vec::new();
     for c in 0..clients {
         let client = Client::connect(addr).await.map_err(|e| e.to_string())?;
         let body = bytes::Bytes::from(vec![c as u8; record]);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+        senders.push(tx);
         tasks.push(tokio::spawn(async move {
-            let start = Instant::now();
-            // Poisson arrivals (exponential gaps, mean 1 / per): together the
-            // clients are one Poisson stream at `rate`, the usual open-loop
-            // model. Fixed gaps made every client send at the same instants,
-            // bursts of `clients` batches that measured the burst, not the
-            // load.
-            let mut rng = ChaCha8Rng::seed_from_u64(0x0be7_1009 ^ c as u64);
-            let mut at = 0.0f64;
-            // Until the deadline, not for a fixed count: the sum of a fixed
-            // number of random gaps overruns on some client, and the rate
-            // over the time taken would come out low.
             let mut inflight = Vec::new();
-            loop {
-                at += -(1.0 - rng.random::<f64>()).ln() / per;
-                if at >= secs {
-                    break;
-                }
-                let due = start + Duration::from_secs_f64(at);
-                tokio::time::sleep_until(due.into()).await;
+            while let Some(due) = rx.recv().await {
                 let client = client.clone();
                 let body = body.clone();
                 inflight.push(tokio::spawn(async move {
@@ -270,8 +364,40 @@ async fn open_loop(
             lat
         }));
     }
-    // Open loop: the rate achieved over the time actually taken.
-    finish(
+    // The arrivals come from a thread of their own that sleeps until each
+    // one is due: tokio's timer fires on millisecond ticks, up to a
+    // millisecond late, and that lateness (counted as latency, since
+    // latency runs from the scheduled time) was most of a light load's
+    // median. One Poisson stream at `rate` (exponential gaps), each
+    // arrival sent by a client drawn at random: together the same as
+    // `clients` independent Poisson streams, the usual open-loop model.
+    // Fixed gaps per client made every client send at the same instants,
+    // bursts that measured the burst, not the load.
+    let per = rate / batch as f64;
+    let arrivals = std::thread::spawn(move || {
+        let mut rng = ChaCha8Rng::seed_from_u64(0x0be7_1009);
+        let start = Instant::now();
+        let mut at = 0.0f64;
+        // Until the deadline, not for a fixed count, so the rate over the
+        // time taken is the rate asked for.
+        loop {
+            at += -(1.0 - rng.random::<f64>()).ln() / per;
+            if at >= secs {
+                break;
+            }
+            let due = start + Duration::from_secs_f64(at);
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+            let c = rng.random_range(0..senders.len());
+            if senders[c].send(due).is_err() {
+                break;
+            }
+        }
+        // Dropping the senders ends the client tasks.
+    });
+    let point = finish(
         tasks,
         "open loop at half the peak rate",
         clients,
@@ -280,7 +406,11 @@ async fn open_loop(
         record,
         0.0,
     )
-    .await
+    .await;
+    arrivals
+        .join()
+        .map_err(|_| "the arrivals thread panicked".to_string())?;
+    point
 }
 
 async fn reads(
@@ -341,6 +471,19 @@ pub fn run(quick: bool) -> Result<Results, String> {
     let secs = if quick { 1.0 } else { 4.0 };
     eprintln!("raw disk ...");
     let disk = disk_seq_write(tmp.path(), if quick { 512 } else { 1024 })?;
+    // A round of this geometry syncs one segment per zone (data and
+    // parity pages) plus the three end-write segments; 4 KiB is the least
+    // a round writes to each.
+    let rounds = if quick { 200 } else { 500 };
+    let mut round_floor = Vec::new();
+    for (files, bytes) in [
+        (ZONES + END_WRITE_COPIES, 4096),
+        (ZONES + END_WRITE_COPIES, 32 << 10),
+        (1, 4096),
+    ] {
+        eprintln!("fsync rounds on the idle disk, {files} files x {bytes} B ...");
+        round_floor.push(fsync_round_floor(tmp.path(), files, bytes, rounds)?);
+    }
     let dir = tmp.path().join("svc");
     rt.block_on(async {
         let (store, running) = start(&dir).await?;
@@ -421,6 +564,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
             disk_adjacent_mib_s: adjacent,
             write_amplification_64k: amp,
             geometry: "4 data + 1 parity pages per stripe, 5 zones (directories on one disk), 256 KiB pages, fsync on".into(),
+            round_floor,
         })
     })
 }

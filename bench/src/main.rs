@@ -843,6 +843,12 @@ fn log_suite(args: &Args) -> Result<(), String> {
         println!("recovery: {s:.3} s for {mib:.0} MiB of segments");
     }
     println!("geometry: {}", r.geometry);
+    for f in &r.round_floor {
+        println!(
+            "fsync rounds on the idle disk: {} file(s) x {} B appended, then fdatasync'd in parallel, back to back: p50 {:.3} ms, p99 {:.3} ms, {:.1} MiB/s ({} rounds)",
+            f.files, f.bytes, f.p50_ms, f.p99_ms, f.mib_s, f.rounds
+        );
+    }
     let mut metrics = serde_json::Map::new();
     let mut put = |k: &str, v: f64| {
         metrics.insert(k.into(), serde_json::json!(round2(v)));
@@ -862,6 +868,16 @@ fn log_suite(args: &Args) -> Result<(), String> {
         big / r.disk_adjacent_mib_s.max(1e-9),
     );
     put("write_amplification_64k", r.write_amplification_64k);
+    if let Some(f) = r.round_floor.first() {
+        // The floor under every acknowledged append: one round over the
+        // files a round of this geometry touches, on the idle disk.
+        put("disk_round_p50_ms", f.p50_ms);
+        put("disk_round_p99_ms", f.p99_ms);
+    }
+    if let Some(f) = r.round_floor.get(2) {
+        put("disk_fsync_one_file_p50_ms", f.p50_ms);
+        put("disk_fsync_one_file_p99_ms", f.p99_ms);
+    }
     if let Some((mib, s)) = r.recovery.last() {
         put("recovery_s_per_gib", s / (mib / 1024.0).max(1e-9));
     }
@@ -876,6 +892,7 @@ fn log_suite(args: &Args) -> Result<(), String> {
             "config": { "quick": args.quick, "geometry": r.geometry },
             "rows": all,
             "recovery": r.recovery,
+            "round_floor": r.round_floor,
         });
         write_json(path, &doc)?;
     }
