@@ -26,7 +26,7 @@ use crate::writer::{Cmd, SegState, Writer};
 
 /// Request ids the dedup table is sized for when the store opens (at most
 /// the configured window). The default window, 1 Mi ids, reserves about
-/// 66 MB of address space (table and order); only what is used becomes
+/// 70 MB of address space (table and order); only what is used becomes
 /// resident.
 const DEDUP_PRESIZE: usize = 4 << 20;
 
