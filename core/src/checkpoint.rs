@@ -36,7 +36,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use integer_encoding::VarInt;
 
@@ -493,7 +493,7 @@ fn encode_node<F: FnMut(Vec<u8>) -> bool>(
         vn: n.vn(),
         ncv: n.ncv(),
         nsv: n.nsv(),
-        origin: match n.owner.kind {
+        origin: match n.owner_kind() {
             OwnerKind::Intention(pos) => Some(pos),
             _ => None,
         },
@@ -661,16 +661,21 @@ impl<'a> NodeRecord<'a> {
         ))
     }
 
-    fn owner(&self) -> Arc<Owner> {
-        match self.origin {
-            Some(p) => Owner::new(OwnerKind::Intention(p), 0),
-            None => ephemeral_owner(),
-        }
+    /// The owner a loaded node gets: an intention of its own origin, or
+    /// none for an ephemeral node (its VN is cached).
+    fn owner(&self) -> Option<Arc<Owner>> {
+        self.origin.map(|p| Owner::new(OwnerKind::Intention(p), 0))
     }
 
     /// The node, with the given children (loaded nodes are normalised:
     /// NCV kept as SCV, NSV as SSV).
-    fn node(&self, owner: Arc<Owner>, left: Link, right: Link, addr: Option<NodeAddr>) -> Node {
+    fn node(
+        &self,
+        owner: Option<Arc<Owner>>,
+        left: Link,
+        right: Link,
+        addr: Option<NodeAddr>,
+    ) -> Node {
         Node {
             key: Bytes::from(self.key),
             left_link: left,
@@ -688,15 +693,6 @@ impl<'a> NodeRecord<'a> {
             addr: AtomicU64::new(addr.map_or(0, NodeAddr::raw)),
         }
     }
-}
-
-/// One shared owner for every ephemeral node read back (they need none
-/// of their own: their VN is cached and they belong to no intention).
-fn ephemeral_owner() -> Arc<Owner> {
-    static EPHEMERAL: OnceLock<Arc<Owner>> = OnceLock::new();
-    EPHEMERAL
-        .get_or_init(|| Owner::new(OwnerKind::Ephemeral, 0))
-        .clone()
 }
 
 /// A checkpoint rebuilt from its parts.
@@ -959,13 +955,12 @@ fn push(
         .map_or_else(|| key.clone(), |r| r.max.clone());
     // Kept in memory (a full load): one owner per origin, shared.
     let node = owners.map(|owners| {
-        let owner = match rec.origin {
-            Some(p) => owners
+        let owner = rec.origin.map(|p| {
+            owners
                 .entry(p)
                 .or_insert_with(|| Owner::new(OwnerKind::Intention(p), 0))
-                .clone(),
-            None => ephemeral_owner(),
-        };
+                .clone()
+        });
         let l = left.and_then(|b| b.node);
         let r = right.and_then(|b| b.node);
         Arc::new(rec.node(owner, l, r, None))
@@ -1056,10 +1051,7 @@ impl Loader {
 
 /// The stub of a node known from its record's summary.
 fn stub_from(b: &Built, addr: NodeAddr, store: Arc<dyn NodeStore>) -> Arc<Node> {
-    let owner = match b.origin {
-        Some(p) => Owner::new(OwnerKind::Intention(p), 0),
-        None => ephemeral_owner(),
-    };
+    let owner = b.origin.map(|p| Owner::new(OwnerKind::Intention(p), 0));
     let plain = Node {
         key: b.key.clone(),
         left_link: None,
@@ -1197,7 +1189,7 @@ pub fn unpersisted_nodes(state: &Snapshot, since: Vn) -> u64 {
         if n.vn() <= since {
             return 0;
         }
-        let own = u64::from(n.owner.kind == OwnerKind::Ephemeral && n.vn() > since);
+        let own = u64::from(n.owner_kind() == OwnerKind::Ephemeral && n.vn() > since);
         own + walk(n.left(), since) + walk(n.right(), since)
     }
     walk(&state.root, since)

@@ -32,8 +32,8 @@ use imbl::OrdMap;
 use crate::bytes::cmp_keys;
 use crate::codec::Intention;
 use crate::node::{
-    find, height, nsv_of, oldest_from, same, Bytes, Link, LogPos, Node, Owner, OwnerKind, Vn,
-    LEFT_OWNED, NO_LOGGED_NODE, RIGHT_OWNED, SUBTREE_ONLY_READ,
+    find, height, nsv_of, oldest_from, same, Bytes, Link, LogPos, Node, Vn, LEFT_OWNED,
+    NO_LOGGED_NODE, RIGHT_OWNED, SUBTREE_ONLY_READ,
 };
 use crate::range::{Gap, KeyRange, RangeRef};
 
@@ -246,7 +246,7 @@ pub(crate) fn meld(input: &MeldInput<'_>, stats: &mut MeldStats) -> R<Melded> {
         tombs: input.tombstones,
         snap_pos: i.snapshot_pos,
         keep_readset: input.keep_readset,
-        eph: Owner::new(OwnerKind::Ephemeral, csn_i),
+        eph_base: csn_i,
         eph_count: 0,
         stats,
     };
@@ -271,7 +271,8 @@ struct Cx<'a, 's> {
     tombs: &'a Tombstones,
     snap_pos: LogPos,
     keep_readset: bool,
-    eph: Arc<Owner>,
+    /// VN base of the ephemeral nodes this meld makes: `CSN(I)`.
+    eph_base: Vn,
     eph_count: u32,
     stats: &'s mut MeldStats,
 }
@@ -747,7 +748,7 @@ impl<'a> Cx<'a, '_> {
     ) -> Arc<Node> {
         self.eph_count += 1;
         let seq = self.eph_count;
-        let vn = self.eph.base() + seq as Vn;
+        let vn = self.eph_base + seq as Vn;
         let read_only = twin.is_some_and(|t| {
             Arc::ptr_eq(c, t)
                 && nsv_of(&left) == nsv_of(t.left())
@@ -764,7 +765,7 @@ impl<'a> Cx<'a, '_> {
             payload: c.val().clone(),
             left_link: left,
             right_link: right,
-            owner: self.eph.clone(),
+            owner: None,
             seq,
             vn_cache: AtomicU64::new(vn),
             scv: c.ncv(),

@@ -110,7 +110,10 @@ pub struct Node {
     /// Source structure version: oldest version with exactly this subtree as
     /// seen in the writer's snapshot (0 if invalidated by a restructuring).
     pub(crate) ssv: Vn,
-    pub(crate) owner: Arc<Owner>,
+    /// The intention or transaction the node belongs to; `None` for an
+    /// ephemeral node, whose VN is fixed (cached) when meld makes it and
+    /// which belongs to no intention, so it holds no reference to count.
+    pub(crate) owner: Option<Arc<Owner>>,
     /// The value; read it through [`Node::val`] (a stub's is empty).
     pub(crate) payload: Bytes,
     /// DependencyRange of a DependsOnTree node (phantom protection), or a
@@ -297,7 +300,7 @@ fn poison() -> &'static Node {
         height: 1,
         seq: 0,
         ssv: 0,
-        owner: Owner::new(OwnerKind::Ephemeral, 0),
+        owner: None,
         payload: Bytes::default(),
         extra: None,
         oldest: NO_LOGGED_NODE,
@@ -501,11 +504,14 @@ impl Node {
     pub fn vn(&self) -> Vn {
         match self.vn_cache.load(Ordering::Relaxed) {
             0 => {
-                let base = self.owner.base();
+                // An ephemeral node's VN is cached when it is made; without
+                // one (the poison node) it has none.
+                let Some(owner) = &self.owner else { return 0 };
+                let base = owner.base();
                 let vn = base + self.seq as Vn;
                 // Only a committed owner's VNs are final (its base is set
                 // and never changes again); a local node's are not VNs.
-                if base != 0 && self.owner.kind != OwnerKind::Local {
+                if base != 0 && owner.kind != OwnerKind::Local {
                     self.vn_cache.store(vn, Ordering::Relaxed);
                 }
                 vn
@@ -558,7 +564,12 @@ impl Node {
     /// Whether both nodes belong to the same owner (same intention).
     #[inline]
     pub(crate) fn same_owner(&self, other: &Arc<Owner>) -> bool {
-        Arc::ptr_eq(&self.owner, other)
+        self.owner.as_ref().is_some_and(|o| Arc::ptr_eq(o, other))
+    }
+    /// What kind of container the node lives in.
+    #[inline]
+    pub(crate) fn owner_kind(&self) -> OwnerKind {
+        self.owner.as_ref().map_or(OwnerKind::Ephemeral, |o| o.kind)
     }
 }
 

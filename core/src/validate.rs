@@ -228,7 +228,7 @@ pub fn check_tree(s: &Snapshot) -> Result<(), TreeViolation> {
         if !gap.contains(&n.key) {
             return Err(TreeViolation(format!("key {:?} out of order", n.key)));
         }
-        if n.owner.kind == crate::node::OwnerKind::Local {
+        if n.owner_kind() == crate::node::OwnerKind::Local {
             return Err(TreeViolation(
                 "transaction-local node in a committed tree".into(),
             ));
@@ -243,7 +243,7 @@ pub fn check_tree(s: &Snapshot) -> Result<(), TreeViolation> {
                 n.vn()
             )));
         }
-        let own = match n.owner.kind {
+        let own = match n.owner_kind() {
             crate::node::OwnerKind::Intention(pos) => pos,
             _ => crate::node::NO_LOGGED_NODE,
         };
@@ -304,7 +304,7 @@ pub fn ephemeral_vns(s: &Snapshot) -> Vec<u64> {
         if let Some(n) = t {
             n.with_body(|b| {
                 walk(&b.left_link, out);
-                if n.owner.kind == crate::node::OwnerKind::Ephemeral {
+                if n.owner_kind() == crate::node::OwnerKind::Ephemeral {
                     out.push(n.vn());
                 }
                 walk(&b.right_link, out);
