@@ -2,13 +2,13 @@
 //!
 //! Node identity is defined here and nowhere else: every node that is part of a
 //! committed state has a *version number* (VN) that is unique in the database.
-//! VNs are never stored per node in the log. A node belongs to an [`Owner`] (the
-//! intention it was logged in, or the ephemeral intention meld created it in) and
-//! has a 1-based post-order sequence number inside it; its VN is
-//! `owner.base + seq`, where `base` is the CSN of the state the owner was melded
-//! into (meld paper §4.1 and App. E). An intention's CSN is therefore
-//! `base + node_count`, and an ephemeral intention created while melding
-//! intention `I` starts at `CSN(I)`.
+//! VNs are never stored per node in the log. A logged node belongs to an
+//! [`Owner`] (the intention it was logged in) and has a 1-based post-order
+//! sequence number inside it; its VN is `owner.base + seq`, where `base` is the
+//! CSN of the state the owner was melded into (meld paper §4.1 and App. E). An
+//! intention's CSN is therefore `base + node_count`, and the ephemeral nodes
+//! created while melding intention `I` take `CSN(I) + k` for the k-th one. An
+//! ephemeral node's VN is fixed when meld makes it, so it keeps no owner.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
