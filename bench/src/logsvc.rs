@@ -131,6 +131,9 @@ fn raw_write(dir: &Path, mib: Option<usize>, secs: Option<Duration>) -> Result<f
 /// service's append latency: what a round costs before any load.
 #[derive(Debug, Clone, Serialize)]
 pub struct RoundFloor {
+    /// Which floor this is; the JSON's metrics are `disk_{name}_p50_ms`
+    /// and `disk_{name}_p99_ms`.
+    pub name: &'static str,
     /// Files written and fdatasync'd per round.
     pub files: usize,
     /// Bytes appended to each file per round.
@@ -153,6 +156,7 @@ pub struct RoundFloor {
 /// is acknowledged only after at least one such round.
 pub fn fsync_round_floor(
     dir: &Path,
+    name: &'static str,
     files: usize,
     bytes: usize,
     rounds: usize,
@@ -220,6 +224,7 @@ pub fn fsync_round_floor(
     let _ = std::fs::remove_dir_all(&dir);
     result?;
     Ok(RoundFloor {
+        name,
         files,
         bytes,
         rounds: lat.len(),
@@ -476,13 +481,13 @@ pub fn run(quick: bool) -> Result<Results, String> {
     // a round writes to each.
     let rounds = if quick { 200 } else { 500 };
     let mut round_floor = Vec::new();
-    for (files, bytes) in [
-        (ZONES + END_WRITE_COPIES, 4096),
-        (ZONES + END_WRITE_COPIES, 32 << 10),
-        (1, 4096),
+    for (name, files, bytes) in [
+        ("round", ZONES + END_WRITE_COPIES, 4096),
+        ("round_32k", ZONES + END_WRITE_COPIES, 32 << 10),
+        ("fsync_one_file", 1, 4096),
     ] {
         eprintln!("fsync rounds on the idle disk, {files} files x {bytes} B ...");
-        round_floor.push(fsync_round_floor(tmp.path(), files, bytes, rounds)?);
+        round_floor.push(fsync_round_floor(tmp.path(), name, files, bytes, rounds)?);
     }
     let dir = tmp.path().join("svc");
     rt.block_on(async {

@@ -29,7 +29,8 @@ pub(crate) type Link = Option<Arc<Node>>;
 pub(crate) enum OwnerKind {
     /// Decoded from the intention at this log position.
     Intention(LogPos),
-    /// Created by meld in an ephemeral intention (memory only, deterministic).
+    /// Created by meld (memory only, deterministic). Such a node has no
+    /// [`Owner`] object: [`Node::owner_kind`] reports this for `None`.
     Ephemeral,
     /// Created by a running transaction; not yet logged, has no VN.
     Local,

@@ -14,7 +14,6 @@ use std::time::Instant;
 use reed_solomon_erasure::galois_8::ReedSolomon;
 use tokio::sync::mpsc;
 
-use crate::chunked::Chunked;
 use crate::error::{ConfigError, OpenError};
 use crate::meta::Meta;
 use crate::page::{self, class, Kind, HEADER};
@@ -305,13 +304,7 @@ pub(crate) fn recover(
     // Index and request ids.
     let mut logs: BTreeMap<String, LogIndex> = BTreeMap::new();
     for (name, lm) in &meta.logs {
-        logs.insert(
-            name.clone(),
-            LogIndex {
-                first: lm.first,
-                locs: Chunked::default(),
-            },
-        );
+        logs.insert(name.clone(), LogIndex::starting_at(lm.first));
     }
     // Sized for the whole window now: growing it later rehashes every id
     // while the writer waits, which stalled appends for tens of
@@ -322,10 +315,9 @@ pub(crate) fn recover(
     let mut dedup_order = VecDeque::with_capacity(presize);
     for ew in copies.values() {
         for (i, e) in ew.entries.iter().enumerate() {
-            let l = logs.entry(e.log.clone()).or_insert_with(|| LogIndex {
-                first: e.pos,
-                locs: Chunked::default(),
-            });
+            let l = logs
+                .entry(e.log.clone())
+                .or_insert_with(|| LogIndex::starting_at(e.pos));
             if e.pos < l.first {
                 continue; // trimmed
             }

@@ -53,6 +53,14 @@ pub(crate) struct LogIndex {
 }
 
 impl LogIndex {
+    /// An empty index whose first position is `first`.
+    pub fn starting_at(first: u64) -> LogIndex {
+        LogIndex {
+            first,
+            locs: Chunked::default(),
+        }
+    }
+
     /// Next position.
     pub fn tail(&self) -> u64 {
         self.first + self.locs.len() as u64

@@ -23,7 +23,6 @@ use std::sync::{Arc, PoisonError};
 use melddb::Entry;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::chunked::Chunked;
 use crate::config::END_WRITE_COPIES;
 use crate::error::StoreError;
 use crate::meta::{LogMeta, Meta};
@@ -1014,10 +1013,10 @@ impl Writer {
                 .unwrap_or_else(PoisonError::into_inner);
             for ew in &ews {
                 for (i, e) in ew.entries.iter().enumerate() {
-                    let l = idx.logs.entry(e.log.clone()).or_insert_with(|| LogIndex {
-                        first: e.pos,
-                        locs: Chunked::default(),
-                    });
+                    let l = idx
+                        .logs
+                        .entry(e.log.clone())
+                        .or_insert_with(|| LogIndex::starting_at(e.pos));
                     debug_assert_eq!(l.tail(), e.pos);
                     l.locs.push_back(Loc {
                         stripe: ew.stripe.seq,
