@@ -1,13 +1,18 @@
 //! The embedded database: `Database::open(dir)`.
 //!
-//! A durable [`FileLog`] in `dir`, the melder, and one writer thread that
-//! owns both. Any number of threads run transactions on snapshots and hand
-//! their intentions to the writer through a bounded queue (admission
-//! control: when `max_in_flight` commits wait, the next `commit` blocks).
-//! The writer takes everything queued (up to a batch), appends it, syncs
-//! the log once for the whole batch (group commit), melds the new entries
-//! and only then answers each commit with its outcome and publishes the
-//! new state. Recovery on open replays the log from the genesis record.
+//! A durable [`FileLog`] in `dir` and the melder, both behind one lock.
+//! Any number of threads run transactions on snapshots; a committing
+//! thread takes the lock, appends its intention and melds it itself (no
+//! hand-over to another thread), then waits for a flush that covers it.
+//! A sync thread does the flushes (group commit): each one covers every
+//! record appended before it starts, and while committers keep waiting the
+//! next starts the moment the previous ends. When a flush ends, the sync
+//! thread publishes the state it made durable and wakes exactly the
+//! committers it covered. Admission control: once `max_in_flight` commits
+//! wait for a flush, the next commit waits for one before it appends. A
+//! background thread appends checkpoint parts, sweeps the node cache and
+//! answers checkpoint requests. Recovery on open replays the log from the
+//! latest checkpoint.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -28,7 +33,7 @@ use crate::filelog::{FileLog, FileLogError, OpenReport};
 use crate::nodestore::{LogStore, StoreStats};
 
 /// Default of [`Options::checkpoint_part_bytes`]: 1 MiB, so appending one
-/// part between two commit batches holds commits up only briefly.
+/// part at a time holds commits up only briefly.
 pub const DEFAULT_CHECKPOINT_PART_BYTES: usize = checkpoint::DEFAULT_PART_BYTES;
 
 /// Default of [`Options::checkpoint_bytes`]: 64 MiB of log between checkpoints.
@@ -40,11 +45,11 @@ pub const DEFAULT_CACHE_BYTES: u64 = 1 << 30;
 /// When a commit is acknowledged relative to the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
-    /// After the batch holding it was written and `fdatasync`ed (default):
-    /// an acknowledged commit survives a crash or power loss.
+    /// After a flush (`fdatasync`) that covers it (default): an
+    /// acknowledged commit survives a crash or power loss.
     Sync,
-    /// After the batch was handed to the OS: survives a process crash, not
-    /// a power loss. Faster on slow disks.
+    /// After it was written to its segment file (handed to the OS):
+    /// survives a process crash, not a power loss. Faster on slow disks.
     Buffered,
 }
 
@@ -56,10 +61,11 @@ pub struct Options {
     pub settings: Settings,
     /// Acknowledgement policy.
     pub durability: Durability,
-    /// Commits that may wait for the writer before `commit` blocks.
+    /// Commits appended and waiting for a flush before the next commit
+    /// flushes them itself before it appends (back-pressure instead of an
+    /// unbounded backlog of unflushed commits). Matters with
+    /// [`Database::submit`], which returns before the flush.
     pub max_in_flight: usize,
-    /// Largest number of intentions appended and synced together.
-    pub max_batch: usize,
     /// Segment file size.
     pub segment_bytes: u64,
     /// Attempts [`Database::transact`] makes before giving up.
@@ -79,8 +85,8 @@ pub struct Options {
     /// meld off; otherwise no checkpoint is written.
     pub checkpoint_bytes: u64,
     /// Largest chunk of a checkpoint in one log record (at least 4 KiB;
-    /// default 1 MiB). The writer appends about one part between two
-    /// commit batches.
+    /// default 1 MiB). The background thread appends one part at a time,
+    /// holding commits up only briefly.
     pub checkpoint_part_bytes: usize,
     /// Garbage collection: after a checkpoint, delete the log segments
     /// that hold only entries before the *previous* checkpoint (two are
@@ -104,7 +110,6 @@ impl Default for Options {
             settings: Settings::default(),
             durability: Durability::Sync,
             max_in_flight: 1024,
-            max_batch: 256,
             segment_bytes: crate::filelog::DEFAULT_SEGMENT_BYTES,
             max_attempts: 16,
             trial_meld: false,
@@ -159,24 +164,10 @@ pub enum DbError {
     /// Part of the tree could not be read back from the log (node cache).
     #[error(transparent)]
     Store(#[from] melddb::StoreError),
-    /// The writer thread stopped (after an I/O error it reported, or at
-    /// shutdown); reopen the database.
-    #[error("the database writer stopped: {0}")]
+    /// The database stopped taking commits (after an I/O error on its log,
+    /// or because it was closed); reopen it.
+    #[error("the database stopped: {0}")]
     Stopped(String),
-}
-
-struct Request {
-    bytes: Vec<u8>,
-    /// The same intention as tree nodes: the writer melds it without
-    /// decoding the bytes (identical result, much less work).
-    local: Option<melddb::LocalIntention>,
-    reply: SyncSender<Result<Outcome, String>>,
-}
-
-impl std::fmt::Debug for Request {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Request({} bytes)", self.bytes.len())
-    }
 }
 
 struct Shared {
@@ -193,17 +184,17 @@ impl Shared {
     fn publish(&self, state: MeldState) {
         *self.latest.write().unwrap_or_else(PoisonError::into_inner) = state;
     }
-    /// The writer's published log figures.
+    /// The published log figures.
     fn log_stats(&self) -> std::sync::MutexGuard<'_, LogStats> {
         self.log.lock().unwrap_or_else(PoisonError::into_inner)
     }
-    /// The writer's published cache figures.
+    /// The published cache figures.
     fn cache_stats(&self) -> std::sync::MutexGuard<'_, CacheStats> {
         self.cache.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-/// The node cache as the writer last measured it (see
+/// The node cache as last measured (see
 /// [`Database::cache_stats`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CacheStats {
@@ -249,7 +240,7 @@ pub struct CheckpointInfo {
     pub micros: u64,
 }
 
-/// The log as the writer last saw it (see [`Database::log_stats`]).
+/// The log as last published (see [`Database::log_stats`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogStats {
     /// First position still in the log (earlier ones were trimmed).
@@ -297,8 +288,9 @@ pub struct Recovery {
 /// an `Arc` and call it from any number of threads.
 pub struct Database {
     shared: Arc<Shared>,
-    queue: Option<SyncSender<Msg>>,
-    writer: Option<JoinHandle<()>>,
+    engine: Arc<Engine>,
+    background: Option<JoinHandle<()>>,
+    syncer: Option<JoinHandle<()>>,
     max_attempts: u32,
     trial_meld: bool,
     recovery: Recovery,
@@ -312,22 +304,86 @@ impl std::fmt::Debug for Database {
     }
 }
 
-/// An intention handed to the writer; [`CommitHandle::wait`] gives its outcome.
-#[derive(Debug)]
+/// A commit appended and melded; [`CommitHandle::wait`] gives its outcome
+/// once it is durable. Dropping the handle without waiting leaves the
+/// commit to be flushed by the background thread.
 pub struct CommitHandle {
-    rx: Option<Receiver<Result<Outcome, String>>>,
+    state: HandleState,
+}
+
+enum HandleState {
+    /// Answered already (read-only, rejected by trial meld, or buffered).
+    Ready(Result<Outcome, DbError>),
+    /// Appended at `pos`; answered once a flush covers it.
+    Pending {
+        pos: LogPos,
+        engine: Arc<Engine>,
+        /// The outcome, if meld decided it when the commit was appended.
+        decided: Option<Outcome>,
+        /// What meld released for this commit, freed by the committing
+        /// thread while it waits for the flush anyway.
+        garbage: Option<melddb::Garbage>,
+    },
+    Taken,
+}
+
+impl std::fmt::Debug for CommitHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.state {
+            HandleState::Ready(o) => write!(f, "CommitHandle(ready: {o:?})"),
+            HandleState::Pending { pos, .. } => write!(f, "CommitHandle(pending at {pos})"),
+            HandleState::Taken => write!(f, "CommitHandle(taken)"),
+        }
+    }
 }
 
 impl CommitHandle {
-    /// Blocks until the outcome is known.
-    pub fn wait(self) -> Result<Outcome, DbError> {
-        match self.rx {
-            None => Ok(Outcome::ReadOnly),
-            Some(rx) => match rx.recv() {
-                Ok(Ok(o)) => Ok(o),
-                Ok(Err(e)) => Err(DbError::Stopped(e)),
-                Err(_) => Err(DbError::Stopped("writer exited before answering".into())),
-            },
+    fn ready(o: Result<Outcome, DbError>) -> CommitHandle {
+        CommitHandle {
+            state: HandleState::Ready(o),
+        }
+    }
+
+    /// Blocks until the outcome is known (and, with
+    /// [`Durability::Sync`], durable). This thread may do the flush itself,
+    /// for its own commit and every other one appended by then.
+    pub fn wait(mut self) -> Result<Outcome, DbError> {
+        match std::mem::replace(&mut self.state, HandleState::Taken) {
+            HandleState::Ready(o) => o,
+            HandleState::Taken => Err(DbError::Stopped("the outcome was already taken".into())),
+            HandleState::Pending {
+                pos,
+                engine,
+                decided,
+                mut garbage,
+            } => {
+                // Freeing costs tens of microseconds of cache misses: done
+                // while the flush runs.
+                engine.make_durable(pos + 1, garbage.take())?;
+                match decided {
+                    Some(o) => Ok(o),
+                    None => engine.lock().take_outcome(pos),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for CommitHandle {
+    fn drop(&mut self) {
+        if let HandleState::Pending {
+            pos,
+            engine,
+            decided,
+            ..
+        } = &self.state
+        {
+            // Nobody will take the outcome; the background thread flushes
+            // the commit (so its state gets published) if no one else does.
+            if decided.is_none() {
+                engine.lock().forget(*pos);
+            }
+            let _ = engine.to_bg.try_send(Msg::Flush(*pos + 1));
         }
     }
 }
@@ -342,10 +398,8 @@ impl Database {
     /// Opens (or creates) the database in `dir` with `opts`.
     pub fn open_with(dir: impl AsRef<Path>, opts: Options) -> Result<Database, DbError> {
         let dir = dir.as_ref().to_path_buf();
-        if opts.max_in_flight == 0 || opts.max_batch == 0 {
-            return Err(DbError::Options(
-                "max_in_flight and max_batch must be at least 1".into(),
-            ));
+        if opts.max_in_flight == 0 {
+            return Err(DbError::Options("max_in_flight must be at least 1".into()));
         }
         if opts.checkpoint_part_bytes < 4096
             || opts.checkpoint_part_bytes > checkpoint::MAX_PART_BYTES
@@ -441,42 +495,59 @@ impl Database {
             generation: start.generation,
             cache_bytes,
         };
-        let (tx, rx) = sync_channel::<Msg>(opts.max_in_flight);
-        let w_shared = shared.clone();
-        let durability = opts.durability;
-        let max_batch = opts.max_batch;
-        let to_writer = tx.clone();
+        // Few messages go to the background thread (checkpoint parts, cache
+        // pressure, flushes of dropped handles): a short queue is enough.
+        let (tx, rx) = sync_channel::<Msg>(64);
         if plan.cache_bytes > 0 {
-            // Readers that load a quarter of the budget wake the writer
-            // to sweep (it may be idle: no commit to wake it).
+            // Readers that load a quarter of the budget wake the background
+            // thread to sweep (no commit may come to notice it).
             let wake = tx.clone();
             store.on_pressure(plan.cache_bytes / 4, move || {
                 let _ = wake.try_send(Msg::CachePressure);
             });
         }
-        let w_store = store.clone();
-        let writer = thread::Builder::new()
-            .name("melddb-writer".into())
-            .spawn(move || {
-                writer_loop(
-                    log,
-                    melder,
-                    rx,
-                    to_writer,
-                    w_shared,
-                    w_store,
-                    WriterSetup {
-                        durability,
-                        max_batch,
-                        plan,
-                    },
+        melder.set_deferred_reclaim(true);
+        let durable = log.synced();
+        let writer = Writer::new(log, melder, shared.clone(), store, plan, tx.clone());
+        let engine = Arc::new(Engine {
+            core: Mutex::new(writer),
+            flush: Mutex::new(FlushState {
+                durable,
+                wanted: durable,
+                sleepers: Vec::new(),
+                idle: false,
+                stop: false,
+                failed: None,
+            }),
+            work: Condvar::new(),
+            durability: opts.durability,
+            max_in_flight: opts.max_in_flight,
+            to_bg: tx,
+        });
+        let syncer = match opts.durability {
+            Durability::Sync => {
+                let e = engine.clone();
+                Some(
+                    thread::Builder::new()
+                        .name("melddb-sync".into())
+                        .spawn(move || sync_loop(&e))
+                        .map_err(|e| {
+                            DbError::Stopped(format!("cannot start the sync thread: {e}"))
+                        })?,
                 )
-            })
-            .map_err(|e| DbError::Stopped(format!("cannot start the writer thread: {e}")))?;
+            }
+            Durability::Buffered => None,
+        };
+        let bg_engine = engine.clone();
+        let background = thread::Builder::new()
+            .name("melddb-background".into())
+            .spawn(move || background_loop(&bg_engine, rx))
+            .map_err(|e| DbError::Stopped(format!("cannot start the background thread: {e}")))?;
         Ok(Database {
             shared,
-            queue: Some(tx),
-            writer: Some(writer),
+            engine,
+            background: Some(background),
+            syncer,
             max_attempts: opts.max_attempts.max(1),
             trial_meld: opts.trial_meld,
             recovery: Recovery {
@@ -523,7 +594,7 @@ impl Database {
         Ok(self.snapshot().try_get(key)?)
     }
 
-    /// The node cache's figures, as of the writer's last measurement.
+    /// The node cache's figures, as of the last measurement.
     pub fn cache_stats(&self) -> CacheStats {
         let mut c = self.shared.cache_stats().clone();
         c.store = self.shared.store.stats();
@@ -535,38 +606,79 @@ impl Database {
         Transaction::begin(&self.snapshot(), isolation)
     }
 
-    /// Finishes `tx` and hands its intention to the writer without waiting
-    /// (blocks only while `max_in_flight` commits are already queued).
+    /// Finishes `tx`, appends its intention and melds it on this thread,
+    /// and returns without waiting for the flush that makes it durable
+    /// ([`CommitHandle::wait`] waits, and may do that flush). Once
+    /// [`Options::max_in_flight`] commits wait for a flush, this call
+    /// flushes them before it appends.
     pub fn submit(&self, tx: Transaction) -> Result<CommitHandle, DbError> {
         let Some((bytes, local)) = tx.finish_local()? else {
-            return Ok(CommitHandle { rx: None });
+            return Ok(CommitHandle::ready(Ok(Outcome::ReadOnly)));
         };
         if self.trial_meld {
             let mut stats = melddb::MeldStats::default();
             let latest = self.latest();
             let _ = melddb::take_store_error();
             let trial = trial_meld(&self.shared.settings, &local, &latest, &mut stats);
-            // A failed read back makes the trial say nothing: let the
-            // writer decide.
+            // A failed read back makes the trial say nothing: let meld
+            // decide.
             let unsure = melddb::take_store_error().is_some();
             if let (Err(reason), false) = (trial, unsure) {
-                let (reply, rx) = sync_channel(1);
-                let _ = reply.send(Ok(Outcome::Rejected { reason }));
-                return Ok(CommitHandle { rx: Some(rx) });
+                return Ok(CommitHandle::ready(Ok(Outcome::Rejected { reason })));
             }
         }
-        let (reply, rx) = sync_channel(1);
-        let q = self
-            .queue
-            .as_ref()
-            .ok_or_else(|| DbError::Stopped("database is closed".into()))?;
-        q.send(Msg::Commit(Request {
-            bytes,
-            local: Some(local),
-            reply,
-        }))
-        .map_err(|_| DbError::Stopped("the writer thread has stopped".into()))?;
-        Ok(CommitHandle { rx: Some(rx) })
+        let engine = &self.engine;
+        let mut w = loop {
+            let w = engine.lock();
+            if let Some(e) = &w.failed {
+                return Err(DbError::Stopped(e.clone()));
+            }
+            if engine.durability == Durability::Sync && w.unflushed.len() >= engine.max_in_flight {
+                let tail = w.log.tail();
+                drop(w);
+                engine.make_durable(tail, None)?;
+                continue;
+            }
+            break w;
+        };
+        let (pos, decided) = match w.commit(&bytes, local).and_then(|c| {
+            w.after_commit()?;
+            Ok(c)
+        }) {
+            Ok(c) => c,
+            Err(e) => {
+                engine.fail(&mut w, &e.to_string());
+                return Err(e);
+            }
+        };
+        let garbage = w.melder.take_garbage();
+        if engine.durability == Durability::Sync {
+            // Just the tail (the rest follows with the flush).
+            w.shared.log_stats().tail = w.log.tail();
+        }
+        if engine.durability == Durability::Buffered {
+            // Written is enough: answer at once.
+            let tail = w.log.tail();
+            w.unflushed.clear();
+            w.release(tail);
+            w.publish_log_stats();
+            let outcome = match decided {
+                Some(o) => Ok(o),
+                None => w.take_outcome(pos),
+            };
+            drop(w);
+            drop(garbage);
+            return Ok(CommitHandle::ready(outcome));
+        }
+        drop(w);
+        Ok(CommitHandle {
+            state: HandleState::Pending {
+                pos,
+                engine: engine.clone(),
+                decided,
+                garbage: Some(garbage),
+            },
+        })
     }
 
     /// Commits `tx` and waits for its outcome.
@@ -610,22 +722,25 @@ impl Database {
     /// then starts from it, and with [`Options::trim_log`] the log below
     /// the previous checkpoint is deleted.
     pub fn checkpoint(&self) -> Result<CheckpointInfo, DbError> {
+        if self.background.is_none() {
+            return Err(DbError::Stopped("database is closed".into()));
+        }
         let (reply, rx) = sync_channel(1);
-        let q = self
-            .queue
-            .as_ref()
-            .ok_or_else(|| DbError::Stopped("database is closed".into()))?;
-        q.send(Msg::Checkpoint(reply))
-            .map_err(|_| DbError::Stopped("the writer thread has stopped".into()))?;
+        self.engine
+            .to_bg
+            .send(Msg::Checkpoint(reply))
+            .map_err(|_| DbError::Stopped("the background thread has stopped".into()))?;
         match rx.recv() {
             Ok(Ok(info)) => Ok(info),
             Ok(Err(e)) => Err(DbError::Checkpoint(e)),
-            Err(_) => Err(DbError::Stopped("writer exited before answering".into())),
+            Err(_) => Err(DbError::Stopped(
+                "the background thread exited before answering".into(),
+            )),
         }
     }
 
     /// The log's extent, the latest checkpoint and garbage collection
-    /// counters, as of the writer's last step.
+    /// counters, as of the last commit or background step.
     pub fn log_stats(&self) -> LogStats {
         self.shared.log_stats().clone()
     }
@@ -643,21 +758,25 @@ impl Database {
         checkpoint::unpersisted_nodes(&self.snapshot(), since)
     }
 
-    /// Stops the writer after it answered every queued commit.
+    /// Flushes every commit, finishes a checkpoint whose parts are all
+    /// encoded, and stops the background thread. Commits submitted and not
+    /// waited for are durable afterwards.
     pub fn close(mut self) -> Result<(), DbError> {
         self.shutdown()
     }
 
     fn shutdown(&mut self) -> Result<(), DbError> {
-        if let Some(q) = self.queue.take() {
-            // The sync thread holds a sender too, so say it explicitly.
-            let _ = q.send(Msg::Shutdown);
+        let Some(bg) = self.background.take() else {
+            return Ok(());
+        };
+        let _ = self.engine.to_bg.send(Msg::Shutdown);
+        let joined = bg.join();
+        let closed = self.engine.close();
+        if let Some(s) = self.syncer.take() {
+            let _ = s.join();
         }
-        if let Some(w) = self.writer.take() {
-            w.join()
-                .map_err(|_| DbError::Stopped("the writer thread panicked".into()))?;
-        }
-        Ok(())
+        joined.map_err(|_| DbError::Stopped("the background thread panicked".into()))?;
+        closed
     }
 }
 
@@ -836,7 +955,7 @@ fn load_lazily(
 }
 
 /// Fails if a node could not be read back from the log during the last
-/// meld: its decisions are then meaningless, so the writer stops (a
+/// meld: its decisions are then meaningless, so the database stops (a
 /// reopen recovers from the log).
 fn read_back_ok() -> Result<(), DbError> {
     match melddb::take_store_error() {
@@ -931,7 +1050,7 @@ fn first_part_settings(log: &FileLog) -> Result<Settings, String> {
     Err(why)
 }
 
-/// When and how the writer checkpoints.
+/// When and how checkpoints are written.
 struct CheckpointPlan {
     every: u64,
     part_bytes: usize,
@@ -957,122 +1076,207 @@ fn close_pair(log: &mut FileLog, melder: &mut Melder) -> Result<Vec<Outcome>, Db
     Ok(melder.apply(&[]))
 }
 
-/// Messages to the writer thread: commits from clients, flush results
-/// from the sync thread, and the shutdown request.
+/// Messages to the background thread.
 enum Msg {
-    Commit(Request),
-    /// Every record before this position is durable (or the flush failed).
-    Synced(LogPos, std::io::Result<()>),
     Checkpoint(SyncSender<Result<CheckpointInfo, String>>),
     /// The encoder put one more part in the parts channel.
     PartReady,
     /// Readers loaded much of the cache budget since the last sweep.
     CachePressure,
     Encoded(Result<Encoded, String>),
+    /// A commit saw a cache measurement due.
+    Housekeeping,
+    /// A handle was dropped unwaited: make everything before this durable.
+    Flush(LogPos),
     Shutdown,
 }
 
-/// A thread that flushes segment files, so the writer keeps appending and
-/// melding the next commits while the disk flushes the previous ones
-/// (pipelined group commit). The writer posts the position it wants
-/// durable whenever it likes, also while a flush runs; the thread starts
-/// the next flush as soon as one ends if more was asked for, without a
-/// round trip through the writer. It reports back through the writer's
-/// queue.
-struct Syncer {
-    want: Arc<(Mutex<SyncWant>, Condvar)>,
-    handle: Option<JoinHandle<()>>,
+/// What every committing thread and the background thread share: the log
+/// and melder behind one lock, and the group-commit state behind another
+/// (taken only after `core` when both are needed, never the other way
+/// round).
+struct Engine {
+    core: Mutex<Writer>,
+    flush: Mutex<FlushState>,
+    /// Wakes the idle sync thread.
+    work: Condvar,
+    durability: Durability,
+    max_in_flight: usize,
+    to_bg: SyncSender<Msg>,
 }
 
-/// What the writer asked the sync thread to make durable.
-struct SyncWant {
-    /// A handle on the segment holding the records before `upto` that are
-    /// not durable yet (the file log syncs a segment before it starts the
-    /// next one, so one segment is enough).
-    file: Option<std::fs::File>,
-    upto: LogPos,
+/// Group commit: whether a thread is flushing, and what is durable.
+struct FlushState {
+    /// Every record before this position is durable and its state
+    /// published.
+    durable: LogPos,
+    /// Committers wait for everything before this to be durable.
+    wanted: LogPos,
+    /// Parked committers and the position each waits for.
+    sleepers: Vec<(LogPos, thread::Thread)>,
+    /// The sync thread waits for work.
+    idle: bool,
+    /// The database is closing: the sync thread stops.
     stop: bool,
+    failed: Option<String>,
 }
 
-impl Syncer {
-    fn start(report: SyncSender<Msg>) -> std::io::Result<Syncer> {
-        let want = Arc::new((
-            Mutex::new(SyncWant {
-                file: None,
-                upto: 0,
-                stop: false,
-            }),
-            Condvar::new(),
-        ));
-        let theirs = want.clone();
-        let handle = thread::Builder::new()
-            .name("melddb-sync".into())
-            .spawn(move || {
-                let (lock, cv) = &*theirs;
-                let mut done: LogPos = 0;
-                loop {
-                    let (file, upto) = {
-                        let mut w = lock.lock().unwrap_or_else(PoisonError::into_inner);
-                        while w.upto <= done && !w.stop {
-                            w = cv.wait(w).unwrap_or_else(PoisonError::into_inner);
-                        }
-                        if w.upto <= done {
-                            return;
-                        }
-                        (w.file.take(), w.upto)
-                    };
-                    let r = file.map_or(Ok(()), |f| f.sync_data());
-                    done = upto;
-                    if report.send(Msg::Synced(upto, r)).is_err() {
-                        return;
+impl FlushState {
+    /// Wakes every parked committer (failure or close: they all return).
+    fn wake_all(&mut self) {
+        for (_, t) in self.sleepers.drain(..) {
+            t.unpark();
+        }
+    }
+}
+
+impl Engine {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Writer> {
+        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn flush_state(&self) -> std::sync::MutexGuard<'_, FlushState> {
+        self.flush.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Returns once every record before `upto` is durable and its state
+    /// published: asks the sync thread for it (waking it if idle; a
+    /// running one chains the next flush itself), frees `garbage` while
+    /// the flush runs, and waits.
+    fn make_durable(&self, upto: LogPos, garbage: Option<melddb::Garbage>) -> Result<(), DbError> {
+        let mut st = self.flush_state();
+        if st.wanted < upto {
+            st.wanted = upto;
+            if st.idle {
+                self.work.notify_one();
+            }
+        }
+        if let Some(g) = garbage {
+            drop(st);
+            drop(g);
+            st = self.flush_state();
+        }
+        loop {
+            if let Some(e) = &st.failed {
+                return Err(DbError::Stopped(e.clone()));
+            }
+            if st.durable >= upto {
+                return Ok(());
+            }
+            if st.stop {
+                return Err(DbError::Stopped("the database is closed".into()));
+            }
+            // Parked until a flush covers `upto`: only the committers a
+            // flush answers are woken, not every waiting one.
+            let me = thread::current();
+            if !st.sleepers.iter().any(|(_, t)| t.id() == me.id()) {
+                st.sleepers.push((upto, me));
+            }
+            drop(st);
+            thread::park();
+            st = self.flush_state();
+        }
+    }
+
+    /// One flush: everything appended before it starts is synced (the
+    /// lock is not held meanwhile, so other threads keep appending), then
+    /// the state there is published. Returns the durable position.
+    fn flush_once(&self) -> Result<LogPos, DbError> {
+        let handle = {
+            let w = self.lock();
+            if let Some(e) = &w.failed {
+                return Err(DbError::Stopped(e.clone()));
+            }
+            if w.log.synced() < w.log.tail() {
+                match w.log.sync_handle() {
+                    Ok(h) => Some(h),
+                    Err(e) => {
+                        drop(w);
+                        return Err(self.fail_now(&format!("cannot flush the log: {e}")));
                     }
                 }
-            })?;
-        Ok(Syncer {
-            want,
-            handle: Some(handle),
-        })
+            } else {
+                None
+            }
+        };
+        let upto = match handle {
+            Some((file, upto)) => {
+                if let Err(e) = file.sync_data() {
+                    return Err(self.fail_now(&format!("fdatasync failed: {e}")));
+                }
+                upto
+            }
+            None => 0,
+        };
+        let mut w = self.lock();
+        // A checkpoint may have synced more meanwhile (inline, holding
+        // the lock): publish whatever is durable.
+        let upto = upto.max(w.log.synced());
+        w.synced(upto);
+        w.publish_log_stats();
+        Ok(w.log.synced())
     }
 
-    /// Asks for every record before `upto` (all in `file`) to be made
-    /// durable.
-    fn post(&self, file: std::fs::File, upto: LogPos) {
-        let (lock, cv) = &*self.want;
-        let mut w = lock.lock().unwrap_or_else(PoisonError::into_inner);
-        w.file = Some(file);
-        w.upto = w.upto.max(upto);
-        cv.notify_one();
+    /// Stops taking commits after an I/O error: everyone waiting for a
+    /// flush and every checkpoint request gets `msg`. The log may be
+    /// damaged; the next open verifies the files and recovers.
+    fn fail(&self, w: &mut Writer, msg: &str) {
+        w.fail(msg);
+        let mut st = self.flush_state();
+        st.failed.get_or_insert_with(|| msg.to_string());
+        st.wake_all();
+    }
+
+    fn fail_now(&self, msg: &str) -> DbError {
+        let mut w = self.lock();
+        self.fail(&mut w, msg);
+        DbError::Stopped(msg.to_string())
+    }
+
+    /// At close (the background thread has stopped): syncs what is left
+    /// and refuses further commits. Handles still held get their outcomes.
+    fn close(&self) -> Result<(), DbError> {
+        let mut w = self.lock();
+        if w.failed.is_some() {
+            return Ok(());
+        }
+        let synced = w.log.sync();
+        let tail = w.log.tail();
+        w.synced(tail);
+        w.failed = Some("the database is closed".into());
+        drop(w);
+        let mut st = self.flush_state();
+        st.stop = true;
+        self.work.notify_all();
+        match synced {
+            Ok(()) => st.durable = st.durable.max(tail),
+            Err(ref e) => {
+                st.failed.get_or_insert_with(|| e.to_string());
+            }
+        }
+        st.wake_all();
+        Ok(synced?)
     }
 }
 
-impl Drop for Syncer {
-    fn drop(&mut self) {
-        {
-            let (lock, cv) = &*self.want;
-            lock.lock().unwrap_or_else(PoisonError::into_inner).stop = true;
-            cv.notify_one();
-        }
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
-}
-
-/// The writer's bookkeeping between messages.
+/// The log, the melder and their bookkeeping (behind [`Engine::core`]).
 struct Writer {
     log: FileLog,
     melder: Melder,
     shared: Arc<Shared>,
-    durability: Durability,
-    /// Outcomes decided but not yet answered, by position.
+    /// Outcomes decided, by position, until their handle takes them.
     outcomes: std::collections::BTreeMap<LogPos, Outcome>,
-    /// Appended and melded, not covered by a flush yet.
-    unsynced: Vec<(Request, LogPos)>,
-    /// Appended and melded, covered by a flush asked for (in progress or
-    /// next in line).
-    syncing: Vec<(Request, LogPos)>,
-    /// The sync thread was asked to make everything before this durable.
-    requested: LogPos,
+    /// Positions of commits whose handle will take the outcome.
+    waiting: std::collections::BTreeSet<LogPos>,
+    /// Positions of commits appended and not yet durable, oldest first.
+    unflushed: std::collections::VecDeque<LogPos>,
+    /// Set after an I/O error (or at close): no more commits.
+    failed: Option<String>,
+    to_bg: SyncSender<Msg>,
+    /// A housekeeping message is on its way to the background thread.
+    poked: bool,
+    /// The log's tail when its figures were last published in full.
+    stats_tail: LogPos,
     plan: CheckpointPlan,
     /// Intention bytes appended since the last checkpoint.
     appended: u64,
@@ -1094,98 +1298,129 @@ struct Writer {
 }
 
 impl Writer {
-    /// Appends `batch` to the log without melding it yet: the flush of
-    /// these records can then start before meld runs (see
-    /// [`Writer::meld`]), so the disk and the CPU work at once.
-    fn write(&mut self, batch: Vec<Request>) -> Result<Vec<(Request, LogPos)>, DbError> {
-        let mut written = Vec::with_capacity(batch.len());
-        for r in batch {
-            let pos = self
-                .log
-                .append(&r.bytes)
-                .map_err(|e| DbError::Stopped(e.to_string()))?;
-            self.appended += r.bytes.len() as u64;
-            self.appended_total += r.bytes.len() as u64;
-            written.push((r, pos));
+    fn new(
+        log: FileLog,
+        melder: Melder,
+        shared: Arc<Shared>,
+        store: Arc<LogStore>,
+        plan: CheckpointPlan,
+        to_bg: SyncSender<Msg>,
+    ) -> Writer {
+        // What the tree holds at the start (a checkpoint loaded whole can
+        // be most of the budget): later estimates add growth to it.
+        let cache_measured = if plan.cache_bytes > 0 {
+            melder.lcs().approx_bytes()
+        } else {
+            0
+        };
+        Writer {
+            log,
+            melder,
+            shared,
+            outcomes: Default::default(),
+            waiting: Default::default(),
+            unflushed: Default::default(),
+            failed: None,
+            to_bg,
+            poked: false,
+            stats_tail: 0,
+            appended: plan.appended,
+            appended_total: 0,
+            ckpt: None,
+            ckpt_waiters: Vec::new(),
+            plan,
+            store,
+            cache_measured,
+            cache_loaded_at: 0,
+            cache_appended_at: 0,
+            cache_pressure: false,
+            cache_poked: false,
         }
-        Ok(written)
     }
 
-    /// Melds what [`Writer::write`] appended (closing a group-meld pair
-    /// with a filler) and files each request with the flush that covers
-    /// it: the one in progress if it started before this meld, otherwise
-    /// the next.
-    fn meld(&mut self, written: Vec<(Request, LogPos)>) -> Result<(), DbError> {
-        for (mut r, pos) in written {
-            let outcomes = match r.local.take() {
-                Some(l) => self.melder.apply_local(&r.bytes, l),
-                None => self.melder.apply(&r.bytes),
-            };
-            read_back_ok()?;
-            for o in outcomes {
-                if let Some(p) = o.pos() {
-                    self.outcomes.insert(p, o);
-                }
-            }
-            if pos < self.requested {
-                self.syncing.push((r, pos));
-            } else {
-                self.unsynced.push((r, pos));
-            }
+    /// Appends one intention and melds it (closing a group-meld pair with
+    /// a filler, so no pair stays open between two commits). Returns its
+    /// position and its outcome if meld decided it already; otherwise the
+    /// outcome waits in `outcomes` until its handle takes it.
+    fn commit(
+        &mut self,
+        bytes: &[u8],
+        local: melddb::LocalIntention,
+    ) -> Result<(LogPos, Option<Outcome>), DbError> {
+        let pos = self
+            .log
+            .append(bytes)
+            .map_err(|e| DbError::Stopped(e.to_string()))?;
+        self.appended += bytes.len() as u64;
+        self.appended_total += bytes.len() as u64;
+        let outcomes = self.melder.apply_local(bytes, local);
+        read_back_ok()?;
+        self.file(outcomes);
+        let filler = close_pair(&mut self.log, &mut self.melder)?;
+        self.file(filler);
+        self.unflushed.push_back(pos);
+        // Usually decided at once (group meld may wait for a partner).
+        let decided = self.outcomes.remove(&pos);
+        if decided.is_none() {
+            self.waiting.insert(pos);
         }
-        for o in close_pair(&mut self.log, &mut self.melder)? {
+        Ok((pos, decided))
+    }
+
+    fn file(&mut self, outcomes: Vec<Outcome>) {
+        for o in outcomes {
             if let Some(p) = o.pos() {
                 self.outcomes.insert(p, o);
             }
         }
-        Ok(())
     }
 
-    /// Starts the flush of records appended but not melded yet, so the
-    /// disk works while meld runs. Only with a sync thread: its answer is
-    /// read after this batch is melded, so every request it covers has
-    /// its outcome by then. Not with group meld: a batch ends with the
-    /// filler that closes its last pair, appended by meld, and a flush
-    /// that stopped inside a pair would have no state of its own to
-    /// publish.
-    fn flush_early(&mut self, syncer: Option<&Syncer>) -> Result<(), DbError> {
-        match syncer {
-            Some(s)
-                if self.durability == Durability::Sync && !self.melder.settings().group_meld =>
-            {
-                self.start_sync(s)
-            }
-            _ => Ok(()),
+    /// The outcome of the commit at `pos` (durable by now).
+    fn take_outcome(&mut self, pos: LogPos) -> Result<Outcome, DbError> {
+        self.waiting.remove(&pos);
+        self.outcomes
+            .remove(&pos)
+            .ok_or_else(|| DbError::Stopped(format!("entry {pos} was appended but not decided")))
+    }
+
+    /// Nobody will take the outcome of `pos`.
+    fn forget(&mut self, pos: LogPos) {
+        self.waiting.remove(&pos);
+        if pos < self.log.synced() {
+            self.outcomes.remove(&pos);
         }
     }
 
-    /// Asks the sync thread for everything appended so far; what is
-    /// unsynced now is answered when it reports back.
-    fn start_sync(&mut self, s: &Syncer) -> Result<(), DbError> {
-        let (f, upto) = self.log.sync_handle()?;
-        if upto <= self.requested {
-            return Ok(());
+    /// After each commit: appends the checkpoint parts that are ready,
+    /// begins a checkpoint when one is due (its begin record goes right
+    /// after this commit; it is encoded on another thread), and
+    /// asks the background thread to measure the node cache when enough
+    /// was added (once until it has looked).
+    fn after_commit(&mut self) -> Result<(), DbError> {
+        if self.ckpt.is_some() {
+            // Parts the encoder handed over go in between commits, as
+            // they come: left to the background thread alone, which
+            // competes with every committer for the lock, a checkpoint
+            // could take much longer under load.
+            self.append_parts()?;
         }
-        s.post(f, upto);
-        self.requested = upto;
-        self.syncing.append(&mut self.unsynced);
+        if self.due_for_checkpoint() {
+            self.maybe_begin_checkpoint()?;
+        }
+        if !self.poked && self.sweep_wanted(false) && self.to_bg.try_send(Msg::Housekeeping).is_ok()
+        {
+            self.poked = true;
+        }
         Ok(())
     }
 
-    /// Whether the sync thread is flushing (or has a flush in line).
-    fn flush_in_flight(&self) -> bool {
-        self.requested > self.log.synced()
-    }
-
-    /// The sync thread made everything before `upto` durable: answer
-    /// what that covers. Returns how many commits that answered.
-    fn synced(&mut self, upto: LogPos) -> usize {
+    /// Everything before `upto` is durable: publish the state there.
+    fn synced(&mut self, upto: LogPos) {
         self.log.mark_synced(upto);
-        let n = self.syncing.partition_point(|(_, p)| *p < upto);
-        let rest = self.syncing.split_off(n);
-        let done = std::mem::replace(&mut self.syncing, rest);
-        self.release(upto, done);
-        n
+        while self.unflushed.front().is_some_and(|p| *p < upto) {
+            self.unflushed.pop_front();
+        }
+        self.release(upto);
     }
 
     /// Makes `state` the one new transactions begin on. The durable
@@ -1196,8 +1431,10 @@ impl Writer {
         self.shared.publish(state);
     }
 
-    /// Publishes the state up to `upto` (exclusive) and answers `done`.
-    fn release(&mut self, upto: LogPos, done: Vec<(Request, LogPos)>) {
+    /// Publishes the state up to `upto` (exclusive), and drops the
+    /// outcomes before it that nobody will take (fillers, forgotten
+    /// handles).
+    fn release(&mut self, upto: LogPos) {
         let lcs = self.melder.lcs().pos();
         // Before a checkpoint's barrier no state is kept; the checkpoint's
         // own state is durable (it was synced when written). With no commit
@@ -1205,68 +1442,32 @@ impl Writer {
         // record (no content): publish the latest state, so a quiet
         // database's snapshot is exactly the state a reopen recovers.
         let barrier = self.melder.barrier();
-        let quiet = self.unsynced.is_empty() && self.syncing.is_empty();
-        let at = if quiet {
+        let at = if self.unflushed.is_empty() {
             lcs
         } else {
             upto.saturating_sub(1).max(barrier)
         };
-        let Some(state) = self
+        if let Some(state) = self
             .melder
             .meld_state(at)
             .or_else(|| self.melder.meld_state(lcs))
             .cloned()
-        else {
-            return;
-        };
-        self.publish(state);
-        for (req, pos) in done {
-            let o = self
-                .outcomes
-                .remove(&pos)
-                .ok_or_else(|| format!("entry {pos} was appended but not decided"));
-            let _ = req.reply.send(o);
-        }
-        // Fillers have outcomes nobody waits for.
-        while self
-            .outcomes
-            .first_key_value()
-            .is_some_and(|(p, _)| *p < upto)
         {
-            self.outcomes.pop_first();
+            self.publish(state);
         }
-    }
-
-    /// Starts a flush of everything unsynced (or releases it at once
-    /// without `Durability::Sync`).
-    fn flush(&mut self, syncer: Option<&Syncer>) -> Result<(), DbError> {
-        if self.unsynced.is_empty() {
-            return Ok(());
-        }
-        let tail = self.log.tail();
-        match (self.durability, syncer) {
-            (Durability::Buffered, _) => {
-                let batch = std::mem::take(&mut self.unsynced);
-                self.release(tail, batch)
-            }
-            (Durability::Sync, Some(s)) => self.start_sync(s)?,
-            (Durability::Sync, None) => {
-                let batch = std::mem::take(&mut self.unsynced);
-                self.log.sync()?;
-                self.release(tail, batch);
-            }
-        }
-        Ok(())
+        let waiting = &self.waiting;
+        self.outcomes
+            .retain(|p, _| *p >= upto || waiting.contains(p));
     }
 
     /// Begins a checkpoint if one was asked for or is due and none is in
     /// progress. A checkpoint that cannot be written (settings) is
     /// reported to who asked and stops the automatic ones.
-    fn maybe_begin_checkpoint(&mut self, to_writer: &SyncSender<Msg>) -> Result<(), DbError> {
+    fn maybe_begin_checkpoint(&mut self) -> Result<(), DbError> {
         if self.ckpt.is_some() || (self.ckpt_waiters.is_empty() && !self.due_for_checkpoint()) {
             return Ok(());
         }
-        match self.begin_checkpoint(to_writer) {
+        match self.begin_checkpoint() {
             Err(DbError::Checkpoint(e)) => {
                 let waiters = std::mem::take(&mut self.ckpt_waiters);
                 self.give_up_checkpoints(waiters, e);
@@ -1303,7 +1504,7 @@ impl Writer {
     /// thread; its parts are appended later, between commits
     /// ([`Writer::append_parts`]). `Err(Checkpoint)` wrote nothing;
     /// `Err(Stopped)` is fatal.
-    fn begin_checkpoint(&mut self, to_writer: &SyncSender<Msg>) -> Result<(), DbError> {
+    fn begin_checkpoint(&mut self) -> Result<(), DbError> {
         let settings = *self.melder.settings();
         if !checkpoints_supported(&settings) {
             return Err(DbError::Checkpoint(
@@ -1341,7 +1542,7 @@ impl Writer {
         let since = self.plan.last.as_ref().map_or(0, |c| c.csn);
         let snapshot = state.snapshot().clone();
         let part_bytes = self.plan.part_bytes;
-        let tx = to_writer.clone();
+        let tx = self.to_bg.clone();
         let generation = self.plan.generation;
         // Generation numbers wrap; 0 is never used.
         self.plan.generation = self.plan.generation.checked_add(1).unwrap_or(1);
@@ -1419,9 +1620,9 @@ impl Writer {
             appended = true;
         }
         if ck.encoded.is_none() {
-            if appended && self.unsynced.is_empty() && self.syncing.is_empty() {
+            if appended && self.unflushed.is_empty() {
                 // No commit waits: the new entries are parts only.
-                self.release(self.log.tail(), Vec::new());
+                self.release(self.log.tail());
             }
             return Ok(());
         }
@@ -1516,6 +1717,30 @@ impl Writer {
         }
     }
 
+    /// Whether the node cache's memory should be measured now.
+    fn sweep_wanted(&self, after_checkpoint: bool) -> bool {
+        let budget = self.plan.cache_bytes;
+        if budget == 0 {
+            return false;
+        }
+        let loaded = self.store.stats().loaded_bytes;
+        // Intentions take about four times their encoded size as nodes.
+        let grown = loaded.saturating_sub(self.cache_loaded_at)
+            + 4 * (self.appended_total - self.cache_appended_at);
+        // Measure again once the tree may have outgrown the budget, but
+        // not at every step while it holds more than the budget that
+        // cannot leave yet (not in a checkpoint): a measurement walks all
+        // of memory. After a checkpoint, measure unless the estimate is
+        // far below the budget (then nothing needs evicting).
+        let estimate = self.cache_measured + grown;
+        self.cache_poked
+            || if after_checkpoint {
+                estimate >= budget / 2
+            } else {
+                estimate >= budget && grown >= budget / 4
+            }
+    }
+
     /// Node cache: measures the tree's memory when enough was loaded or
     /// appended since the last measurement, and sweeps when it is over the
     /// budget. `after_checkpoint`: a checkpoint just completed, so stubs
@@ -1526,21 +1751,7 @@ impl Writer {
             return Ok(());
         }
         let loaded = self.store.stats().loaded_bytes;
-        // Intentions take about four times their encoded size as nodes.
-        let grown =
-            (loaded - self.cache_loaded_at) + 4 * (self.appended_total - self.cache_appended_at);
-        // Measure again once the tree may have outgrown the budget, but
-        // not at every step while it holds more than the budget that
-        // cannot leave yet (not in a checkpoint): a measurement walks all
-        // of memory. After a checkpoint, measure unless the estimate is
-        // far below the budget (then nothing needs evicting).
-        let estimate = self.cache_measured + grown;
-        let measure = self.cache_poked
-            || if after_checkpoint {
-                estimate >= budget / 2
-            } else {
-                estimate >= budget && grown >= budget / 4
-            };
+        let measure = self.sweep_wanted(after_checkpoint);
         if !measure && !after_checkpoint {
             return Ok(());
         }
@@ -1612,37 +1823,26 @@ impl Writer {
         Ok(())
     }
 
-    fn publish_log_stats(&self) {
+    /// Publishes the log's extent for [`Database::log_stats`].
+    fn publish_log_stats(&mut self) {
         let mut st = self.shared.log_stats();
         st.synced = self.log.synced();
-        // Called after every writer step: skip the per-segment byte sum
-        // when nothing was appended or trimmed.
-        if st.tail == self.log.tail() && st.first == self.log.first() {
+        // Called after every flush and background step: skip the
+        // per-segment byte sum when nothing was appended or trimmed.
+        if self.stats_tail == self.log.tail() && st.first == self.log.first() {
             return;
         }
+        self.stats_tail = self.log.tail();
         st.first = self.log.first();
         st.tail = self.log.tail();
         st.bytes = self.log.bytes();
         st.bytes_appended = self.appended_total;
     }
 
-    fn fail(&mut self, msg: &str, rx: &Receiver<Msg>) {
-        let mut all: Vec<Request> = self.unsynced.drain(..).map(|(r, _)| r).collect();
-        all.extend(self.syncing.drain(..).map(|(r, _)| r));
-        for r in all {
-            let _ = r.reply.send(Err(msg.to_string()));
-        }
-        while let Ok(m) = rx.try_recv() {
-            match m {
-                Msg::Commit(r) => {
-                    let _ = r.reply.send(Err(msg.to_string()));
-                }
-                Msg::Checkpoint(reply) => {
-                    let _ = reply.send(Err(msg.to_string()));
-                }
-                _ => {}
-            }
-        }
+    /// Refuses further commits and answers every checkpoint request with
+    /// `msg` (see [`Engine::fail`]).
+    fn fail(&mut self, msg: &str) {
+        self.failed.get_or_insert_with(|| msg.to_string());
         let waiting = self.ckpt.take().map(|c| c.waiters).unwrap_or_default();
         for reply in waiting.into_iter().chain(self.ckpt_waiters.drain(..)) {
             let _ = reply.send(Err(msg.to_string()));
@@ -1650,212 +1850,144 @@ impl Writer {
     }
 }
 
-/// How often an idle writer checks the node cache's memory.
+/// The sync thread: flushes whatever committers wait for, one flush
+/// right after the other while they keep asking (no wake-up between two
+/// flushes), then publishes the state and wakes them.
+fn sync_loop(engine: &Engine) {
+    let mut st = engine.flush_state();
+    loop {
+        while st.wanted <= st.durable && !st.stop && st.failed.is_none() {
+            st.idle = true;
+            st = engine.work.wait(st).unwrap_or_else(PoisonError::into_inner);
+        }
+        st.idle = false;
+        if st.stop || st.failed.is_some() {
+            return;
+        }
+        drop(st);
+        let flushed = engine.flush_once();
+        st = engine.flush_state();
+        match flushed {
+            Ok(durable) => st.durable = st.durable.max(durable),
+            Err(e) => {
+                st.failed.get_or_insert_with(|| e.to_string());
+                st.wake_all();
+            }
+        }
+        let durable = st.durable;
+        let mut woken = Vec::new();
+        st.sleepers.retain(|(upto, t)| {
+            let done = *upto <= durable;
+            if done {
+                woken.push(t.clone());
+            }
+            !done
+        });
+        drop(st);
+        for t in woken {
+            t.unpark();
+        }
+        st = engine.flush_state();
+    }
+}
+
+/// How often the background thread checks the node cache's memory.
 const CACHE_TICK: Duration = Duration::from_millis(20);
 
-/// Retired roots and intentions the writer frees per step while idle.
-const GARBAGE_STEP: usize = 8;
-
-/// Frees what meld retired a step at a time until it is gone (`None`) or a
-/// message arrives (returned).
-fn free_while_idle(melder: &mut Melder, rx: &Receiver<Msg>) -> Option<Msg> {
-    while melder.free_garbage(GARBAGE_STEP) {
-        if let Ok(m) = rx.try_recv() {
-            return Some(m);
-        }
-    }
-    None
-}
-
-/// How the writer thread runs (from [`Options`]).
-struct WriterSetup {
-    durability: Durability,
-    max_batch: usize,
-    plan: CheckpointPlan,
-}
-
-/// Whether `waiting` commits should be flushed now (adaptive group
-/// commit): at shutdown; while a flush runs (the sync thread then starts
-/// the next one the moment it ends, with everything appended by then);
-/// once as many wait as the last flush answered (those clients usually
-/// commit again at once); or when the gathering deadline has passed.
-fn flush_due(
-    w: &Writer,
-    waiting: usize,
-    expect: usize,
-    deadline: Option<Instant>,
-    shutting_down: bool,
-) -> bool {
-    shutting_down
-        || w.flush_in_flight()
-        || waiting >= expect
-        || deadline.is_some_and(|d| Instant::now() >= d)
-}
-
-fn writer_loop(
-    log: FileLog,
-    mut melder: Melder,
-    rx: Receiver<Msg>,
-    report: SyncSender<Msg>,
-    shared: Arc<Shared>,
-    store: Arc<LogStore>,
-    setup: WriterSetup,
-) {
-    let WriterSetup {
-        durability,
-        max_batch,
-        plan,
-    } = setup;
-    // The checkpoint encoder reports through the writer's own queue.
-    let to_self = report.clone();
-    let syncer = if durability == Durability::Sync {
-        Syncer::start(report).ok()
-    } else {
-        drop(report);
-        None
-    };
-    melder.set_deferred_reclaim(true);
-    // What the tree holds at the start (a checkpoint loaded whole can be
-    // most of the budget): later estimates add growth to it.
-    let cache_measured = if plan.cache_bytes > 0 {
-        melder.lcs().approx_bytes()
-    } else {
-        0
-    };
-    let mut w = Writer {
-        log,
-        melder,
-        shared,
-        durability,
-        outcomes: Default::default(),
-        unsynced: Vec::new(),
-        syncing: Vec::new(),
-        requested: 0,
-        appended: plan.appended,
-        appended_total: 0,
-        ckpt: None,
-        ckpt_waiters: Vec::new(),
-        plan,
-        store,
-        cache_measured,
-        cache_loaded_at: 0,
-        cache_appended_at: 0,
-        cache_pressure: false,
-        cache_poked: false,
-    };
-    let mut shutting_down = false;
-    // Adaptive group commit: clients just answered usually commit again
-    // within microseconds, so the next flush waits briefly (at most
-    // GATHER) until as many commits are queued as were just answered.
-    const GATHER: Duration = Duration::from_micros(200);
-    let mut expect = 0usize;
-    let mut deadline: Option<Instant> = None;
+/// The background thread: begins checkpoints and appends their parts as
+/// the encoder hands them over, measures and sweeps the node cache,
+/// answers [`Database::checkpoint`], and flushes commits whose handles
+/// were dropped. Commits never wait for it.
+fn background_loop(engine: &Engine, rx: Receiver<Msg>) {
+    let cache = engine.lock().plan.cache_bytes > 0;
     loop {
-        if shutting_down && w.syncing.is_empty() && w.unsynced.is_empty() {
-            break;
-        }
-        // Checkpoint parts announce themselves (PartReady), so waiting for
-        // the next message is enough; with a node cache, wake up now and
-        // then anyway: readers load nodes while no commit comes.
-        let tick = (w.plan.cache_bytes > 0).then(|| Instant::now() + CACHE_TICK);
-        // Free what meld replaced while no message waits; one that
-        // arrives meanwhile is handled first.
-        let first = match free_while_idle(&mut w.melder, &rx) {
-            Some(m) => Some(m),
-            None => match deadline.or(tick) {
-                None => match rx.recv() {
-                    Ok(m) => Some(m),
-                    Err(_) => break,
-                },
-                Some(d) => match rx.recv_timeout(d.saturating_duration_since(Instant::now())) {
-                    Ok(m) => Some(m),
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
-                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-                },
-            },
+        // Checkpoint parts announce themselves, so waiting for the next
+        // message is enough; with a node cache, wake up now and then
+        // anyway: readers load nodes while no commit comes.
+        let first = if cache {
+            match rx.recv_timeout(CACHE_TICK) {
+                Ok(m) => Some(m),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        } else {
+            match rx.recv() {
+                Ok(m) => Some(m),
+                Err(_) => break,
+            }
         };
-        let mut batch = Vec::new();
-        let mut asked: Vec<SyncSender<Result<CheckpointInfo, String>>> = Vec::new();
+        let mut asked = Vec::new();
+        let mut encoded = Vec::new();
+        let mut poked = false;
+        let mut flush_to: LogPos = 0;
+        let mut shutting_down = false;
         let mut next = first;
         while let Some(m) = next.take() {
             match m {
-                Msg::Commit(r) => batch.push(r),
-                Msg::Synced(upto, Ok(())) => expect = w.synced(upto),
-                Msg::Synced(_, Err(e)) => {
-                    w.fail(&format!("fdatasync failed: {e}"), &rx);
-                    return;
-                }
                 Msg::Checkpoint(reply) => asked.push(reply),
-                Msg::PartReady => {}
-                Msg::CachePressure => w.cache_poked = true,
-                Msg::Encoded(r) => w.encoded(r),
+                Msg::PartReady | Msg::Housekeeping => {}
+                Msg::CachePressure => poked = true,
+                Msg::Encoded(r) => encoded.push(r),
+                Msg::Flush(upto) => flush_to = flush_to.max(upto),
                 Msg::Shutdown => shutting_down = true,
             }
-            if batch.len() < max_batch {
-                next = rx.try_recv().ok();
-            }
+            next = rx.try_recv().ok();
         }
-        let mut step = w.write(batch).and_then(|written| {
-            // Start the flush before melding when it is due anyway: meld
-            // and the disk then overlap instead of taking turns.
-            let waiting = written.len() + w.unsynced.len();
-            if !written.is_empty() && flush_due(&w, waiting, expect, deadline, shutting_down) {
-                deadline = None;
-                w.flush_early(syncer.as_ref())?;
+        let garbage = {
+            let mut w = engine.lock();
+            if let Some(e) = w.failed.clone() {
+                for reply in asked {
+                    let _ = reply.send(Err(e.clone()));
+                }
+                if shutting_down {
+                    break;
+                }
+                continue;
             }
-            w.meld(written)
-        });
-        if step.is_ok() {
+            w.poked = false;
+            w.cache_poked |= poked;
+            for r in encoded {
+                w.encoded(r);
+            }
             // A checkpoint already in progress holds an older state: who
             // asks now gets the next one.
             w.ckpt_waiters.append(&mut asked);
-            step = w.maybe_begin_checkpoint(&to_self);
+            let mut step = w.maybe_begin_checkpoint();
             if step.is_ok() {
                 step = w.append_parts();
             }
             // One that just completed may have left askers for the next.
             if step.is_ok() {
-                step = w.maybe_begin_checkpoint(&to_self);
+                step = w.maybe_begin_checkpoint();
             }
             if step.is_ok() {
                 step = w.sweep(false);
             }
-        }
-        w.publish_log_stats();
-        if step.is_ok() && !w.unsynced.is_empty() {
-            if durability == Durability::Buffered
-                || flush_due(&w, w.unsynced.len(), expect, deadline, shutting_down)
-            {
-                deadline = None;
-                step = w.flush(syncer.as_ref());
-            } else if deadline.is_none() {
-                deadline = Some(Instant::now() + GATHER);
+            w.publish_log_stats();
+            if let Err(e) = step {
+                engine.fail(&mut w, &e.to_string());
             }
+            w.melder.take_garbage()
+        };
+        drop(garbage);
+        if flush_to > 0 && engine.durability == Durability::Sync {
+            // An error here reached everyone through the flush state.
+            let _ = engine.make_durable(flush_to, None);
         }
-        if let Err(e) = step {
-            // The log may be damaged: answer everyone and stop; the next
-            // open verifies the files and recovers.
-            w.fail(&e.to_string(), &rx);
-            return;
+        if shutting_down {
+            break;
         }
-        // The trees meld replaced stay retired in the melder and are freed
-        // when the writer has nothing else to do (at the top of the loop),
-        // a few at a time: the frees are cache misses on cold reference
-        // counts, a fifth of the writer's time, and done in one piece
-        // (inside meld, or at the end of the round) they held up the flush
-        // results and commits that arrived meanwhile. Under constant load
-        // the melder's own bound frees them at once, so memory stays
-        // bounded.
     }
+    let mut w = engine.lock();
     // A checkpoint whose encoder is done is finished (its last parts wait
     // in the channel: appending them is quick and saves redoing the work
     // after reopening); one still being encoded is abandoned (its begin
     // record is a harmless barrier).
-    if w.ckpt.as_ref().is_some_and(|c| c.encoded.is_some()) {
+    if w.failed.is_none() && w.ckpt.as_ref().is_some_and(|c| c.encoded.is_some()) {
         let _ = w.append_parts();
     }
-    let _ = w.log.sync();
     if let Some(ck) = w.ckpt.take() {
+        drop(w);
         // Closing the parts channel stops a blocked encoder; closing the
         // queue then lets one blocked on announcing a part finish.
         let (parts, encoder) = (ck.parts, ck.encoder);

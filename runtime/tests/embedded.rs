@@ -152,8 +152,8 @@ fn trial_meld_rejects_a_doomed_commit_without_appending_it() {
 
 /// With `Durability::Sync` a state is published only once every commit in
 /// it is on disk, so no reader sees a commit a crash could still lose.
-/// Flushes start before meld and chain on the sync thread; with group meld
-/// the filler that closes a batch's last pair must be covered too.
+/// Committers append and meld while the sync thread flushes; with group
+/// meld the filler that closes each commit's pair must be covered too.
 #[test]
 fn readers_never_see_a_commit_before_it_is_durable() {
     for settings in [
@@ -207,5 +207,71 @@ fn readers_never_see_a_commit_before_it_is_durable() {
         let checks = reader.join().unwrap();
         assert!(checks > 100, "the reader checked only {checks} snapshots");
         assert_eq!(total(&db, n), 1000 * n as i64);
+    }
+}
+
+fn put_tx(db: &Database, i: u32) -> melddb::Transaction {
+    let mut tx = db.begin(Isolation::Serializable);
+    tx.put(&i.to_be_bytes(), format!("v{i}").as_bytes())
+        .unwrap();
+    tx
+}
+
+/// A commit whose handle is dropped unwaited is still flushed (by the
+/// background thread) and its state published, so later transactions see
+/// it without anyone waiting for it.
+#[test]
+fn commits_submitted_and_dropped_unwaited_become_durable_and_visible() {
+    let d = tempfile::tempdir().unwrap();
+    let db = Database::open(d.path()).unwrap();
+    for i in 0..20u32 {
+        drop(db.submit(put_tx(&db, i)).unwrap());
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while db.get(&19u32.to_be_bytes()).unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the last unwaited commit was never published (durable before {})",
+            db.log_stats().synced
+        );
+        thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(
+        db.log_stats().synced >= 21,
+        "published before it was durable"
+    );
+    for i in 0..20u32 {
+        assert_eq!(
+            db.get(&i.to_be_bytes()).unwrap().as_deref(),
+            Some(format!("v{i}").as_bytes())
+        );
+    }
+}
+
+/// Admission control: with `max_in_flight` commits waiting for a flush,
+/// the next `submit` waits for one before it appends, so unflushed
+/// commits never pile up beyond the limit even if nobody waits.
+#[test]
+fn submit_beyond_max_in_flight_waits_for_a_flush_first() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = DbOptions {
+        max_in_flight: 4,
+        checkpoint_bytes: 0,
+        ..DbOptions::default()
+    };
+    let db = Database::open_with(d.path(), opts).unwrap();
+    let mut handles = Vec::new();
+    for i in 0..40u32 {
+        handles.push(db.submit(put_tx(&db, i)).unwrap());
+        let st = db.log_stats();
+        assert!(
+            st.tail - st.synced <= 5,
+            "after {} submits {} records wait for a flush (limit 4 commits)",
+            i + 1,
+            st.tail - st.synced
+        );
+    }
+    for h in handles {
+        assert!(matches!(h.wait().unwrap(), Outcome::Committed { .. }));
     }
 }
