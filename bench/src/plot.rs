@@ -40,10 +40,18 @@ fn line_chart(
         .y_label_area_size(80)
         .build_cartesian_2d(tx(xmin)..tx(xmax), 0.0..ymax.max(1.0))
         .map_err(|e| e.to_string())?;
+    // On a log axis, one label per power of two: labels in between would
+    // round to the same integer (1.41 and 1 both print as "1").
+    let x_labels = if log_x {
+        (tx(xmax) - tx(xmin)).round().max(1.0) as usize + 1
+    } else {
+        10
+    };
     chart
         .configure_mesh()
         .x_desc(xlabel)
         .y_desc(ylabel)
+        .x_labels(x_labels)
         .x_label_formatter(&|v| {
             if log_x {
                 format!("{:.0}", 2f64.powf(*v))
