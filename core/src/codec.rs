@@ -737,11 +737,11 @@ pub(crate) fn resolve(
 /// resolving it would give, without the byte round trip. Premeld uses it.
 ///
 /// The local tree is consumed: its nodes belong to the sealed transaction
-/// alone, so their keys, values and snapshot children move into the
-/// intention's nodes. Cloning them instead costs an atomic increment on a
-/// committed node's (cold) cache line per field, and dropping the local
-/// tree afterwards a decrement, which profiles showed as a large share of
-/// the embedded writer's time.
+/// alone, so each becomes the intention's node in place, keeping its key,
+/// value and snapshot children. Cloning them instead costs an atomic
+/// increment on a committed node's (cold) cache line per field, and
+/// dropping the local tree afterwards a decrement, which profiles showed
+/// as a large share of the commit path.
 pub(crate) fn from_local(
     root: Link,
     local: &Arc<Owner>,
@@ -758,65 +758,58 @@ pub(crate) fn from_local(
         bounds: Vec<Interval>,
     }
     impl Conv<'_> {
-        fn node(&mut self, n: Arc<Node>, range: Interval) -> Arc<Node> {
-            // Someone else holding a local node (not the case for a sealed
-            // transaction) only costs the copy. The node goes into a new
-            // allocation on purpose: this runs on the writer thread, and
-            // rewriting the client thread's allocation in place
-            // (`Arc::make_mut`) took fewer instructions but was slower in
-            // the threaded benchmark (8r2w crash-safe at 4 threads, paired
-            // runs: -5% median), likely because the writer then writes to
-            // cache lines the client's core holds.
-            let mut n = Arc::try_unwrap(n).unwrap_or_else(|shared| (*shared).clone());
-            let mut kids: [Link; 2] = [n.left_link.take(), n.right_link.take()];
+        fn node(&mut self, mut n: Arc<Node>, range: Interval) -> Arc<Node> {
+            // The node is rewritten in place: a sealed transaction's local
+            // nodes are held by nobody else, and since commits meld on the
+            // thread that made them, the allocation is still in this
+            // core's cache (when a writer thread did this, a new
+            // allocation was faster than writing to the client's cache
+            // lines). Someone else holding one only costs a copy.
+            let m = Arc::make_mut(&mut n);
+            let mut kids: [Link; 2] = [m.left_link.take(), m.right_link.take()];
             let mut flags = 0u16;
             for (side, kid) in kids.iter_mut().enumerate() {
                 match kid.take() {
                     Some(c) if c.same_owner(self.local) => {
                         flags |= if side == 0 { LEFT_OWNED } else { RIGHT_OWNED };
                         let r = if side == 0 {
-                            (range.0.clone(), Some(n.key.clone()))
+                            (range.0.clone(), Some(m.key.clone()))
                         } else {
-                            (Some(n.key.clone()), range.1.clone())
+                            (Some(m.key.clone()), range.1.clone())
                         };
                         *kid = Some(self.node(c, r));
                     }
                     other => *kid = other,
                 }
             }
-            if n.altered() {
+            if m.altered() {
                 flags |= ALTERED;
             }
-            if n.depends_on() {
+            if m.depends_on() {
                 flags |= DEPENDS_ON;
             }
-            let has_ranges = n.ranges().is_some_and(|r| !r.is_empty());
+            let has_ranges = m.ranges().is_some_and(|r| !r.is_empty());
             if has_ranges {
                 flags |= DEPENDS_ON_TREE;
             }
-            if !n.flag(crate::node::DIRTY) && !n.altered() {
+            if !m.flag(crate::node::DIRTY) && !m.altered() {
                 flags |= SUBTREE_ONLY_READ;
             }
             self.bounds.push(range);
             let [left, right] = kids;
-            let h = height(&left).max(height(&right)).saturating_add(1);
-            let oldest = oldest_from(&left, &right, self.pos);
-            Arc::new(Node {
-                key: n.key,
-                payload: n.payload,
-                left_link: left,
-                right_link: right,
-                owner: Some(self.owner.clone()),
-                seq: self.bounds.len() as u32,
-                vn_cache: AtomicU64::new(0),
-                scv: n.scv,
-                ssv: n.ssv,
-                flags,
-                height: h,
-                extra: if has_ranges { n.extra } else { None },
-                oldest,
-                addr: AtomicU64::new(0),
-            })
+            m.height = height(&left).max(height(&right)).saturating_add(1);
+            m.oldest = oldest_from(&left, &right, self.pos);
+            m.left_link = left;
+            m.right_link = right;
+            m.owner = Some(self.owner.clone());
+            m.seq = self.bounds.len() as u32;
+            m.vn_cache = AtomicU64::new(0);
+            m.flags = flags;
+            if !has_ranges {
+                m.extra = None;
+            }
+            m.addr = AtomicU64::new(0);
+            n
         }
     }
     let mut c = Conv {
