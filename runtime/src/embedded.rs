@@ -1375,9 +1375,9 @@ impl Writer {
         self.appended_total += bytes.len() as u64;
         let outcomes = self.melder.apply_local(bytes, local);
         read_back_ok()?;
-        self.file(outcomes);
+        self.file_outcomes(outcomes);
         let filler = close_pair(&mut self.log, &mut self.melder)?;
-        self.file(filler);
+        self.file_outcomes(filler);
         self.unflushed.push_back(pos);
         // Usually decided at once (group meld may wait for a partner).
         let decided = self.outcomes.remove(&pos);
@@ -1387,7 +1387,8 @@ impl Writer {
         Ok((pos, decided))
     }
 
-    fn file(&mut self, outcomes: Vec<Outcome>) {
+    /// Keeps decided outcomes by position until their handles take them.
+    fn file_outcomes(&mut self, outcomes: Vec<Outcome>) {
         for o in outcomes {
             if let Some(p) = o.pos() {
                 self.outcomes.insert(p, o);
