@@ -1096,16 +1096,19 @@ fn close_pair(log: &mut FileLog, melder: &mut Melder) -> Result<Vec<Outcome>, Db
 
 /// Messages to the background thread.
 enum Msg {
+    /// [`Database::checkpoint`]: write one now and answer here.
     Checkpoint(SyncSender<Result<CheckpointInfo, String>>),
     /// The encoder put one more part in the parts channel.
     PartReady,
     /// Readers loaded much of the cache budget since the last sweep.
     CachePressure,
+    /// The encoder finished (or failed).
     Encoded(Result<Encoded, String>),
     /// A commit saw a cache measurement due.
     Housekeeping,
     /// A handle was dropped unwaited: make everything before this durable.
     Flush(LogPos),
+    /// [`Database::close`] or drop: finish up and stop.
     Shutdown,
 }
 
@@ -1123,7 +1126,8 @@ struct Engine {
     to_bg: SyncSender<Msg>,
 }
 
-/// Group commit: whether a thread is flushing, and what is durable.
+/// Group commit: what committers wait for, who is parked, and what is
+/// durable.
 struct FlushState {
     /// Every record before this position is durable and its state
     /// published.
@@ -1136,6 +1140,8 @@ struct FlushState {
     idle: bool,
     /// The database is closing: the sync thread stops.
     stop: bool,
+    /// Why the database stopped taking commits (an I/O error); everyone
+    /// waiting gets it.
     failed: Option<String>,
 }
 
