@@ -996,22 +996,10 @@ fn register_part(
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Nice value of the checkpoint encoder thread (Linux): encoding is
-/// background work that competes with committers for CPU. At 10 it yields
-/// to them (8r2w, 4 durable threads on two cores: +1% to +6% in three
-/// paired runs, docs/benchmarks.md) yet still gets about a tenth of a
-/// core when every core is busy, so checkpoints keep completing.
-#[cfg(target_os = "linux")]
-const CHECKPOINT_NICE: i32 = 10;
-
-/// Lowers the calling thread's CPU priority to [`CHECKPOINT_NICE`]. A
-/// failure (a sandbox refusing the call) leaves it as it was: the
-/// checkpoint then runs at the same priority as commits.
-fn lower_priority() {
-    // On Linux a thread id given to setpriority(PRIO_PROCESS) names just
-    // that thread.
-    #[cfg(target_os = "linux")]
-    let _ = rustix::process::setpriority_process(Some(rustix::thread::gettid()), CHECKPOINT_NICE);
+/// What the encoder thread hands over: a part, or its end.
+enum Piece {
+    Part(Vec<u8>),
+    Done(Result<Encoded, String>),
 }
 
 /// What the encoder thread reports once it handed out every part.
@@ -1030,7 +1018,7 @@ struct InProgress {
     csn: melddb::Vn,
     started: Instant,
     encoder: Option<JoinHandle<()>>,
-    parts: Option<Receiver<Vec<u8>>>,
+    parts: Option<Receiver<Piece>>,
     /// Set when the encoder finished (every part was sent).
     encoded: Option<Encoded>,
     bytes: u64,
@@ -1102,8 +1090,6 @@ enum Msg {
     PartReady,
     /// Readers loaded much of the cache budget since the last sweep.
     CachePressure,
-    /// The encoder finished (or failed).
-    Encoded(Result<Encoded, String>),
     /// A commit saw a cache measurement due.
     Housekeeping,
     /// A handle was dropped unwaited: make everything before this durable.
@@ -1574,27 +1560,40 @@ impl Writer {
         // Generation numbers wrap; 0 is never used.
         self.plan.generation = self.plan.generation.checked_add(1).unwrap_or(1);
         self.store.remove(generation);
-        let (parts_tx, parts_rx) = sync_channel::<Vec<u8>>(2);
+        let (parts_tx, parts_rx) = sync_channel::<Piece>(2);
         let encoder = thread::Builder::new()
             .name("melddb-checkpoint".into())
             .spawn(move || {
-                lower_priority();
                 let flushed = checkpoint::unpersisted_nodes(&snapshot, since);
                 let r = checkpoint::encode_streaming(
                     &settings,
                     &snapshot,
                     part_bytes,
                     Some(generation),
-                    |p| parts_tx.send(p).is_ok() && tx.send(Msg::PartReady).is_ok(),
+                    |p| {
+                        // The wake-up never blocks: a full queue has
+                        // messages waiting that wake the background thread.
+                        parts_tx.send(Piece::Part(p)).is_ok()
+                            && !matches!(
+                                tx.try_send(Msg::PartReady),
+                                Err(std::sync::mpsc::TrySendError::Disconnected(_))
+                            )
+                    },
                 );
-                drop(parts_tx);
-                let _ = tx.send(Msg::Encoded(
-                    r.map(|e| Encoded {
+                // The end goes through the parts channel too, so whoever
+                // appends parts (a committer, most often) also completes
+                // the checkpoint: a background thread starved of the lock
+                // by busy committers would hold it up otherwise.
+                let done = r
+                    .map(|e| Encoded {
                         nodes: e.nodes,
                         flushed,
                     })
-                    .map_err(|e| e.to_string()),
-                ));
+                    .map_err(|e| e.to_string());
+                if parts_tx.send(Piece::Done(done)).is_ok() {
+                    // Only a wake-up for an idle database; never block on it.
+                    let _ = tx.try_send(Msg::PartReady);
+                }
             })
             .map_err(|e| DbError::Checkpoint(format!("cannot start the encoder thread: {e}")))?;
         self.appended = 0;
@@ -1625,7 +1624,15 @@ impl Writer {
             return Ok(());
         };
         let mut appended = false;
-        while let Some(p) = ck.parts.as_ref().and_then(|rx| rx.try_recv().ok()) {
+        let mut done = None;
+        while let Some(piece) = ck.parts.as_ref().and_then(|rx| rx.try_recv().ok()) {
+            let p = match piece {
+                Piece::Part(p) => p,
+                Piece::Done(r) => {
+                    done = Some(r);
+                    break;
+                }
+            };
             let pos = self
                 .log
                 .append(&p)
@@ -1647,6 +1654,12 @@ impl Writer {
             read_back_ok()?;
             appended = true;
         }
+        if let Some(r) = done {
+            self.encoded(r);
+        }
+        let Some(ck) = self.ckpt.as_mut() else {
+            return Ok(());
+        };
         if ck.encoded.is_none() {
             if appended && self.unflushed.is_empty() {
                 // No commit waits: the new entries are parts only.
@@ -1945,7 +1958,6 @@ fn background_loop(engine: &Engine, rx: Receiver<Msg>) {
             }
         };
         let mut asked = Vec::new();
-        let mut encoded = Vec::new();
         let mut poked = false;
         let mut flush_to: LogPos = 0;
         let mut shutting_down = false;
@@ -1955,7 +1967,6 @@ fn background_loop(engine: &Engine, rx: Receiver<Msg>) {
                 Msg::Checkpoint(reply) => asked.push(reply),
                 Msg::PartReady | Msg::Housekeeping => {}
                 Msg::CachePressure => poked = true,
-                Msg::Encoded(r) => encoded.push(r),
                 Msg::Flush(upto) => flush_to = flush_to.max(upto),
                 Msg::Shutdown => shutting_down = true,
             }
@@ -1974,9 +1985,6 @@ fn background_loop(engine: &Engine, rx: Receiver<Msg>) {
             }
             w.poked = false;
             w.cache_poked |= poked;
-            for r in encoded {
-                w.encoded(r);
-            }
             // A checkpoint already in progress holds an older state: who
             // asks now gets the next one.
             w.ckpt_waiters.append(&mut asked);
@@ -2029,29 +2037,5 @@ fn background_loop(engine: &Engine, rx: Receiver<Msg>) {
         if let Some(h) = encoder {
             let _ = h.join();
         }
-    }
-}
-
-#[cfg(all(test, target_os = "linux"))]
-mod tests {
-    /// The encoder's priority change applies to its own thread only.
-    #[test]
-    fn lower_priority_renices_only_the_calling_thread() {
-        let own = || rustix::process::getpriority_process(Some(rustix::thread::gettid()));
-        let before = own().expect("own priority");
-        let inside = std::thread::spawn(move || {
-            super::lower_priority();
-            own().expect("thread priority")
-        })
-        .join()
-        .expect("thread");
-        if before <= super::CHECKPOINT_NICE {
-            assert_eq!(inside, super::CHECKPOINT_NICE);
-        } else {
-            // Already nicer than that: raising priority back needs
-            // privileges, which the process may or may not have.
-            assert!(inside == before || inside == super::CHECKPOINT_NICE);
-        }
-        assert_eq!(own().expect("own priority"), before);
     }
 }

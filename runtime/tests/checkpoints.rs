@@ -321,7 +321,16 @@ fn with_every_checkpoint_damaged_recovery_falls_back_to_genesis_or_refuses() {
 #[test]
 fn a_checkpoint_asked_for_covers_every_commit_made_before_the_call() {
     let d = tempfile::tempdir().unwrap();
-    let db = Arc::new(Database::open_with(d.path(), manual_buffered()).unwrap());
+    // Four threads ask for a checkpoint after every commit, so a barrier
+    // lands between a transaction's begin and its commit far more often
+    // than with automatic checkpoints (each such attempt aborts with
+    // SnapshotUnavailable and is retried): allow more retries than the
+    // default 16.
+    let opts = DbOptions {
+        max_attempts: 1000,
+        ..manual_buffered()
+    };
+    let db = Arc::new(Database::open_with(d.path(), opts).unwrap());
     let askers: Vec<_> = (0..4u64)
         .map(|t| {
             let db = db.clone();
