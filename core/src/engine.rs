@@ -316,7 +316,7 @@ impl Melder {
     pub fn promote(&self, persisted: &dyn Fn(u16) -> bool) {
         // Without a stub there is no address to move: skip the walk of
         // every retained tree (hundreds of thousands of nodes in a large
-        // database, on the writer's thread after every checkpoint).
+        // database, under the embedded engine's lock after every checkpoint).
         if !self.stubs {
             return;
         }

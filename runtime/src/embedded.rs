@@ -318,8 +318,8 @@ enum HandleState {
     Pending {
         pos: LogPos,
         engine: Arc<Engine>,
-        /// The outcome, if meld decided it when the commit was appended.
-        decided: Option<Outcome>,
+        /// Meld decided it when the commit was appended.
+        outcome: Outcome,
         /// What meld released for this commit, freed by the committing
         /// thread while it waits for the flush anyway.
         garbage: Option<melddb::Garbage>,
@@ -344,9 +344,8 @@ impl CommitHandle {
         }
     }
 
-    /// Blocks until the outcome is known (and, with
-    /// [`Durability::Sync`], durable). This thread may do the flush itself,
-    /// for its own commit and every other one appended by then.
+    /// Blocks until the outcome is known and, with [`Durability::Sync`],
+    /// the sync thread's flush made the commit durable.
     pub fn wait(mut self) -> Result<Outcome, DbError> {
         match std::mem::replace(&mut self.state, HandleState::Taken) {
             HandleState::Ready(o) => o,
@@ -354,16 +353,13 @@ impl CommitHandle {
             HandleState::Pending {
                 pos,
                 engine,
-                decided,
-                mut garbage,
+                outcome,
+                garbage,
             } => {
                 // Freeing costs tens of microseconds of cache misses: done
                 // while the flush runs.
-                engine.make_durable(pos + 1, garbage.take())?;
-                match decided {
-                    Some(o) => Ok(o),
-                    None => engine.lock().take_outcome(pos),
-                }
+                engine.make_durable(pos + 1, garbage)?;
+                Ok(outcome)
             }
         }
     }
@@ -371,18 +367,9 @@ impl CommitHandle {
 
 impl Drop for CommitHandle {
     fn drop(&mut self) {
-        if let HandleState::Pending {
-            pos,
-            engine,
-            decided,
-            ..
-        } = &self.state
-        {
-            // Nobody will take the outcome; the background thread flushes
-            // the commit (so its state gets published) if no one else does.
-            if decided.is_none() {
-                engine.lock().forget(*pos);
-            }
+        if let HandleState::Pending { pos, engine, .. } = &self.state {
+            // Nobody waits: the background thread flushes the commit (so
+            // its state gets published) if no one else does.
             let _ = engine.to_bg.try_send(Msg::Flush(*pos + 1));
         }
     }
@@ -608,9 +595,9 @@ impl Database {
 
     /// Finishes `tx`, appends its intention and melds it on this thread,
     /// and returns without waiting for the flush that makes it durable
-    /// ([`CommitHandle::wait`] waits, and may do that flush). Once
-    /// [`Options::max_in_flight`] commits wait for a flush, this call
-    /// flushes them before it appends.
+    /// ([`CommitHandle::wait`] waits for it). Once
+    /// [`Options::max_in_flight`] commits wait for a flush, this call waits
+    /// for one before it appends.
     pub fn submit(&self, tx: Transaction) -> Result<CommitHandle, DbError> {
         let Some((bytes, local)) = tx.finish_local()? else {
             return Ok(CommitHandle::ready(Ok(Outcome::ReadOnly)));
@@ -652,30 +639,34 @@ impl Database {
             }
         };
         let garbage = w.melder.take_garbage();
-        if engine.durability == Durability::Sync {
-            // Just the tail (the rest follows with the flush).
-            w.shared.log_stats().tail = w.log.tail();
-        }
-        if engine.durability == Durability::Buffered {
-            // Written is enough: answer at once.
-            let tail = w.log.tail();
-            w.unflushed.clear();
-            w.release(tail);
-            w.publish_log_stats();
-            let outcome = match decided {
-                Some(o) => Ok(o),
-                None => w.take_outcome(pos),
-            };
-            drop(w);
-            drop(garbage);
-            return Ok(CommitHandle::ready(outcome));
+        match engine.durability {
+            Durability::Buffered => {
+                // Written is enough: answer at once.
+                let tail = w.log.tail();
+                w.unflushed.clear();
+                w.release(tail);
+                w.publish_log_stats();
+            }
+            Durability::Sync => {
+                // Just the tail (the rest follows with the flush).
+                w.shared.log_stats().tail = w.log.tail();
+            }
         }
         drop(w);
+        let outcome = decided.ok_or_else(|| {
+            DbError::Stopped(format!(
+                "entry {pos} was appended but meld did not decide it"
+            ))
+        })?;
+        if engine.durability == Durability::Buffered {
+            drop(garbage);
+            return Ok(CommitHandle::ready(Ok(outcome)));
+        }
         Ok(CommitHandle {
             state: HandleState::Pending {
                 pos,
                 engine: engine.clone(),
-                decided,
+                outcome,
                 garbage: Some(garbage),
             },
         })
@@ -1003,7 +994,7 @@ enum Piece {
 }
 
 /// What the encoder thread reports once it handed out every part.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct Encoded {
     nodes: u64,
     flushed: u64,
@@ -1019,8 +1010,6 @@ struct InProgress {
     started: Instant,
     encoder: Option<JoinHandle<()>>,
     parts: Option<Receiver<Piece>>,
-    /// Set when the encoder finished (every part was sent).
-    encoded: Option<Encoded>,
     bytes: u64,
     waiters: Vec<SyncSender<Result<CheckpointInfo, String>>>,
 }
@@ -1276,10 +1265,6 @@ struct Writer {
     log: FileLog,
     melder: Melder,
     shared: Arc<Shared>,
-    /// Outcomes decided, by position, until their handle takes them.
-    outcomes: std::collections::BTreeMap<LogPos, Outcome>,
-    /// Positions of commits whose handle will take the outcome.
-    waiting: std::collections::BTreeSet<LogPos>,
     /// Positions of commits appended and not yet durable, oldest first.
     unflushed: std::collections::VecDeque<LogPos>,
     /// Set after an I/O error (or at close): no more commits.
@@ -1329,8 +1314,6 @@ impl Writer {
             log,
             melder,
             shared,
-            outcomes: Default::default(),
-            waiting: Default::default(),
             unflushed: Default::default(),
             failed: None,
             to_bg,
@@ -1350,10 +1333,10 @@ impl Writer {
         }
     }
 
-    /// Appends one intention and melds it (closing a group-meld pair with
-    /// a filler, so no pair stays open between two commits). Returns its
-    /// position and its outcome if meld decided it already; otherwise the
-    /// outcome waits in `outcomes` until its handle takes it.
+    /// Appends one intention and melds it. A group-meld pair left open is
+    /// closed with a filler, so every entry is decided before the lock is
+    /// let go: returns the commit's position and outcome (`None` only if
+    /// meld broke that promise).
     fn commit(
         &mut self,
         bytes: &[u8],
@@ -1365,43 +1348,11 @@ impl Writer {
             .map_err(|e| DbError::Stopped(e.to_string()))?;
         self.appended += bytes.len() as u64;
         self.appended_total += bytes.len() as u64;
-        let outcomes = self.melder.apply_local(bytes, local);
+        let mut outcomes = self.melder.apply_local(bytes, local);
         read_back_ok()?;
-        self.file_outcomes(outcomes);
-        let filler = close_pair(&mut self.log, &mut self.melder)?;
-        self.file_outcomes(filler);
+        outcomes.extend(close_pair(&mut self.log, &mut self.melder)?);
         self.unflushed.push_back(pos);
-        // Usually decided at once (group meld may wait for a partner).
-        let decided = self.outcomes.remove(&pos);
-        if decided.is_none() {
-            self.waiting.insert(pos);
-        }
-        Ok((pos, decided))
-    }
-
-    /// Keeps decided outcomes by position until their handles take them.
-    fn file_outcomes(&mut self, outcomes: Vec<Outcome>) {
-        for o in outcomes {
-            if let Some(p) = o.pos() {
-                self.outcomes.insert(p, o);
-            }
-        }
-    }
-
-    /// The outcome of the commit at `pos` (durable by now).
-    fn take_outcome(&mut self, pos: LogPos) -> Result<Outcome, DbError> {
-        self.waiting.remove(&pos);
-        self.outcomes
-            .remove(&pos)
-            .ok_or_else(|| DbError::Stopped(format!("entry {pos} was appended but not decided")))
-    }
-
-    /// Nobody will take the outcome of `pos`.
-    fn forget(&mut self, pos: LogPos) {
-        self.waiting.remove(&pos);
-        if pos < self.log.synced() {
-            self.outcomes.remove(&pos);
-        }
+        Ok((pos, outcomes.into_iter().find(|o| o.pos() == Some(pos))))
     }
 
     /// After each commit: appends the checkpoint parts that are ready,
@@ -1410,16 +1361,12 @@ impl Writer {
     /// asks the background thread to measure the node cache when enough
     /// was added (once until it has looked).
     fn after_commit(&mut self) -> Result<(), DbError> {
-        if self.ckpt.is_some() {
-            // Parts the encoder handed over go in between commits, as
-            // they come: left to the background thread alone, which
-            // competes with every committer for the lock, a checkpoint
-            // could take much longer under load.
-            self.append_parts()?;
-        }
-        if self.due_for_checkpoint() {
-            self.maybe_begin_checkpoint()?;
-        }
+        // Parts the encoder handed over go in between commits, as they
+        // come: left to the background thread alone, which competes with
+        // every committer for the lock, a checkpoint could take much
+        // longer under load.
+        self.append_parts()?;
+        self.maybe_begin_checkpoint()?;
         if !self.poked && self.sweep_wanted(false) && self.to_bg.try_send(Msg::Housekeeping).is_ok()
         {
             self.poked = true;
@@ -1444,9 +1391,7 @@ impl Writer {
         self.shared.publish(state);
     }
 
-    /// Publishes the state up to `upto` (exclusive), and drops the
-    /// outcomes before it that nobody will take (fillers, forgotten
-    /// handles).
+    /// Publishes the state up to `upto` (exclusive).
     fn release(&mut self, upto: LogPos) {
         let lcs = self.melder.lcs().pos();
         // Before a checkpoint's barrier no state is kept; the checkpoint's
@@ -1468,9 +1413,6 @@ impl Writer {
         {
             self.publish(state);
         }
-        let waiting = &self.waiting;
-        self.outcomes
-            .retain(|p, _| *p >= upto || waiting.contains(p));
     }
 
     /// Begins a checkpoint if one was asked for or is due and none is in
@@ -1607,7 +1549,6 @@ impl Writer {
             started,
             encoder: Some(encoder),
             parts: Some(parts_rx),
-            encoded: None,
             bytes: 0,
             waiters: std::mem::take(&mut self.ckpt_waiters),
         });
@@ -1654,19 +1595,27 @@ impl Writer {
             read_back_ok()?;
             appended = true;
         }
-        if let Some(r) = done {
-            self.encoded(r);
-        }
-        let Some(ck) = self.ckpt.as_mut() else {
-            return Ok(());
-        };
-        if ck.encoded.is_none() {
-            if appended && self.unflushed.is_empty() {
-                // No commit waits: the new entries are parts only.
-                self.release(self.log.tail());
+        let enc = match done {
+            None => {
+                if appended && self.unflushed.is_empty() {
+                    // No commit waits: the new entries are parts only.
+                    self.release(self.log.tail());
+                }
+                return Ok(());
             }
-            return Ok(());
-        }
+            Some(Err(e)) => {
+                // The barrier stays (harmless); the checkpoint is abandoned
+                // and automatic ones stop, saying why.
+                let waiters = self
+                    .ckpt
+                    .take()
+                    .map(InProgress::abandon)
+                    .unwrap_or_default();
+                self.give_up_checkpoints(waiters, e);
+                return Ok(());
+            }
+            Some(Ok(enc)) => enc,
+        };
         let pos = self.log.tail() - 1;
         self.log.sync()?;
         // Everything appended is durable now: publish the latest state.
@@ -1678,7 +1627,6 @@ impl Writer {
         };
         let (generation, begin, csn, started, bytes) =
             (ck.generation, ck.begin, ck.csn, ck.started, ck.bytes);
-        let enc = ck.encoded.unwrap_or_default();
         let waiters = ck.abandon();
         self.store.complete(generation);
         // Stubs read from this checkpoint from now on (before anything
@@ -1732,30 +1680,6 @@ impl Writer {
             let _ = w.send(Ok(info.clone()));
         }
         Ok(())
-    }
-
-    /// The encoder thread finished (every part it made is in the parts
-    /// channel or already appended).
-    fn encoded(&mut self, result: Result<Encoded, String>) {
-        let Some(ck) = self.ckpt.as_mut() else {
-            return;
-        };
-        if let Some(h) = ck.encoder.take() {
-            let _ = h.join();
-        }
-        match result {
-            Ok(enc) => ck.encoded = Some(enc),
-            Err(e) => {
-                // The barrier stays (harmless); the checkpoint is abandoned
-                // and automatic ones stop, saying why.
-                let waiters = self
-                    .ckpt
-                    .take()
-                    .map(InProgress::abandon)
-                    .unwrap_or_default();
-                self.give_up_checkpoints(waiters, e);
-            }
-        }
     }
 
     /// Whether the node cache's memory should be measured now.
@@ -2015,20 +1939,23 @@ fn background_loop(engine: &Engine, rx: Receiver<Msg>) {
         }
     }
     let mut w = engine.lock();
-    // A checkpoint whose encoder is done is finished (its last parts wait
-    // in the channel: appending them is quick and saves redoing the work
-    // after reopening); one still being encoded is abandoned (its begin
-    // record is a harmless barrier).
-    if w.failed.is_none() && w.ckpt.as_ref().is_some_and(|c| c.encoded.is_some()) {
+    // A checkpoint whose encoder is done is finished (its last parts and
+    // its end wait in the channel: appending them is quick and saves
+    // redoing the work after reopening); one still being encoded is
+    // abandoned (its begin record is a harmless barrier).
+    if w.failed.is_none()
+        && w.ckpt
+            .as_ref()
+            .and_then(|c| c.encoder.as_ref())
+            .is_some_and(JoinHandle::is_finished)
+    {
         let _ = w.append_parts();
     }
     if let Some(ck) = w.ckpt.take() {
         drop(w);
-        // Closing the parts channel stops a blocked encoder; closing the
-        // queue then lets one blocked on announcing a part finish.
+        // Closing the parts channel stops a blocked encoder.
         let (parts, encoder) = (ck.parts, ck.encoder);
         drop(parts);
-        drop(rx);
         for reply in ck.waiters {
             let _ = reply.send(Err(
                 "the database closed before the checkpoint completed".into()

@@ -9,7 +9,7 @@
 //! (served by the OS page cache when hot), so a node costs one or two small
 //! reads, not a whole part. The core verifies every node's checksum.
 //!
-//! Stubs pin the generation they read from; the writer never trims a
+//! Stubs pin the generation they read from; the log is never trimmed below a
 //! checkpoint that is pinned (a snapshot held for a long time keeps the log
 //! it can still reach).
 
@@ -69,7 +69,7 @@ pub struct LogStore {
     reads: AtomicU64,
     read_bytes: AtomicU64,
     /// Bytes loaded since the hook was last armed, the threshold, and the
-    /// hook (the writer's wake-up: readers load while no commit comes).
+    /// hook (the background thread's wake-up: readers load while no commit comes).
     since_armed: AtomicU64,
     threshold: AtomicU64,
     hook: std::sync::OnceLock<PressureHook>,
