@@ -96,6 +96,7 @@ struct Args {
 }
 
 fn main() {
+    melddb_alloc::configure();
     let args = Args::parse();
     let result = match args.suite {
         Suite::Meld => meld_suite(&args),

@@ -127,6 +127,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    melddb_alloc::configure();
     let args = Args::parse();
     match run(args) {
         Ok(code) => code,
