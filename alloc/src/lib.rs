@@ -66,6 +66,8 @@ pub fn configure() {
 }
 
 /// The purge delay mimalloc uses now (milliseconds; −1: never purge).
+// `c_long` is `i64` here but `i32` on other targets.
+#[allow(clippy::useless_conversion)]
 pub fn purge_delay_ms() -> i64 {
     // SAFETY: a plain FFI call with a valid option number.
     i64::from(unsafe { mi::mi_option_get(OPTION_PURGE_DELAY) })
