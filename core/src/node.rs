@@ -86,8 +86,14 @@ pub const NO_LOGGED_NODE: LogPos = u64::MAX;
 
 /// One node of the copy-on-write binary search tree.
 ///
-/// `repr(C)` keeps the fields meld reads on every visit (key, children, VN,
-/// SCV, flags, height) in the first 64-byte cache line.
+/// `repr(C)` keeps what meld reads of a node in its first 80 bytes: on a
+/// visit the key, children, versions, flags and height; on a subtree it
+/// does not descend into but hangs under a new node, the reference count,
+/// height and OldestDescendant. With the two reference counts in front,
+/// that is the first 96 bytes of a 160-byte allocation, which starts at 0
+/// or 32 modulo 64, so those fields always span exactly two cache lines.
+/// OldestDescendant used to sit behind the payload, in a third line, which
+/// every new node's untouched sibling then missed on (docs/benchmarks.md).
 #[derive(Debug)]
 #[repr(C)]
 pub struct Node {
@@ -96,6 +102,9 @@ pub struct Node {
     /// load a stub's; a stub's own are empty.
     pub(crate) left_link: Link,
     pub(crate) right_link: Link,
+    /// OldestDescendant (App. B): the smallest log position of any logged
+    /// intention with a node in this subtree, or NO_LOGGED_NODE.
+    pub(crate) oldest: LogPos,
     /// The VN once computed (0 before): a cache of `owner.base + seq`,
     /// filled at creation for ephemeral nodes and on first use otherwise,
     /// so meld rarely has to load the (often cold) owner.
@@ -120,14 +129,16 @@ pub struct Node {
     /// DependencyRange of a DependsOnTree node (phantom protection), or a
     /// stub's loader. Both are rare, so one pointer holds either.
     pub(crate) extra: Option<Box<Extra>>,
-    /// OldestDescendant (App. B): the smallest log position of any logged
-    /// intention with a node in this subtree, or NO_LOGGED_NODE.
-    pub(crate) oldest: LogPos,
     /// Where the node was last written by a checkpoint ([`NodeAddr`]), or
     /// 0. A stub is read back from here. Atomic because the checkpoint
     /// encoder records it on nodes that other threads share.
     pub(crate) addr: AtomicU64,
 }
+
+// The layout promise above: everything meld reads ends within 80 bytes.
+const _: () = assert!(std::mem::offset_of!(Node, ssv) + 8 <= 80);
+const _: () = assert!(std::mem::offset_of!(Node, oldest) + 8 <= 80);
+const _: () = assert!(std::mem::offset_of!(Node, height) < 80);
 
 /// The rarely present parts of a node.
 #[derive(Debug)]
