@@ -4,7 +4,7 @@
 //! rebuild the index and the request-id table, slide the windows back
 //! into place, and rebuild segment files that are missing or damaged.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs::File;
 use std::io::{BufReader, Read, Seek};
 use std::path::Path;
@@ -21,7 +21,7 @@ use crate::segment;
 use crate::store::{Loc, LogIndex, RecoveryReport, Shared};
 use crate::stripe::{self, EndWrite};
 use crate::syncpool::SyncPool;
-use crate::writer::{Cmd, SegState, Writer};
+use crate::writer::{Cmd, IdMap, SegState, Writer};
 
 /// Request ids the dedup table is sized for when the store opens (at most
 /// the configured window). The default window, 1 Mi ids, reserves about
@@ -311,7 +311,7 @@ pub(crate) fn recover(
     // milliseconds each time the table doubled under load. Capped, so a
     // huge configured window does not reserve gigabytes at open.
     let presize = config.dedup_window.min(DEDUP_PRESIZE) + 1;
-    let mut dedup = HashMap::with_capacity(presize);
+    let mut dedup = IdMap::with_capacity_and_hasher(presize, Default::default());
     let mut dedup_order = VecDeque::with_capacity(presize);
     for ew in copies.values() {
         for (i, e) in ew.entries.iter().enumerate() {
