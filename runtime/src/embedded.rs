@@ -1446,10 +1446,13 @@ impl Writer {
         self.shared.log_stats().checkpoint_error = Some(e);
     }
 
+    /// Whether enough was written since the last checkpoint (at least
+    /// `every` and twice the last one's size), or the node cache needs
+    /// one to evict. [`Writer::maybe_begin_checkpoint`] checks that none
+    /// is in progress.
     fn due_for_checkpoint(&self) -> bool {
         let last = self.plan.last.as_ref().map_or(0, |c| c.bytes);
-        self.ckpt.is_none()
-            && checkpoints_supported(self.melder.settings())
+        checkpoints_supported(self.melder.settings())
             && ((self.plan.every > 0 && self.appended >= self.plan.every.max(2 * last))
                 || self.cache_pressure)
     }
