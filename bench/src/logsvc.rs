@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use melddb_log::config::END_WRITE_COPIES;
+use melddb_log::latency::StagesSummary;
 use melddb_log::{Client, Config, Running, Store};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -48,6 +49,10 @@ pub struct Results {
     pub append_tps_1k: f64,
     /// Open-loop run at half that rate.
     pub half_load: Point,
+    /// Where the half-load appends spent their time inside the service
+    /// (its stage histograms over that run; quantiles are bucket upper
+    /// bounds, at most 19% high).
+    pub half_load_stages: StagesSummary,
     /// Random 1 KiB reads.
     pub reads: Point,
     /// Recovery: (log MiB on disk, seconds).
@@ -510,7 +515,9 @@ pub fn run(quick: bool) -> Result<Results, String> {
             .ok_or("no append runs")?;
         let peak = best.ops_s;
         eprintln!("open loop at half of {peak:.0}/s, batches of {} ...", best.batch);
+        let stages_before = store.stages();
         let half_load = open_loop(&addr, 64, best.batch, 1024, peak / 2.0, secs).await?;
+        let half_load_stages = store.stages().since(&stages_before).summary();
         let mut sizes = Vec::new();
         let size_list: &[usize] = if quick { &[256, 4096, 65536] } else { &[256, 1024, 4096, 16384, 65536] };
         let mut amp = 0.0;
@@ -563,6 +570,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
             clients,
             sizes,
             half_load,
+            half_load_stages,
             reads: rd,
             recovery,
             disk_seq_write_mib_s: disk,
@@ -591,6 +599,8 @@ pub struct Probe {
     pub write_share: f64,
     /// Share of the wall time the writer waited for fsync rounds.
     pub sync_share: f64,
+    /// Where the appends spent their time inside the service.
+    pub stages: StagesSummary,
 }
 
 /// A load point: `CLIENTSxDEPTHxBATCHxBYTES` (closed loop, for example
@@ -643,6 +653,7 @@ pub fn probe(spec: PointSpec, secs: f64) -> Result<Probe, String> {
         let (store, running) = start(&dir).await?;
         let addr = running.tcp.to_string();
         let before = store.stats();
+        let stages_before = store.stages();
         let cpu = cpu_time::ProcessTime::try_now().map_err(|e| format!("process CPU time: {e}"))?;
         let wall = Instant::now();
         eprintln!("{spec:?} for {secs} s ...");
@@ -659,6 +670,7 @@ pub fn probe(spec: PointSpec, secs: f64) -> Result<Probe, String> {
             .as_secs_f64()
             / wall;
         let after = store.stats();
+        let stages = store.stages().since(&stages_before).summary();
         stop(store, running).await;
         let share = |us: u64| us as f64 / 1e6 / wall;
         Ok(Probe {
@@ -668,8 +680,34 @@ pub fn probe(spec: PointSpec, secs: f64) -> Result<Probe, String> {
             fsyncs: after.fsyncs - before.fsyncs,
             write_share: share(after.write_us - before.write_us),
             sync_share: share(after.sync_us - before.sync_us),
+            stages,
         })
     })
+}
+
+/// Prints where appends spent their time inside the service, one row per
+/// stage (quantiles are bucket upper bounds, at most 19% high).
+pub fn print_stages(title: &str, st: &StagesSummary) {
+    println!("{title}");
+    println!(
+        "  {:<44} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "stage", "count", "mean ms", "p50 ms", "p90 ms", "p99 ms"
+    );
+    for (name, s) in [
+        ("queued (accepted -> taken by the writer)", &st.queued),
+        ("batch write (no fsync), per batch", &st.write),
+        ("fsync round, per round", &st.round),
+        (
+            "writer waits for the round ahead, per batch",
+            &st.round_wait,
+        ),
+        ("acknowledged (accepted -> durable)", &st.acked),
+    ] {
+        println!(
+            "  {:<44} {:>9} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+            name, s.count, s.mean_ms, s.p50_ms, s.p90_ms, s.p99_ms
+        );
+    }
 }
 
 #[cfg(test)]

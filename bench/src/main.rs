@@ -845,6 +845,7 @@ fn log_suite(args: &Args) -> Result<(), String> {
         println!("recovery: {s:.3} s for {mib:.0} MiB of segments");
     }
     println!("geometry: {}", r.geometry);
+    melddb_bench::logsvc::print_stages("half load, inside the service:", &r.half_load_stages);
     for f in &r.round_floor {
         println!(
             "fsync rounds on the idle disk: {} file(s) x {} B appended, then fdatasync'd in parallel, back to back: p50 {:.3} ms, p99 {:.3} ms, {:.1} MiB/s ({} rounds)",
@@ -865,6 +866,18 @@ fn log_suite(args: &Args) -> Result<(), String> {
     put("append_p99_ms_half_load", r.half_load.p99_ms);
     put("append_p50_ms_half_load", r.half_load.p50_ms);
     put("half_load_tps", r.half_load.ops_s);
+    // Inside the service at half load: the median and p99 of each stage.
+    let st = &r.half_load_stages;
+    for (name, s) in [
+        ("queued", &st.queued),
+        ("write", &st.write),
+        ("round", &st.round),
+        ("round_wait", &st.round_wait),
+        ("acked", &st.acked),
+    ] {
+        put(&format!("half_load_{name}_p50_ms"), s.p50_ms);
+        put(&format!("half_load_{name}_p99_ms"), s.p99_ms);
+    }
     put("read_tps_1k", r.reads.ops_s);
     put("disk_seq_write_mib_s", r.disk_seq_write_mib_s);
     put("log_write_mib_s_64k", big);
@@ -923,6 +936,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         100.0 * r.write_share,
         100.0 * r.sync_share
     );
+    melddb_bench::logsvc::print_stages("inside the service:", &r.stages);
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
             "suite": "log-point",

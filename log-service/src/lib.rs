@@ -16,6 +16,7 @@ mod chunked;
 pub mod client;
 pub mod config;
 pub mod error;
+pub mod latency;
 pub mod meta;
 pub mod page;
 pub mod protocol;

@@ -640,6 +640,37 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
         gg.set(v as i64);
         reg.register(name, help, gg);
     }
+    let st = ctx.store.stages();
+    let stages = [
+        (
+            "append_queued_seconds",
+            "Time from the store accepting an append to the writer taking it into a batch",
+            st.queued,
+        ),
+        (
+            "batch_write_seconds",
+            "Time the writer took to build and write one batch, without fsyncs",
+            st.write,
+        ),
+        (
+            "fsync_round_seconds",
+            "Time one fsync round took, from its start to its last file synced",
+            st.round,
+        ),
+        (
+            "round_wait_seconds",
+            "Time the writer waited for the fsync round of the batch ahead",
+            st.round_wait,
+        ),
+        (
+            "append_acked_seconds",
+            "Time from the store accepting an append to its acknowledgement (durable)",
+            st.acked,
+        ),
+    ];
+    for (name, help, h) in stages {
+        reg.register(name, help, h);
+    }
     let mut out = String::new();
     if encode(&mut out, &reg).is_err() {
         return http_error(StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed");

@@ -10,6 +10,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use bytes::Bytes;
 use lru::LruCache;
@@ -109,6 +110,8 @@ pub(crate) struct Shared {
     pub cache: Mutex<Option<LruCache<u64, Arc<Parsed>>>>,
     pub subs: Mutex<HashMap<String, broadcast::Sender<(u64, Entry)>>>,
     pub counters: Counters,
+    /// Where appends spend their time (exported with the counters).
+    pub stages: crate::latency::Stages,
     pub stopping: std::sync::atomic::AtomicBool,
 }
 
@@ -170,6 +173,9 @@ pub struct Stats {
     pub segments_freed: u64,
     /// Segment files now.
     pub segments: u64,
+    /// Where appends spent their time since open (see
+    /// [`crate::latency::Stages`]).
+    pub stages: crate::latency::StagesSummary,
     /// The logs: name, first, tail.
     pub logs: Vec<(String, u64, u64)>,
 }
@@ -229,6 +235,7 @@ impl Store {
             cache: Mutex::new(cache),
             subs: Mutex::new(HashMap::new()),
             counters: Counters::default(),
+            stages: Default::default(),
             stopping: Default::default(),
         });
         let (tx, rx) = mpsc::channel(config.limits.append_queue);
@@ -281,6 +288,7 @@ impl Store {
                 request,
                 bytes,
                 reply,
+                at: Instant::now(),
             }),
             rx,
         ))
@@ -630,8 +638,15 @@ impl Store {
             write_failures: g(&c.write_failures),
             segments_freed: g(&c.segments_freed),
             segments: self.shared.files.read().expect("files lock").len() as u64,
+            stages: self.shared.stages.snapshot().summary(),
             logs,
         }
+    }
+
+    /// The stage histograms as they are now; subtract an earlier snapshot
+    /// ([`crate::latency::StagesSnapshot::since`]) for an interval.
+    pub fn stages(&self) -> crate::latency::StagesSnapshot {
+        self.shared.stages.snapshot()
     }
 
     /// Stops the writer once the commands already queued are handled,

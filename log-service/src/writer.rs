@@ -19,6 +19,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
+use std::time::Instant;
 
 use melddb::Entry;
 use tokio::sync::{mpsc, oneshot};
@@ -40,6 +41,8 @@ pub(crate) struct AppendReq {
     pub request: u64,
     pub bytes: bytes::Bytes,
     pub reply: oneshot::Sender<Result<u64, StoreError>>,
+    /// When the store accepted it (for the stage histograms).
+    pub at: Instant,
 }
 
 /// What the writer is asked to do.
@@ -107,6 +110,8 @@ pub(crate) struct SegState {
 struct Pending {
     meta: EntryMeta,
     bytes: bytes::Bytes,
+    /// When the store accepted the first request for it.
+    at: Instant,
     replies: Vec<oneshot::Sender<Result<u64, StoreError>>>,
 }
 
@@ -501,6 +506,13 @@ impl Writer {
             }
             return;
         }
+        let taken = Instant::now();
+        for r in &reqs {
+            self.shared
+                .stages
+                .queued
+                .record(taken.saturating_duration_since(r.at));
+        }
         let mut pending: Vec<Pending> = Vec::with_capacity(reqs.len());
         let mut in_batch: IdMap<usize> =
             IdMap::with_capacity_and_hasher(reqs.len(), Default::default());
@@ -550,6 +562,7 @@ impl Writer {
                     crc: crc32fast::hash(&r.bytes),
                 },
                 bytes: r.bytes,
+                at: r.at,
                 replies: vec![r.reply],
             });
         }
@@ -559,12 +572,14 @@ impl Writer {
         let first_seq = self.next_seq;
         let lens_before: BTreeMap<u64, u64> =
             self.segs.iter().map(|(&s, st)| (s, st.len)).collect();
-        let t0 = std::time::Instant::now();
+        let t0 = Instant::now();
         let written = self.write_batch(&pending, first_seq);
+        let took = t0.elapsed();
         self.shared
             .counters
             .write_us
-            .fetch_add(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        self.shared.stages.write.record(took);
         // The batch before this one was syncing while this one was
         // written: it is answered (or failed) first, in log order.
         let before_ok = self.finish_inflight();
@@ -607,12 +622,17 @@ impl Writer {
         let Some(f) = self.inflight.take() else {
             return true;
         };
-        let t = std::time::Instant::now();
+        let t = Instant::now();
+        let had_round = f.round.is_some();
         let synced = f.round.map_or(Ok(()), wait_round);
+        let waited = t.elapsed();
         self.shared
             .counters
             .sync_us
-            .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+            .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
+        if had_round {
+            self.shared.stages.round_wait.record(waited);
+        }
         match synced {
             Ok(()) => {
                 self.publish(f.pending, f.ews, f.first_seq);
@@ -994,19 +1014,19 @@ impl Writer {
             .counters
             .fsyncs
             .fetch_add(files.len() as u64, Ordering::Relaxed);
-        let on_done: OnDone = match wake {
-            Some(seq) => {
-                let tx = self.wake.clone();
-                Arc::new(move || {
-                    // Full means commands are queued: handling any of them
-                    // finishes the round, so the wake-up is not needed.
-                    if let Some(tx) = tx.upgrade() {
-                        let _ = tx.try_send(Cmd::Synced(seq));
-                    }
-                })
+        let started = Instant::now();
+        let shared = self.shared.clone();
+        let tx = wake.map(|seq| (seq, self.wake.clone()));
+        let on_done: OnDone = Arc::new(move || {
+            shared.stages.round.record(started.elapsed());
+            // Full means commands are queued: handling any of them
+            // finishes the round, so the wake-up is not needed.
+            if let Some((seq, tx)) = &tx {
+                if let Some(tx) = tx.upgrade() {
+                    let _ = tx.try_send(Cmd::Synced(*seq));
+                }
             }
-            None => Arc::new(|| {}),
-        };
+        });
         Some((segs, self.syncer.start(&files, on_done)))
     }
 
@@ -1049,7 +1069,12 @@ impl Writer {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
+        let acked = Instant::now();
         for p in pending {
+            self.shared
+                .stages
+                .acked
+                .record(acked.saturating_duration_since(p.at));
             c.appends.fetch_add(1, Ordering::Relaxed);
             c.append_bytes
                 .fetch_add(p.bytes.len() as u64, Ordering::Relaxed);

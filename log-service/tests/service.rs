@@ -596,5 +596,23 @@ async fn websocket_speaks_the_same_frames_and_http_serves_tools() {
     let (st, body) = http("GET", "/metrics", b"").await;
     assert_eq!(st, 200);
     assert!(body.contains("melddb_log_appends_total 2"), "{body}");
+    // Both appends passed through every stage; each batch was written.
+    assert!(
+        body.contains("melddb_log_append_queued_seconds_count 2"),
+        "{body}"
+    );
+    assert!(
+        body.contains("melddb_log_append_acked_seconds_count 2"),
+        "{body}"
+    );
+    assert!(
+        body.contains("melddb_log_append_acked_seconds_bucket{le=\"+Inf\"} 2"),
+        "{body}"
+    );
+    let batches = store.stats().batches;
+    assert!(
+        body.contains(&format!("melddb_log_batch_write_seconds_count {batches}")),
+        "{body}"
+    );
     stop(store, running).await;
 }

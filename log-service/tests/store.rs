@@ -765,3 +765,43 @@ fn appends_arriving_while_a_batch_syncs_get_the_next_positions_and_retries_join_
     assert_eq!(store.bounds("p"), (0, 4));
     check(&store);
 }
+
+#[test]
+fn stage_histograms_put_a_slow_disk_and_a_slow_write_where_they_belong() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::none());
+    let store = Store::open_with_faults(small_config(dir.path()), faults.clone()).unwrap();
+    let ms = |s: f64| std::time::Duration::from_secs_f64(s / 1e3);
+
+    // Slow fsyncs: every round, and so every acknowledgement, takes at
+    // least the delay.
+    faults.slow_syncs(ms(40.0));
+    let t0 = store.stages();
+    for i in 0..4u64 {
+        store.append_blocking("s", 7, i, vec![1u8; 100]).unwrap();
+    }
+    let d = store.stages().since(&t0).summary();
+    assert_eq!(d.queued.count, 4);
+    assert_eq!(d.acked.count, 4);
+    assert!(d.round.count >= 4, "{d:?}");
+    assert!(d.round.p50_ms >= 40.0, "{d:?}");
+    assert!(d.acked.p50_ms >= 40.0, "{d:?}");
+    assert!(d.acked.mean_ms >= 40.0, "{d:?}");
+
+    // Slow writes instead: the write stage carries the delay.
+    faults.slow_syncs(ms(0.0));
+    faults.slow_writes(ms(40.0));
+    let t1 = store.stages();
+    for i in 4..8u64 {
+        store.append_blocking("s", 7, i, vec![2u8; 100]).unwrap();
+    }
+    let d = store.stages().since(&t1).summary();
+    assert_eq!(d.write.count, 4, "one batch per blocking append");
+    assert!(d.write.p50_ms >= 40.0, "{d:?}");
+    assert!(d.acked.p50_ms >= 40.0, "{d:?}");
+
+    // The totals since open are in `stats` too.
+    let s = store.stats();
+    assert_eq!(s.stages.acked.count, 8);
+    assert_eq!(s.stages.acked.count, s.appends);
+}
