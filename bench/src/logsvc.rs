@@ -695,7 +695,7 @@ pub fn print_stages(title: &str, st: &StagesSummary) {
     );
     for (name, s) in [
         ("queued (accepted -> taken by the writer)", &st.queued),
-        ("batch write (no fsync), per batch", &st.write),
+        ("write (no fsync), per write", &st.write),
         ("fsync round, per round", &st.round),
         (
             "writer waits for the round ahead, per batch",

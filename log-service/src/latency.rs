@@ -211,16 +211,18 @@ pub struct Stages {
     /// From the store accepting an append to the writer taking it into a
     /// batch (one count per append).
     pub queued: Histogram,
-    /// The writer building and writing one batch: stripes, parity, pages
-    /// and end-writes, without the fsyncs (one count per batch).
+    /// The writer building and writing one group of appends: stripes,
+    /// parity, pages and end-writes, without the fsyncs (one count per
+    /// write; a batch written during a round may take several).
     pub write: Histogram,
     /// One fsync round: from starting it to the last of its files being
     /// synced (one count per round). Rounds run while the writer writes the
     /// next batch.
     pub round: Histogram,
-    /// The writer waiting for the fsync round of the batch ahead before it
-    /// can answer that batch (one count per batch written while a round
-    /// ran; an idle writer is woken when the round ends instead).
+    /// The writer blocked on an fsync round before answering its batch
+    /// (one count per round answered): near zero when the round had ended
+    /// already, the wait itself when the batch written meanwhile reached
+    /// its size bound or a command needed every append answered.
     pub round_wait: Histogram,
     /// From the store accepting an append to its acknowledgement, once its
     /// round is on disk (one count per append).

@@ -422,6 +422,7 @@ pub(crate) fn recover(
         page_bufs: Vec::new(),
         payload_buf: Vec::new(),
         inflight: None,
+        next: None,
         wake,
     };
     // Forget what trim made unreachable before deciding what is missing.

@@ -649,7 +649,7 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
         ),
         (
             "batch_write_seconds",
-            "Time the writer took to build and write one batch, without fsyncs",
+            "Time the writer took to build and write one group of appends, without fsyncs",
             st.write,
         ),
         (
@@ -659,7 +659,7 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
         ),
         (
             "round_wait_seconds",
-            "Time the writer waited for the fsync round of the batch ahead",
+            "Time the writer was blocked on an fsync round before answering its batch",
             st.round_wait,
         ),
         (

@@ -12,7 +12,7 @@
 use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 
@@ -117,6 +117,7 @@ impl SyncPool {
         Round {
             results,
             asked,
+            received: 0,
             done: done_rx,
         }
     }
@@ -126,13 +127,32 @@ impl SyncPool {
 pub(crate) struct Round {
     results: Vec<Option<io::Result<()>>>,
     asked: usize,
+    /// Answers already taken by [`Round::is_done`].
+    received: usize,
     done: Receiver<(usize, io::Result<()>)>,
 }
 
 impl Round {
+    /// Whether every file of the round has been synced (or failed), without
+    /// waiting. [`Round::wait`] then returns at once.
+    pub(crate) fn is_done(&mut self) -> bool {
+        while self.received < self.asked {
+            match self.done.try_recv() {
+                Ok((i, r)) => {
+                    self.results[i] = Some(r);
+                    self.received += 1;
+                }
+                Err(TryRecvError::Empty) => return false,
+                // A helper stopped: `wait` reports it.
+                Err(TryRecvError::Disconnected) => return true,
+            }
+        }
+        true
+    }
+
     /// Waits for every file of the round; results in the order given.
     pub(crate) fn wait(mut self) -> Vec<io::Result<()>> {
-        for _ in 0..self.asked {
+        for _ in self.received..self.asked {
             match self.done.recv() {
                 Ok((i, r)) => self.results[i] = Some(r),
                 Err(_) => break,

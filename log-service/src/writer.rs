@@ -137,6 +137,8 @@ impl Body<'_> {
 /// round ends (recovery therefore checks the last two batches).
 pub(crate) struct InFlight {
     pending: Vec<Pending>,
+    /// Payload bytes of `pending`.
+    payload: usize,
     ews: Vec<EndWrite>,
     first_seq: u64,
     /// Segment lengths before the batch, for a roll back.
@@ -148,6 +150,32 @@ pub(crate) struct InFlight {
     /// Each log's tail after the batch.
     tails: HashMap<String, u64>,
 }
+
+impl InFlight {
+    /// Whether this batch's fsync round has ended (true without one).
+    fn round_done(&mut self) -> bool {
+        self.round.as_mut().is_none_or(|(_, r)| r.is_done())
+    }
+
+    /// Joins a later write of the same batch (not syncing yet) to this one.
+    fn absorb(&mut self, later: InFlight) {
+        let shift = self.pending.len();
+        self.payload += later.payload;
+        self.keys
+            .extend(later.keys.into_iter().map(|(k, i)| (k, i + shift)));
+        self.pending.extend(later.pending);
+        self.ews.extend(later.ews);
+        // The later write started from these tails, so its own are newer.
+        self.tails.extend(later.tails);
+    }
+}
+
+/// The reply channel of one append.
+type Reply = oneshot::Sender<Result<u64, StoreError>>;
+
+/// Payload bytes the batch written during a round may reach before the
+/// writer waits for the round instead of writing more.
+const MAX_NEXT_BYTES: usize = BATCH_BYTES / 4;
 
 /// A table keyed by request id (client id, request id). Hashed with
 /// foldhash, seeded per process: the writer looks every append's id up
@@ -191,6 +219,10 @@ pub(crate) struct Writer {
     pub payload_buf: Vec<u8>,
     /// The batch whose fsync round is under way, if any.
     pub inflight: Option<InFlight>,
+    /// The batch being written while that round runs (not syncing yet):
+    /// appends that arrive during a round are written at once, into this
+    /// one batch, and the next round syncs them all.
+    pub next: Option<InFlight>,
     /// The writer's own queue, for the fsync helpers' wake-ups (weak: the
     /// queue still closes when the store is dropped).
     pub wake: mpsc::WeakSender<Cmd>,
@@ -400,16 +432,16 @@ impl Writer {
                 None => match self.rx.blocking_recv() {
                     Some(c) => c,
                     None => {
-                        self.finish_inflight();
+                        self.finish_all();
                         return;
                     }
                 },
             };
             if !matches!(cmd, Cmd::Append(_) | Cmd::AppendMany(_) | Cmd::Synced(_)) {
-                // Everything but an append sees the in-flight batch done:
+                // Everything but an append sees every written batch done:
                 // trim records the stable point, repair rewrites segments,
                 // a barrier promises that earlier appends are answered.
-                self.finish_inflight();
+                self.finish_all();
             }
             match cmd {
                 Cmd::Append(a) => self.gather_and_append(vec![a], &mut queue),
@@ -449,13 +481,18 @@ impl Writer {
                 }
                 Cmd::Shutdown => {}
             }
+            // A round that ended while the writer was busy (its wake-up is
+            // dropped when the queue is full) is answered here.
+            if self.inflight.as_mut().is_some_and(|f| f.round_done()) {
+                self.finish_inflight();
+            }
             if self.shared.stopping.load(Ordering::SeqCst) && queue.is_empty() {
                 // Finish what is queued, then stop.
                 while let Ok(c) = self.rx.try_recv() {
                     queue.push_back(c);
                 }
                 if queue.is_empty() {
-                    self.finish_inflight();
+                    self.finish_all();
                     return;
                 }
             }
@@ -524,100 +561,170 @@ impl Writer {
                     let _ = r.reply.send(Ok(pos));
                     continue;
                 }
-                // A retry of an append in the batch still syncing: answered
+                // A retry of an append written but not yet answered (in the
+                // batch syncing or the one written meanwhile): answered
                 // with it.
-                if let Some(f) = &mut self.inflight {
+                let mut reply = Some(r.reply);
+                for f in [&mut self.inflight, &mut self.next].into_iter().flatten() {
                     if let Some(&i) = f.keys.get(&key) {
-                        f.pending[i].replies.push(r.reply);
-                        continue;
+                        if let Some(rep) = reply.take() {
+                            f.pending[i].replies.push(rep);
+                        }
                     }
                 }
+                let Some(reply) = reply else { continue };
                 if let Some(&i) = in_batch.get(&key) {
-                    pending[i].replies.push(r.reply);
+                    pending[i].replies.push(reply);
                     continue;
                 }
                 in_batch.insert(key, pending.len());
+                self.queue_record(&mut pending, &mut tails, r.log, key, r.bytes, r.at, reply);
+            } else {
+                self.queue_record(&mut pending, &mut tails, r.log, key, r.bytes, r.at, r.reply);
             }
-            let tail = match tails.get_mut(&r.log) {
-                Some(t) => t,
-                None => {
-                    // After the in-flight batch's records, if it has any.
-                    let t = match self.inflight.as_ref().and_then(|f| f.tails.get(&r.log)) {
-                        Some(&t) => t,
-                        None => self.tail_of(&r.log),
-                    };
-                    tails.entry(r.log.clone()).or_insert(t)
-                }
-            };
-            let pos = *tail;
-            *tail += 1;
-            pending.push(Pending {
-                meta: EntryMeta {
-                    log: r.log,
-                    pos,
-                    client: r.client,
-                    request: r.request,
-                    len: r.bytes.len() as u32,
-                    offset: stripe::FRAGMENTED,
-                    crc: crc32fast::hash(&r.bytes),
-                },
-                bytes: r.bytes,
-                at: r.at,
-                replies: vec![r.reply],
-            });
         }
         if pending.is_empty() {
             return;
         }
-        let first_seq = self.next_seq;
+        // While a round runs, this write joins the batch written during it
+        // (same batch number: recovery treats it as one batch, so at most
+        // two batches are ever unacknowledged); otherwise it starts one.
+        let batch_seq = self.next.as_ref().map_or(self.next_seq, |n| n.first_seq);
+        let write_seq = self.next_seq;
         let lens_before: BTreeMap<u64, u64> =
             self.segs.iter().map(|(&s, st)| (s, st.len)).collect();
         let t0 = Instant::now();
-        let written = self.write_batch(&pending, first_seq);
+        let written = self.write_batch(&pending, batch_seq);
         let took = t0.elapsed();
         self.shared
             .counters
             .write_us
             .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
         self.shared.stages.write.record(took);
-        // The batch before this one was syncing while this one was
-        // written: it is answered (or failed) first, in log order.
-        let before_ok = self.finish_inflight();
-        let round = if !before_ok {
-            // The failed batch before was rolled back together with this
-            // one's writes (everything after its start).
-            Err(StoreError::WriteFailed(
-                "the batch before this one failed to reach the disk; this one was rolled back with it".into(),
-            ))
-        } else {
-            written.map(|ews| (ews, self.start_sync(Some(first_seq))))
-        };
-        match round {
-            Ok((ews, None)) => self.publish(pending, ews, first_seq),
-            Ok((ews, round)) => {
-                self.inflight = Some(InFlight {
-                    pending,
-                    ews,
-                    first_seq,
-                    lens_before,
-                    round,
-                    keys: in_batch,
-                    tails,
-                });
-            }
+        let ews = match written {
+            Ok(ews) => ews,
             Err(e) => {
-                if before_ok {
-                    self.roll_back(&lens_before, first_seq);
-                }
+                // Only this write's pages are rolled back: what was written
+                // before it (the batch syncing, the batch joined) stands,
+                // and the segments the joined batch dirtied still need
+                // their round.
+                let dirty = self.dirty.clone();
+                self.roll_back(&lens_before, write_seq);
+                self.dirty.extend(dirty);
                 self.fail(pending, e);
+                return;
+            }
+        };
+        let batch = InFlight {
+            payload: pending.iter().map(|p| p.bytes.len()).sum(),
+            pending,
+            ews,
+            first_seq: batch_seq,
+            lens_before,
+            round: None,
+            keys: in_batch,
+            tails,
+        };
+        match &mut self.next {
+            Some(n) => n.absorb(batch),
+            None => self.next = Some(batch),
+        }
+        if self.inflight.is_none() {
+            self.promote();
+        } else if self
+            .next
+            .as_ref()
+            .is_some_and(|n| n.payload > MAX_NEXT_BYTES)
+        {
+            // Bounded memory: a batch that grew this large waits for the
+            // round ahead instead of growing further.
+            self.finish_inflight();
+        } else if self.inflight.as_mut().is_some_and(|f| f.round_done()) {
+            self.finish_inflight();
+        }
+    }
+
+    /// Adds one record to the batch being built: its position follows the
+    /// log's tail after everything already written.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_record(
+        &self,
+        pending: &mut Vec<Pending>,
+        tails: &mut HashMap<String, u64>,
+        log: String,
+        (client, request): (u64, u64),
+        bytes: bytes::Bytes,
+        at: Instant,
+        reply: Reply,
+    ) {
+        let tail = match tails.get_mut(&log) {
+            Some(t) => t,
+            None => {
+                // After the records already written and not yet published:
+                // the batch written during the round first, then the one
+                // syncing.
+                let t = match [&self.next, &self.inflight]
+                    .into_iter()
+                    .flatten()
+                    .find_map(|f| f.tails.get(&log))
+                {
+                    Some(&t) => t,
+                    None => self.tail_of(&log),
+                };
+                tails.entry(log.clone()).or_insert(t)
+            }
+        };
+        let pos = *tail;
+        *tail += 1;
+        pending.push(Pending {
+            meta: EntryMeta {
+                log,
+                pos,
+                client,
+                request,
+                len: bytes.len() as u32,
+                offset: stripe::FRAGMENTED,
+                crc: crc32fast::hash(&bytes),
+            },
+            bytes,
+            at,
+            replies: vec![reply],
+        });
+    }
+
+    /// Starts the fsync round of the batch written meanwhile, which becomes
+    /// the one in flight; without fsync it is answered at once.
+    fn promote(&mut self) {
+        debug_assert!(self.inflight.is_none());
+        let Some(mut n) = self.next.take() else {
+            return;
+        };
+        match self.start_sync(Some(n.first_seq)) {
+            None => self.publish(n.pending, n.ews, n.first_seq),
+            Some(round) => {
+                n.round = Some(round);
+                self.inflight = Some(n);
+            }
+        }
+    }
+
+    /// Answers every written batch: waits for the round in flight, then
+    /// syncs and answers the batch written meanwhile.
+    fn finish_all(&mut self) {
+        while self.inflight.is_some() || self.next.is_some() {
+            if self.inflight.is_none() {
+                self.promote();
+            } else {
+                self.finish_inflight();
             }
         }
     }
 
     /// Waits for the in-flight batch's fsync round, then answers its
-    /// appends, or rolls it back (with anything written after it) and
-    /// fails them. Returns whether it reached the disk (true when there was
-    /// none).
+    /// appends and starts the round of the batch written meanwhile; or, if
+    /// the round failed, rolls back that batch and everything written after
+    /// it and fails them all. Returns whether it reached the disk (true
+    /// when there was none).
     fn finish_inflight(&mut self) -> bool {
         let Some(f) = self.inflight.take() else {
             return true;
@@ -636,11 +743,20 @@ impl Writer {
         match synced {
             Ok(()) => {
                 self.publish(f.pending, f.ews, f.first_seq);
+                self.promote();
                 true
             }
             Err(e) => {
                 self.roll_back(&f.lens_before, f.first_seq);
                 self.fail(f.pending, e);
+                if let Some(n) = self.next.take() {
+                    self.fail(
+                        n.pending,
+                        StoreError::WriteFailed(
+                            "the batch before this one failed to reach the disk; this one was rolled back with it".into(),
+                        ),
+                    );
+                }
                 false
             }
         }

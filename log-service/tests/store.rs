@@ -805,3 +805,61 @@ fn stage_histograms_put_a_slow_disk_and_a_slow_write_where_they_belong() {
     assert_eq!(s.stages.acked.count, 8);
     assert_eq!(s.stages.acked.count, s.appends);
 }
+
+#[test]
+fn appends_during_a_round_join_one_batch_and_a_failed_join_fails_alone() {
+    // While a slow round syncs batch A, each arriving append is written at
+    // once into the one batch that syncs next: retries of its requests are
+    // answered with them, a write that fails takes only its own appends
+    // down, and a reopen sees exactly what was acknowledged.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = small_config(dir.path());
+    let faults = Arc::new(Faults::none());
+    let store = Arc::new(Store::open_with_faults(cfg.clone(), faults.clone()).unwrap());
+    let append = |request: u64, body: &'static [u8]| {
+        let store = store.clone();
+        std::thread::spawn(move || store.append_blocking("j", 5, request, body.to_vec()))
+    };
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(40));
+    let batches_before = store.stats().batches;
+    faults.slow_syncs(std::time::Duration::from_millis(500));
+    let a = append(0, b"a");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let b1 = append(1, b"b1");
+    pause();
+    let b2 = append(2, b"b2");
+    pause();
+    let retry = append(1, b"b1");
+    pause();
+    // The next write fails (torn): only b3, written during the round too.
+    faults.fail_write_after(0, true);
+    let b3 = append(3, b"b3");
+    let b3 = b3.join().unwrap();
+    assert!(
+        matches!(b3, Err(StoreError::WriteFailed(_))),
+        "the failed write fails its own append: {b3:?}"
+    );
+    assert_eq!(a.join().unwrap().unwrap(), 0);
+    assert_eq!(b1.join().unwrap().unwrap(), 1);
+    assert_eq!(b2.join().unwrap().unwrap(), 2);
+    assert_eq!(retry.join().unwrap().unwrap(), 1, "the retry joined b1");
+    assert_eq!(
+        store.stats().batches - batches_before,
+        2,
+        "a, then b1 and b2 together"
+    );
+    faults.slow_syncs(std::time::Duration::ZERO);
+    assert_eq!(store.append_blocking("j", 5, 3, b"b3".to_vec()).unwrap(), 3);
+    let want: [&[u8]; 4] = [b"a", b"b1", b"b2", b"b3"];
+    let check = |s: &Store| {
+        assert_eq!(s.bounds("j"), (0, 4));
+        for (i, w) in want.iter().enumerate() {
+            assert_eq!(&s.read("j", i as u64).unwrap()[..], *w);
+        }
+    };
+    check(&store);
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    check(&store);
+    assert_eq!(store.scrub_blocking().bad_pages, 0);
+}
