@@ -697,11 +697,9 @@ pub fn print_stages(title: &str, st: &StagesSummary) {
         ("queued (accepted -> taken by the writer)", &st.queued),
         ("write (no fsync), per write", &st.write),
         ("fsync round, per round", &st.round),
-        (
-            "writer waits for the round ahead, per batch",
-            &st.round_wait,
-        ),
+        ("writer blocked on a round, per round", &st.round_wait),
         ("acknowledged (accepted -> durable)", &st.acked),
+        ("window slide (segment filled), per slide", &st.slide),
     ] {
         println!(
             "  {:<44} {:>9} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",

@@ -874,6 +874,7 @@ fn log_suite(args: &Args) -> Result<(), String> {
         ("round", &st.round),
         ("round_wait", &st.round_wait),
         ("acked", &st.acked),
+        ("slide", &st.slide),
     ] {
         put(&format!("half_load_{name}_p50_ms"), s.p50_ms);
         put(&format!("half_load_{name}_p99_ms"), s.p99_ms);

@@ -227,6 +227,11 @@ pub struct Stages {
     /// From the store accepting an append to its acknowledgement, once its
     /// round is on disk (one count per append).
     pub acked: Histogram,
+    /// The writer sliding the segment windows when a segment fills:
+    /// sealing below the base and creating and raising window segments,
+    /// each change made durable before the writer goes on (one count per
+    /// slide; appends wait meanwhile).
+    pub slide: Histogram,
 }
 
 /// [`Stages`] at one moment.
@@ -242,6 +247,8 @@ pub struct StagesSnapshot {
     pub round_wait: Snapshot,
     /// See [`Stages::acked`].
     pub acked: Snapshot,
+    /// See [`Stages::slide`].
+    pub slide: Snapshot,
 }
 
 impl Stages {
@@ -253,6 +260,7 @@ impl Stages {
             round: self.round.snapshot(),
             round_wait: self.round_wait.snapshot(),
             acked: self.acked.snapshot(),
+            slide: self.slide.snapshot(),
         }
     }
 }
@@ -270,6 +278,8 @@ pub struct StagesSummary {
     pub round_wait: Summary,
     /// See [`Stages::acked`].
     pub acked: Summary,
+    /// See [`Stages::slide`].
+    pub slide: Summary,
 }
 
 impl StagesSnapshot {
@@ -281,6 +291,7 @@ impl StagesSnapshot {
             round: self.round.since(&earlier.round),
             round_wait: self.round_wait.since(&earlier.round_wait),
             acked: self.acked.since(&earlier.acked),
+            slide: self.slide.since(&earlier.slide),
         }
     }
 
@@ -292,6 +303,7 @@ impl StagesSnapshot {
             round: self.round.summary(),
             round_wait: self.round_wait.summary(),
             acked: self.acked.summary(),
+            slide: self.slide.summary(),
         }
     }
 }

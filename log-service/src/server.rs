@@ -667,6 +667,11 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
             "Time from the store accepting an append to its acknowledgement (durable)",
             st.acked,
         ),
+        (
+            "window_slide_seconds",
+            "Time the writer spent sliding the segment windows when a segment filled (appends wait meanwhile)",
+            st.slide,
+        ),
     ];
     for (name, help, h) in stages {
         reg.register(name, help, h);

@@ -416,8 +416,11 @@ impl Writer {
             .iter()
             .any(|s| self.segs.get(s).is_none_or(|st| st.len + bytes > limit))
         {
+            let t = Instant::now();
             self.base += 1;
-            self.ensure_window()?;
+            let r = self.ensure_window();
+            self.shared.stages.slide.record(t.elapsed());
+            r?;
         }
         Ok(())
     }

@@ -804,6 +804,16 @@ fn stage_histograms_put_a_slow_disk_and_a_slow_write_where_they_belong() {
     let s = store.stats();
     assert_eq!(s.stages.acked.count, 8);
     assert_eq!(s.stages.acked.count, s.appends);
+
+    // Filling segments (64 KiB here) slides the windows, each slide timed.
+    faults.slow_writes(ms(0.0));
+    let t2 = store.stages();
+    for i in 8..60u64 {
+        store.append_blocking("s", 7, i, vec![3u8; 4096]).unwrap();
+    }
+    let d = store.stages().since(&t2).summary();
+    assert!(d.slide.count > 0, "{d:?}");
+    assert_eq!(d.acked.count, 52);
 }
 
 #[test]
