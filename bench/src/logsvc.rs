@@ -693,14 +693,7 @@ pub fn print_stages(title: &str, st: &StagesSummary) {
         "  {:<44} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "stage", "count", "mean ms", "p50 ms", "p90 ms", "p99 ms"
     );
-    for (name, s) in [
-        ("queued (accepted -> taken by the writer)", &st.queued),
-        ("write (no fsync), per write", &st.write),
-        ("fsync round, per round", &st.round),
-        ("writer blocked on a round, per round", &st.round_wait),
-        ("acknowledged (accepted -> durable)", &st.acked),
-        ("window slide (segment filled), per slide", &st.slide),
-    ] {
+    for (_, name, s) in st.rows() {
         println!(
             "  {:<44} {:>9} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
             name, s.count, s.mean_ms, s.p50_ms, s.p90_ms, s.p99_ms

@@ -868,14 +868,7 @@ fn log_suite(args: &Args) -> Result<(), String> {
     put("half_load_tps", r.half_load.ops_s);
     // Inside the service at half load: the median and p99 of each stage.
     let st = &r.half_load_stages;
-    for (name, s) in [
-        ("queued", &st.queued),
-        ("write", &st.write),
-        ("round", &st.round),
-        ("round_wait", &st.round_wait),
-        ("acked", &st.acked),
-        ("slide", &st.slide),
-    ] {
+    for (name, _, s) in st.rows() {
         put(&format!("half_load_{name}_p50_ms"), s.p50_ms);
         put(&format!("half_load_{name}_p99_ms"), s.p99_ms);
     }

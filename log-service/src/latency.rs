@@ -282,6 +282,34 @@ pub struct StagesSummary {
     pub slide: Summary,
 }
 
+impl StagesSummary {
+    /// Every stage as (short name, what it measures, figures), in the
+    /// order an append passes through them: the one list tables and JSON
+    /// keys are made from.
+    pub fn rows(&self) -> [(&'static str, &'static str, &Summary); 6] {
+        [
+            (
+                "queued",
+                "queued (accepted -> taken by the writer)",
+                &self.queued,
+            ),
+            ("write", "write (no fsync), per write", &self.write),
+            ("round", "fsync round, per round", &self.round),
+            (
+                "round_wait",
+                "writer blocked on a round, per round",
+                &self.round_wait,
+            ),
+            ("acked", "acknowledged (accepted -> durable)", &self.acked),
+            (
+                "slide",
+                "window slide (segment filled), per slide",
+                &self.slide,
+            ),
+        ]
+    }
+}
+
 impl StagesSnapshot {
     /// What was counted between `earlier` and this snapshot.
     pub fn since(&self, earlier: &StagesSnapshot) -> StagesSnapshot {
