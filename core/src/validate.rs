@@ -178,9 +178,12 @@ impl BruteForce {
         if pos - from - 1 > self.max_zone {
             return Err(BruteAbort::SnapshotTooOld);
         }
-        for (p, writes) in &self.committed {
-            if *p <= from || *p > to {
-                continue;
+        // `committed` is in log order: start at the first position after
+        // `from` rather than walking the whole retained window.
+        let start = self.committed.partition_point(|(p, _)| *p <= from);
+        for (p, writes) in self.committed.range(start..) {
+            if *p > to {
+                break;
             }
             conflict(sets, writes)?;
         }
