@@ -693,10 +693,10 @@ pub fn print_stages(title: &str, st: &StagesSummary) {
         "  {:<44} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "stage", "count", "mean ms", "p50 ms", "p90 ms", "p99 ms"
     );
-    for (_, name, s) in st.rows() {
+    for (info, s) in st.rows() {
         println!(
             "  {:<44} {:>9} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
-            name, s.count, s.mean_ms, s.p50_ms, s.p90_ms, s.p99_ms
+            info.label, s.count, s.mean_ms, s.p50_ms, s.p90_ms, s.p99_ms
         );
     }
 }

@@ -868,9 +868,9 @@ fn log_suite(args: &Args) -> Result<(), String> {
     put("half_load_tps", r.half_load.ops_s);
     // Inside the service at half load: the median and p99 of each stage.
     let st = &r.half_load_stages;
-    for (name, _, s) in st.rows() {
-        put(&format!("half_load_{name}_p50_ms"), s.p50_ms);
-        put(&format!("half_load_{name}_p99_ms"), s.p99_ms);
+    for (info, s) in st.rows() {
+        put(&format!("half_load_{}_p50_ms", info.key), s.p50_ms);
+        put(&format!("half_load_{}_p99_ms", info.key), s.p99_ms);
     }
     put("read_tps_1k", r.reads.ops_s);
     put("disk_seq_write_mib_s", r.disk_seq_write_mib_s);

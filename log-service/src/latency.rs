@@ -124,6 +124,11 @@ impl Snapshot {
         self.counts.iter().sum()
     }
 
+    /// The durations counted, added up, in microseconds.
+    pub fn total_us(&self) -> u64 {
+        self.sum_ns / 1000
+    }
+
     /// Mean duration in milliseconds (`None` if nothing was counted).
     pub fn mean_ms(&self) -> Option<f64> {
         let n = self.count();
@@ -282,35 +287,93 @@ pub struct StagesSummary {
     pub slide: Summary,
 }
 
+/// What names a stage where it is reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageInfo {
+    /// Short name (JSON keys).
+    pub key: &'static str,
+    /// Table label, with what is counted.
+    pub label: &'static str,
+    /// OpenMetrics name, after the `melddb_log_` prefix.
+    pub metric: &'static str,
+    /// OpenMetrics help text.
+    pub help: &'static str,
+}
+
+/// Every stage, in the order an append passes through them (the field
+/// order of [`Stages`]): the one list tables, JSON keys and metrics are
+/// made from.
+pub const STAGE_INFO: [StageInfo; 6] = [
+    StageInfo {
+        key: "queued",
+        label: "queued (accepted -> taken by the writer)",
+        metric: "append_queued_seconds",
+        help: "Time from the store accepting an append to the writer taking it into a batch",
+    },
+    StageInfo {
+        key: "write",
+        label: "write (no fsync), per write",
+        metric: "batch_write_seconds",
+        help: "Time the writer took to build and write one group of appends, without fsyncs",
+    },
+    StageInfo {
+        key: "round",
+        label: "fsync round, per round",
+        metric: "fsync_round_seconds",
+        help: "Time one fsync round took, from its start to its last file synced",
+    },
+    StageInfo {
+        key: "round_wait",
+        label: "writer blocked on a round, per round",
+        metric: "round_wait_seconds",
+        help: "Time the writer was blocked on an fsync round before answering its batch",
+    },
+    StageInfo {
+        key: "acked",
+        label: "acknowledged (accepted -> durable)",
+        metric: "append_acked_seconds",
+        help: "Time from the store accepting an append to its acknowledgement (durable)",
+    },
+    StageInfo {
+        key: "slide",
+        label: "window slide (segment filled), per slide",
+        metric: "window_slide_seconds",
+        help: "Time the writer spent sliding the segment windows when a segment filled (appends wait meanwhile)",
+    },
+];
+
+/// Pairs each stage's [`StageInfo`] with its figures, in field order.
+fn with_info<T: Copy>(fields: [T; 6]) -> [(&'static StageInfo, T); 6] {
+    std::array::from_fn(|i| (&STAGE_INFO[i], fields[i]))
+}
+
 impl StagesSummary {
-    /// Every stage as (short name, what it measures, figures), in the
-    /// order an append passes through them: the one list tables and JSON
-    /// keys are made from.
-    pub fn rows(&self) -> [(&'static str, &'static str, &Summary); 6] {
-        [
-            (
-                "queued",
-                "queued (accepted -> taken by the writer)",
-                &self.queued,
-            ),
-            ("write", "write (no fsync), per write", &self.write),
-            ("round", "fsync round, per round", &self.round),
-            (
-                "round_wait",
-                "writer blocked on a round, per round",
-                &self.round_wait,
-            ),
-            ("acked", "acknowledged (accepted -> durable)", &self.acked),
-            (
-                "slide",
-                "window slide (segment filled), per slide",
-                &self.slide,
-            ),
-        ]
+    /// Every stage with its names and figures (see [`STAGE_INFO`]).
+    pub fn rows(&self) -> [(&'static StageInfo, &Summary); 6] {
+        with_info([
+            &self.queued,
+            &self.write,
+            &self.round,
+            &self.round_wait,
+            &self.acked,
+            &self.slide,
+        ])
     }
 }
 
 impl StagesSnapshot {
+    /// Every stage with its names and counts (see [`STAGE_INFO`]).
+    pub fn rows(&self) -> [(&'static StageInfo, &Snapshot); 6] {
+        with_info([
+            &self.queued,
+            &self.write,
+            &self.round,
+            &self.round_wait,
+            &self.acked,
+            &self.slide,
+        ])
+    }
+
     /// What was counted between `earlier` and this snapshot.
     pub fn since(&self, earlier: &StagesSnapshot) -> StagesSnapshot {
         StagesSnapshot {

@@ -640,41 +640,9 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
         gg.set(v as i64);
         reg.register(name, help, gg);
     }
-    let st = ctx.store.stages();
-    let stages = [
-        (
-            "append_queued_seconds",
-            "Time from the store accepting an append to the writer taking it into a batch",
-            st.queued,
-        ),
-        (
-            "batch_write_seconds",
-            "Time the writer took to build and write one group of appends, without fsyncs",
-            st.write,
-        ),
-        (
-            "fsync_round_seconds",
-            "Time one fsync round took, from its start to its last file synced",
-            st.round,
-        ),
-        (
-            "round_wait_seconds",
-            "Time the writer was blocked on an fsync round before answering its batch",
-            st.round_wait,
-        ),
-        (
-            "append_acked_seconds",
-            "Time from the store accepting an append to its acknowledgement (durable)",
-            st.acked,
-        ),
-        (
-            "window_slide_seconds",
-            "Time the writer spent sliding the segment windows when a segment filled (appends wait meanwhile)",
-            st.slide,
-        ),
-    ];
-    for (name, help, h) in stages {
-        reg.register(name, help, h);
+    let stages = ctx.store.stages();
+    for (info, h) in stages.rows() {
+        reg.register(info.metric, info.help, h.clone());
     }
     let mut out = String::new();
     if encode(&mut out, &reg).is_err() {

@@ -92,8 +92,6 @@ pub(crate) struct Counters {
     pub stripes: AtomicU64,
     pub bytes_written: AtomicU64,
     pub fsyncs: AtomicU64,
-    pub write_us: AtomicU64,
-    pub sync_us: AtomicU64,
     pub reads: AtomicU64,
     pub pages_rebuilt: AtomicU64,
     pub segments_repaired: AtomicU64,
@@ -157,9 +155,11 @@ pub struct Stats {
     /// fsync calls.
     pub fsyncs: u64,
     /// Microseconds the writer spent building and writing batches (stripes,
-    /// parity, pages, end-writes), without the fsyncs.
+    /// parity, pages, end-writes), without the fsyncs: the total of the
+    /// write stage.
     pub write_us: u64,
-    /// Microseconds the writer waited for batches' fsync rounds.
+    /// Microseconds the writer was blocked on fsync rounds: the total of
+    /// the round-wait stage.
     pub sync_us: u64,
     /// Record reads.
     pub reads: u64,
@@ -271,6 +271,7 @@ impl Store {
         client: u64,
         request: u64,
         bytes: Bytes,
+        at: Instant,
     ) -> Result<(Cmd, oneshot::Receiver<Result<u64, StoreError>>), StoreError> {
         check_log_name(log)?;
         let limit = self.shared.config.max_record_bytes as usize;
@@ -288,7 +289,7 @@ impl Store {
                 request,
                 bytes,
                 reply,
-                at: Instant::now(),
+                at,
             }),
             rx,
         ))
@@ -304,7 +305,7 @@ impl Store {
         request: u64,
         bytes: impl Into<Bytes>,
     ) -> Result<u64, StoreError> {
-        let (cmd, rx) = self.request(log, client, request, bytes.into())?;
+        let (cmd, rx) = self.request(log, client, request, bytes.into(), Instant::now())?;
         self.tx
             .send(cmd)
             .await
@@ -324,13 +325,15 @@ impl Store {
     ) -> Result<Vec<u64>, StoreError> {
         let mut reqs = Vec::with_capacity(records.len());
         let mut rxs = Vec::with_capacity(records.len());
+        // One arrival time for the whole batch: its records arrive together.
+        let at = Instant::now();
         for (i, bytes) in records.into_iter().enumerate() {
             let request = if client == 0 {
                 0
             } else {
                 first_request.wrapping_add(i as u64)
             };
-            let (cmd, rx) = self.request(log, client, request, bytes)?;
+            let (cmd, rx) = self.request(log, client, request, bytes, at)?;
             let Cmd::Append(a) = cmd else {
                 unreachable!("request builds appends")
             };
@@ -359,7 +362,7 @@ impl Store {
         request: u64,
         bytes: impl Into<Bytes>,
     ) -> Result<u64, StoreError> {
-        let (cmd, rx) = self.request(log, client, request, bytes.into())?;
+        let (cmd, rx) = self.request(log, client, request, bytes.into(), Instant::now())?;
         self.tx
             .blocking_send(cmd)
             .map_err(|_| StoreError::ShuttingDown)?;
@@ -614,6 +617,7 @@ impl Store {
     pub fn stats(&self) -> Stats {
         let c = &self.shared.counters;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let stages = self.shared.stages.snapshot();
         let logs = self
             .shared
             .index
@@ -630,15 +634,15 @@ impl Store {
             stripes: g(&c.stripes),
             bytes_written: g(&c.bytes_written),
             fsyncs: g(&c.fsyncs),
-            write_us: g(&c.write_us),
-            sync_us: g(&c.sync_us),
+            write_us: stages.write.total_us(),
+            sync_us: stages.round_wait.total_us(),
             reads: g(&c.reads),
             pages_rebuilt: g(&c.pages_rebuilt),
             segments_repaired: g(&c.segments_repaired),
             write_failures: g(&c.write_failures),
             segments_freed: g(&c.segments_freed),
             segments: self.shared.files.read().expect("files lock").len() as u64,
-            stages: self.shared.stages.snapshot().summary(),
+            stages: stages.summary(),
             logs,
         }
     }

@@ -567,24 +567,21 @@ impl Writer {
                 // A retry of an append written but not yet answered (in the
                 // batch syncing or the one written meanwhile): answered
                 // with it.
-                let mut reply = Some(r.reply);
-                for f in [&mut self.inflight, &mut self.next].into_iter().flatten() {
-                    if let Some(&i) = f.keys.get(&key) {
-                        if let Some(rep) = reply.take() {
-                            f.pending[i].replies.push(rep);
-                        }
-                    }
+                let unanswered = [&mut self.inflight, &mut self.next]
+                    .into_iter()
+                    .flatten()
+                    .find_map(|f| Some((*f.keys.get(&key)?, f)));
+                if let Some((i, f)) = unanswered {
+                    f.pending[i].replies.push(r.reply);
+                    continue;
                 }
-                let Some(reply) = reply else { continue };
                 if let Some(&i) = in_batch.get(&key) {
-                    pending[i].replies.push(reply);
+                    pending[i].replies.push(r.reply);
                     continue;
                 }
                 in_batch.insert(key, pending.len());
-                self.queue_record(&mut pending, &mut tails, r.log, key, r.bytes, r.at, reply);
-            } else {
-                self.queue_record(&mut pending, &mut tails, r.log, key, r.bytes, r.at, r.reply);
             }
+            self.queue_record(&mut pending, &mut tails, r.log, key, r.bytes, r.at, r.reply);
         }
         if pending.is_empty() {
             return;
@@ -598,12 +595,7 @@ impl Writer {
             self.segs.iter().map(|(&s, st)| (s, st.len)).collect();
         let t0 = Instant::now();
         let written = self.write_batch(&pending, batch_seq);
-        let took = t0.elapsed();
-        self.shared
-            .counters
-            .write_us
-            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
-        self.shared.stages.write.record(took);
+        self.shared.stages.write.record(t0.elapsed());
         let ews = match written {
             Ok(ews) => ews,
             Err(e) => {
@@ -642,9 +634,8 @@ impl Writer {
             // Bounded memory: a batch that grew this large waits for the
             // round ahead instead of growing further.
             self.finish_inflight();
-        } else if self.inflight.as_mut().is_some_and(|f| f.round_done()) {
-            self.finish_inflight();
         }
+        // A round that has ended meanwhile is answered by the run loop.
     }
 
     /// Adds one record to the batch being built: its position follows the
@@ -726,28 +717,21 @@ impl Writer {
     /// Waits for the in-flight batch's fsync round, then answers its
     /// appends and starts the round of the batch written meanwhile; or, if
     /// the round failed, rolls back that batch and everything written after
-    /// it and fails them all. Returns whether it reached the disk (true
-    /// when there was none).
-    fn finish_inflight(&mut self) -> bool {
+    /// it and fails them all.
+    fn finish_inflight(&mut self) {
         let Some(f) = self.inflight.take() else {
-            return true;
+            return;
         };
         let t = Instant::now();
         let had_round = f.round.is_some();
         let synced = f.round.map_or(Ok(()), wait_round);
-        let waited = t.elapsed();
-        self.shared
-            .counters
-            .sync_us
-            .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
         if had_round {
-            self.shared.stages.round_wait.record(waited);
+            self.shared.stages.round_wait.record(t.elapsed());
         }
         match synced {
             Ok(()) => {
                 self.publish(f.pending, f.ews, f.first_seq);
                 self.promote();
-                true
             }
             Err(e) => {
                 self.roll_back(&f.lens_before, f.first_seq);
@@ -760,7 +744,6 @@ impl Writer {
                         ),
                     );
                 }
-                false
             }
         }
     }
