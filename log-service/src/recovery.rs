@@ -33,6 +33,27 @@ const DEDUP_PRESIZE: usize = 4 << 20;
 /// whose fsync round was running and the one written meanwhile.
 const UNSYNCED_BATCHES: usize = 2;
 
+/// Touches every page of the freshly reserved request-id table and its
+/// order queue now, then empties both (keeping their capacity).
+///
+/// The table is reserved whole at open but becomes resident page by page,
+/// and ids land at random places in it, so the first appends after a start
+/// fault in a new page almost every time. On a VM whose host backs guest
+/// memory lazily (this benchmark machine) such a first touch took about
+/// 2.5 ms, and a fresh service's first batches stalled for 25–70 ms while
+/// publishing their ids (2 of 6 four-second light-load probes: p99 39–51
+/// ms against 4–6 ms; docs/benchmarks.md). Paying it here costs the open
+/// about 65 ms with the default window, and the table (about 66 MB with
+/// its queue) is resident from the start.
+fn prefault(dedup: &mut IdMap<u64>, order: &mut VecDeque<(u64, u64)>, n: usize) {
+    for i in 0..n as u64 {
+        dedup.insert((u64::MAX, i), 0);
+        order.push_back((u64::MAX, i));
+    }
+    dedup.clear();
+    order.clear();
+}
+
 /// What a segment scan found.
 #[derive(Debug, Default)]
 pub(crate) struct Scan {
@@ -313,6 +334,7 @@ pub(crate) fn recover(
     let presize = config.dedup_window.min(DEDUP_PRESIZE) + 1;
     let mut dedup = IdMap::with_capacity_and_hasher(presize, Default::default());
     let mut dedup_order = VecDeque::with_capacity(presize);
+    prefault(&mut dedup, &mut dedup_order, presize);
     for ew in copies.values() {
         for (i, e) in ew.entries.iter().enumerate() {
             let l = logs

@@ -873,3 +873,50 @@ fn appends_during_a_round_join_one_batch_and_a_failed_join_fails_alone() {
     check(&store);
     assert_eq!(store.scrub_blocking().bad_pages, 0);
 }
+
+/// Opening a store faults in its request-id table by filling it with
+/// placeholder ids and emptying it again (recovery's `prefault`). None of
+/// them may answer a real append, before or after a reopen, and real ids
+/// must still deduplicate.
+#[test]
+fn no_placeholder_request_id_survives_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_config(dir.path());
+    cfg.dedup_window = 4096;
+    let bodies: [&[u8]; 3] = [b"zero", b"one", b"five"];
+    let requests = [0u64, 1, 5];
+    {
+        let store = Store::open(cfg.clone()).unwrap();
+        for (i, (&req, body)) in requests.iter().zip(bodies).enumerate() {
+            let pos = store.append_blocking("l", u64::MAX, req, body).unwrap();
+            assert_eq!(
+                pos, i as u64,
+                "request {req} was answered without being written"
+            );
+        }
+        assert_eq!(
+            store
+                .append_blocking("l", u64::MAX, 1, &b"one"[..])
+                .unwrap(),
+            1,
+            "a retry is answered with its first position"
+        );
+    }
+    let store = Store::open(cfg).unwrap();
+    assert_eq!(
+        store
+            .append_blocking("l", u64::MAX, 5, &b"five"[..])
+            .unwrap(),
+        2,
+        "a retry after a reopen is answered with its first position"
+    );
+    assert_eq!(
+        store
+            .append_blocking("l", u64::MAX, 7, &b"seven"[..])
+            .unwrap(),
+        3
+    );
+    for (i, body) in bodies.iter().chain([&&b"seven"[..]]).enumerate() {
+        assert_eq!(&store.read("l", i as u64).unwrap()[..], *body);
+    }
+}
