@@ -32,7 +32,7 @@ use imbl::OrdMap;
 use crate::bytes::cmp_keys;
 use crate::codec::Intention;
 use crate::node::{
-    find, height, nsv_of, oldest_from, same, touch, Bytes, Link, LogPos, Node, Vn, LEFT_OWNED,
+    find, height, nsv_of, oldest_from, same, Bytes, Link, LogPos, Node, Vn, LEFT_OWNED,
     NO_LOGGED_NODE, RIGHT_OWNED, SUBTREE_ONLY_READ,
 };
 use crate::range::{Gap, KeyRange, RangeRef};
@@ -418,11 +418,6 @@ impl<'a> Cx<'a, '_> {
             (i, i)
         };
         let aligned = aligned && symmetric;
-        // The right child is used only after the whole left side is
-        // melded (visited, or cloned and read by `make` when the intention
-        // has nothing there); start loading it now so its miss overlaps
-        // that work instead of stalling afterwards.
-        touch(&lnode.right_link);
         let left = self.meld_child(lnode.left(), li, gap.left_of(lk), aligned)?;
         let right = self.meld_child(lnode.right(), ri, gap.right_of(lk), aligned)?;
         let mid = self.mid(twin, lnode)?;
@@ -533,7 +528,6 @@ impl<'a> Cx<'a, '_> {
                 return Ok(());
             }
             self.check(inode, Some(lnode))?;
-            touch(&lnode.right_link);
             self.check_only(lnode.left(), ileft(inode), gap.left_of(lk), aligned)?;
             self.check_only(lnode.right(), iright(inode), gap.right_of(lk), aligned)
         } else {
