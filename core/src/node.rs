@@ -610,26 +610,6 @@ impl Clone for Node {
     }
 }
 
-/// Dropping a node decrements its children's and its owner's reference
-/// counts. When meld's garbage is freed, a replaced node's child off the
-/// replaced path is a shared subtree nobody has touched for a while, so
-/// each decrement would wait for its own cache miss, one after another
-/// (the right child's only after the whole left subtree is freed).
-/// Loading all three lines first lets those misses overlap.
-impl Drop for Node {
-    #[inline]
-    fn drop(&mut self) {
-        // Only the count's line: a child that stays (shared) needs nothing
-        // else, and loading more would push useful lines out of the cache.
-        for child in [&self.left_link, &self.right_link].into_iter().flatten() {
-            std::hint::black_box(Arc::strong_count(child));
-        }
-        if let Some(o) = &self.owner {
-            std::hint::black_box(Arc::strong_count(o));
-        }
-    }
-}
-
 /// Starts loading both cache lines of the node behind `l` (its reference
 /// count, key and children; its versions, flags and payload header) without
 /// waiting for them. Walks over a large committed tree miss the cache at
