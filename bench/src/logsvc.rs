@@ -240,7 +240,65 @@ pub fn fsync_round_floor(
 }
 
 async fn start(dir: &Path) -> Result<(Arc<Store>, Running), String> {
-    let cfg = config(dir);
+    start_with(config(dir)).await
+}
+
+/// Spare segments for a run (`prepared_segments`): how many per zone, the
+/// background refill's rate, and whether the run waits until the refill
+/// after the open is done (the state of a service whose spares are ready).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct SparesOpt {
+    /// Spares kept ready per zone (0: segments start as empty files).
+    pub per_zone: u32,
+    /// Refill rate, MiB/s (0: unlimited).
+    pub mib_s: u32,
+    /// Wait for the refill before the load starts.
+    pub wait: bool,
+}
+
+impl SparesOpt {
+    fn apply(&self, c: &mut Config) {
+        c.prepared_segments = self.per_zone;
+        c.prepare_mib_s = self.mib_s;
+    }
+}
+
+/// Starts a service with spares as asked, waiting for the refill if asked
+/// (progress to stderr); returns it and the seconds the spares took.
+async fn start_prepared(
+    dir: &Path,
+    spares: SparesOpt,
+) -> Result<(Arc<Store>, Running, f64), String> {
+    let mut cfg = config(dir);
+    spares.apply(&mut cfg);
+    if spares.per_zone > 0 {
+        eprintln!(
+            "writing {} spare segments of {} MiB ...",
+            spares.per_zone as usize * ZONES,
+            cfg.segment_bytes >> 20
+        );
+    }
+    let t = Instant::now();
+    let (store, running) = start_with(cfg).await?;
+    let want = u64::from(spares.per_zone) * ZONES as u64;
+    if spares.wait && spares.per_zone > 0 {
+        let mut last = u64::MAX;
+        loop {
+            let ready = store.stats().spares_ready;
+            if ready >= want {
+                break;
+            }
+            if ready != last {
+                eprintln!("  spares ready: {ready} of {want} (refilling after the first window took some) ...");
+                last = ready;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    Ok((store, running, t.elapsed().as_secs_f64()))
+}
+
+async fn start_with(cfg: Config) -> Result<(Arc<Store>, Running), String> {
     let store = tokio::task::spawn_blocking(move || Store::open(cfg))
         .await
         .map_err(|e| e.to_string())?
@@ -642,7 +700,7 @@ impl std::str::FromStr for PointSpec {
 }
 
 /// Runs one load point for `secs` on a fresh service; progress to stderr.
-pub fn probe(spec: PointSpec, secs: f64) -> Result<Probe, String> {
+pub fn probe(spec: PointSpec, secs: f64, spares: SparesOpt) -> Result<Probe, String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -650,7 +708,7 @@ pub fn probe(spec: PointSpec, secs: f64) -> Result<Probe, String> {
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
     let dir = tmp.path().join("svc");
     rt.block_on(async {
-        let (store, running) = start(&dir).await?;
+        let (store, running, _) = start_prepared(&dir, spares).await?;
         let addr = running.tcp.to_string();
         let before = store.stats();
         let stages_before = store.stages();

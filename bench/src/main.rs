@@ -93,6 +93,18 @@ struct Args {
     /// Log suite with `--point`: seconds to run it.
     #[arg(long, default_value_t = 4.0)]
     secs: f64,
+    /// Log suite with `--point`: spare segments per zone
+    /// (`prepared_segments`; 0: segments start as empty files).
+    #[arg(long, default_value_t = 0)]
+    spares: u32,
+    /// Log suite with `--point --spares N`: the spares' background refill
+    /// rate in MiB/s (0: unlimited).
+    #[arg(long, default_value_t = 64)]
+    spares_mib_s: u32,
+    /// Log suite with `--point --spares N`: wait until the refill after
+    /// the open is done before the load starts.
+    #[arg(long)]
+    spares_wait: bool,
 }
 
 fn main() {
@@ -912,7 +924,12 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
             args.secs
         ));
     }
-    let r = melddb_bench::logsvc::probe(spec, args.secs)?;
+    let spares = melddb_bench::logsvc::SparesOpt {
+        per_zone: args.spares,
+        mib_s: args.spares_mib_s,
+        wait: args.spares_wait,
+    };
+    let r = melddb_bench::logsvc::probe(spec, args.secs, spares)?;
     let p = &r.point;
     println!(
         "{:>11} {:>9} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8}",
@@ -934,7 +951,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
             "suite": "log-point",
-            "config": { "point": format!("{spec:?}"), "secs": args.secs },
+            "config": { "point": format!("{spec:?}"), "secs": args.secs, "spares": spares },
             "probe": r,
         });
         write_json(path, &doc)?;

@@ -23,6 +23,7 @@ pub mod protocol;
 mod recovery;
 pub mod segment;
 pub mod server;
+mod spares;
 pub mod store;
 pub mod stripe;
 mod syncpool;

@@ -410,6 +410,8 @@ pub(crate) fn recover(
         .map(|(&id, _)| id)
         .or_else(|| segs.keys().next_back().map(|&m| m + 1))
         .unwrap_or(0);
+    // Spares before the first window is made, so it can use them.
+    let spares = crate::spares::Spares::open(shared.clone())?;
     let mut writer = Writer {
         shared: shared.clone(),
         rx,
@@ -445,6 +447,7 @@ pub(crate) fn recover(
         inflight: None,
         next: None,
         wake,
+        spares,
     };
     // Forget what trim made unreachable before deciding what is missing.
     let floor = writer.live_floor();

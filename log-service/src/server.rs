@@ -553,7 +553,7 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
     let m = &ctx.metrics;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let mut reg = Registry::with_prefix("melddb_log");
-    let counters: [(&str, &str, u64); 18] = [
+    let counters: [(&str, &str, u64); 19] = [
         ("appends", "Acknowledged appends", s.appends),
         (
             "append_bytes",
@@ -598,6 +598,11 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
             "segments_freed",
             "Segment files freed by trim",
             s.segments_freed,
+        ),
+        (
+            "segments_prepared",
+            "Spare segment files written full of zeros (prepared_segments)",
+            s.segments_prepared,
         ),
         (
             "connections",

@@ -97,6 +97,8 @@ pub(crate) struct Counters {
     pub segments_repaired: AtomicU64,
     pub write_failures: AtomicU64,
     pub segments_freed: AtomicU64,
+    pub segments_prepared: AtomicU64,
+    pub spares_ready: AtomicU64,
 }
 
 /// State shared by the writer and readers.
@@ -171,6 +173,10 @@ pub struct Stats {
     pub write_failures: u64,
     /// Segment files freed by trim.
     pub segments_freed: u64,
+    /// Spare segment files written (`prepared_segments`) since open.
+    pub segments_prepared: u64,
+    /// Spare segment files ready now, all zones together.
+    pub spares_ready: u64,
     /// Segment files now.
     pub segments: u64,
     /// Where appends spent their time since open (see
@@ -641,6 +647,8 @@ impl Store {
             segments_repaired: g(&c.segments_repaired),
             write_failures: g(&c.write_failures),
             segments_freed: g(&c.segments_freed),
+            segments_prepared: g(&c.segments_prepared),
+            spares_ready: g(&c.spares_ready),
             segments: self.shared.files.read().expect("files lock").len() as u64,
             stages: stages.summary(),
             logs,

@@ -56,23 +56,27 @@ fn kill_dash_nine_during_appends_loses_nothing_acknowledged() {
         .collect();
     let config = dir.path().join("log.toml");
     // Odd cycles run with zero-filled segments (same on-disk format), so
-    // torn writes are exercised inside zero-filled space too.
-    let write_config = |fill: bool| {
+    // torn writes are exercised inside zero-filled space too; cycles 2 and
+    // 3 of every 4 keep spare segments, so kills land in spares' refills
+    // and in data segments renamed from them.
+    let write_config = |cycle: usize| {
+        let fill = cycle % 2 == 1;
+        let spares = if cycle % 4 >= 2 { 2 } else { 0 };
         std::fs::write(
             &config,
             format!(
-                "zones = {zones:?}\npage_bytes = 16384\nsegment_bytes = 1048576\nmax_record_bytes = 262144\nzero_fill_ahead = {fill}\n[listen]\ntcp = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\n"
+                "zones = {zones:?}\npage_bytes = 16384\nsegment_bytes = 1048576\nmax_record_bytes = 262144\nzero_fill_ahead = {fill}\nprepared_segments = {spares}\n[listen]\ntcp = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\n"
             ),
         )
         .unwrap();
     };
-    write_config(false);
+    write_config(0);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let acked: Acked = Arc::default();
     let sent: Arc<Mutex<HashSet<Vec<u8>>>> = Arc::default();
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     for cycle in 0..cycles {
-        write_config(cycle % 2 == 1);
+        write_config(cycle);
         let (svc, addr) = spawn(&config);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let tasks: Vec<_> = (0..12)

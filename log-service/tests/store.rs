@@ -74,7 +74,11 @@ fn seg_files(dir: &Path) -> Vec<PathBuf> {
     for z in 0..3 {
         for e in std::fs::read_dir(dir.join(format!("zone{z}"))).unwrap() {
             let p = e.unwrap().path();
-            if p.extension().is_some_and(|x| x == "dat") {
+            let seg = p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("seg-") && n.ends_with(".dat"));
+            if seg {
                 v.push(p);
             }
         }
@@ -136,6 +140,8 @@ fn random_history_matches_the_model_across_reopen_trim_and_damage() {
         cfg.strict_end_writes = seed % 2 == 1;
         // Both segment-growth modes: appended, and zero-filled ahead.
         cfg.zero_fill_ahead = seed % 4 >= 2;
+        // And data segments renamed from spares written full of zeros.
+        cfg.prepared_segments = if seed % 3 == 0 { 2 } else { 0 };
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut model = Model::new();
         let mut store = Arc::new(Store::open(cfg.clone()).unwrap());
@@ -919,4 +925,118 @@ fn no_placeholder_request_id_survives_the_open() {
     for (i, body) in bodies.iter().chain([&&b"seven"[..]]).enumerate() {
         assert_eq!(&store.read("l", i as u64).unwrap()[..], *body);
     }
+}
+
+fn spare_files(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut v = Vec::new();
+    for z in 0..3 {
+        for e in std::fs::read_dir(dir.join(format!("zone{z}"))).unwrap() {
+            let p = e.unwrap().path();
+            if p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("spare-")
+            {
+                let len = std::fs::metadata(&p).unwrap().len();
+                v.push((p, len));
+            }
+        }
+    }
+    v.sort();
+    v
+}
+
+fn wait_for_spares(store: &Store, want: u64) {
+    let t = std::time::Instant::now();
+    while store.stats().spares_ready < want {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "the refill did not finish: {:?}",
+            store.stats()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn spares_become_data_segments_and_leftovers_are_cleaned_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_config(dir.path());
+    cfg.prepared_segments = 2;
+    let seg_bytes = cfg.segment_bytes;
+    let store = Arc::new(Store::open(cfg.clone()).unwrap());
+    // The open wrote two spares per zone, and the first window's six data
+    // segments (ordered and unordered) took six of them: those files are
+    // full size from the start, the three end-write segments are not.
+    let segs = store.segments_blocking();
+    assert_eq!(segs.len(), 9, "{segs:?}");
+    for s in &segs {
+        let path = dir
+            .path()
+            .join(format!("zone{}", s.zone))
+            .join(format!("seg-{:016}.dat", s.id));
+        let len = std::fs::metadata(&path).unwrap().len();
+        if s.class == class::END_WRITE {
+            assert!(len < seg_bytes, "end-write segment {} is {len} bytes", s.id);
+        } else {
+            assert_eq!(len, seg_bytes, "data segment {} was not a spare", s.id);
+        }
+    }
+    assert_eq!(store.stats().segments_prepared, 6);
+    // The refill brings every zone back to two while nothing is appended.
+    wait_for_spares(&store, 6);
+    let spares = spare_files(dir.path());
+    assert_eq!(spares.len(), 6, "{spares:?}");
+    assert!(
+        spares.iter().all(|(_, len)| *len == seg_bytes),
+        "{spares:?}"
+    );
+
+    // Slide the windows several times; everything reads back, across a
+    // reopen that adopts the spares on disk instead of writing new ones.
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut model = Model::new();
+    for _ in 0..6 {
+        append_burst(&store, &mut model, &mut rng, 40);
+        check(&store, &model);
+    }
+    assert!(
+        store
+            .segments_blocking()
+            .iter()
+            .any(|s| s.class == class::SEALED),
+        "the windows slid"
+    );
+    wait_for_spares(&store, 6);
+    assert!(store.stats().segments_prepared > 12, "{:?}", store.stats());
+    drop(store);
+    // A spare cut short by a crash and one of another size are removed.
+    let zone0 = dir.path().join("zone0");
+    std::fs::write(zone0.join("spare-0000000000009998.tmp"), vec![0u8; 100]).unwrap();
+    std::fs::write(zone0.join("spare-0000000000009999.dat"), vec![0u8; 100]).unwrap();
+    let store = Arc::new(Store::open(cfg.clone()).unwrap());
+    assert_eq!(store.stats().segments_prepared, 0, "adopted, not rewritten");
+    let spares = spare_files(dir.path());
+    assert_eq!(spares.len(), 6, "{spares:?}");
+    assert!(
+        spares.iter().all(|(_, len)| *len == seg_bytes),
+        "{spares:?}"
+    );
+    check(&store, &model);
+    append_burst(&store, &mut model, &mut rng, 40);
+    check(&store, &model);
+    drop(store);
+
+    // Without spares configured, the open removes them and segments
+    // start empty again.
+    cfg.prepared_segments = 0;
+    let store = Arc::new(Store::open(cfg.clone()).unwrap());
+    assert!(spare_files(dir.path()).is_empty());
+    check(&store, &model);
+    append_burst(&store, &mut model, &mut rng, 40);
+    check(&store, &model);
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    check(&store, &model);
 }
