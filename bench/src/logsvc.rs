@@ -73,6 +73,46 @@ pub struct Results {
     /// fsync rounds on the idle disk before the service starts: over the
     /// files one round of this geometry touches, and over one file.
     pub round_floor: Vec<RoundFloor>,
+    /// The spare segments the main service kept (`prepared_segments`).
+    pub spares: SparesOpt,
+    /// Seconds the main service's open took to write its spares.
+    pub spares_open_secs: f64,
+    /// Seconds the suite waited, over all points, for the refill between
+    /// points (spares written while the log was quiet).
+    pub spares_refill_secs: f64,
+    /// The same batched and half-load runs on a second fresh service
+    /// without spares (segments start as empty files), the half load at
+    /// the main run's rate.
+    pub fresh_files: FreshFiles,
+}
+
+/// The comparison runs without spares.
+#[derive(Debug, Clone, Serialize)]
+pub struct FreshFiles {
+    /// Batches of 64, 64 clients x 4 in flight.
+    pub batched: Point,
+    /// Open loop at the main run's half-load rate.
+    pub half_load: Point,
+    /// Inside the service during that half load.
+    pub half_load_stages: StagesSummary,
+}
+
+/// Spares per zone the suite's main service keeps: enough that the
+/// batched, half-load and 64 KiB points each start with ready spares.
+const SUITE_SPARES: u32 = 4;
+
+/// Waits until `store` has all its spares again (the refill runs while the
+/// log is quiet); returns the seconds waited.
+async fn settle(store: &Store, spares: SparesOpt) -> f64 {
+    let want = u64::from(spares.per_zone) * ZONES as u64;
+    let t = Instant::now();
+    if store.stats().spares_ready < want {
+        eprintln!("  waiting for the spares' refill ...");
+    }
+    while store.stats().spares_ready < want {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    t.elapsed().as_secs_f64()
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -514,20 +554,6 @@ async fn reads(
     finish(tasks, "random 1 KiB reads", clients, depth, 1, 1024, secs).await
 }
 
-fn dir_bytes(dir: &Path) -> u64 {
-    let mut total = 0;
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                total += dir_bytes(&p);
-            } else if let Ok(m) = e.metadata() {
-                total += m.len();
-            }
-        }
-    }
-    total
-}
 
 /// Runs the suite; progress goes to stderr.
 pub fn run(quick: bool) -> Result<Results, String> {
@@ -553,8 +579,14 @@ pub fn run(quick: bool) -> Result<Results, String> {
         round_floor.push(fsync_round_floor(tmp.path(), name, files, bytes, rounds)?);
     }
     let dir = tmp.path().join("svc");
+    let spares = SparesOpt {
+        per_zone: SUITE_SPARES,
+        mib_s: 0,
+        wait: true,
+    };
     rt.block_on(async {
-        let (store, running) = start(&dir).await?;
+        let (store, running, spares_open_secs) = start_prepared(&dir, spares).await?;
+        let mut spares_refill_secs = 0.0;
         let addr = running.tcp.to_string();
         let mut clients = Vec::new();
         let sweep: &[usize] = if quick { &[1, 16, 256] } else { &[1, 4, 16, 64, 256] };
@@ -565,6 +597,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
         eprintln!("appends, 256 clients x 16 in flight ...");
         clients.push(closed_loop(&addr, "1 KiB appends, 16 in flight per client", 256, 16, 1, 1024, secs).await?);
         eprintln!("appends, client batches of 64 ...");
+        spares_refill_secs += settle(&store, spares).await;
         clients.push(closed_loop(&addr, "1 KiB appends, batches of 64, 4 in flight", 64, 4, 64, 1024, secs).await?);
         let best = clients
             .iter()
@@ -573,6 +606,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
             .ok_or("no append runs")?;
         let peak = best.ops_s;
         eprintln!("open loop at half of {peak:.0}/s, batches of {} ...", best.batch);
+        spares_refill_secs += settle(&store, spares).await;
         let stages_before = store.stages();
         let half_load = open_loop(&addr, 64, best.batch, 1024, peak / 2.0, secs).await?;
         let half_load_stages = store.stages().since(&stages_before).summary();
@@ -582,6 +616,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
         let mut adjacent = 0.0;
         for &s in size_list {
             if s == 65536 {
+                spares_refill_secs += settle(&store, spares).await;
                 eprintln!("raw disk, {secs} s, just before the 64 KiB records ...");
                 adjacent = disk_seq_write_for(tmp.path(), secs)?;
             }
@@ -598,31 +633,49 @@ pub fn run(quick: bool) -> Result<Results, String> {
         let tail = store.bounds("bench").1;
         eprintln!("reads ...");
         let rd = reads(&addr, 16, 8, tail, secs).await?;
+        spares_refill_secs += settle(&store, spares).await;
         stop(store, running).await;
         // Recovery time vs log size: reopen as is, then after growing it.
         let mut recovery = Vec::new();
         for round in 0..2 {
             if round == 1 {
                 eprintln!("growing the log for the second recovery point ...");
-                let (store, running) = start(&dir).await?;
+                let (store, running, _) = start_prepared(&dir, SparesOpt { wait: false, ..spares }).await?;
                 let addr = running.tcp.to_string();
                 closed_loop(&addr, "grow", 64, 4, 1, 65536, secs * 2.0).await?;
+                // All spares on disk, so the reopen only adopts them.
+                spares_refill_secs += settle(&store, spares).await;
                 stop(store, running).await;
             }
-            let mib = dir_bytes(&dir) as f64 / (1 << 20) as f64;
-            let cfg = config(&dir);
+            let mut cfg = config(&dir);
+            spares.apply(&mut cfg);
             let t = Instant::now();
             let store = tokio::task::spawn_blocking(move || Store::open(cfg))
                 .await
                 .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?;
             let s = t.elapsed().as_secs_f64();
+            // The log's data (not the spares, nor the zeros after a
+            // segment's data).
+            let mib = store.recovery().bytes as f64 / (1 << 20) as f64;
             eprintln!("recovery of {mib:.0} MiB: {s:.3} s");
             recovery.push((mib, s));
             tokio::task::spawn_blocking(move || store.shutdown())
                 .await
                 .map_err(|e| e.to_string())?;
         }
+        // The same batched and half-load runs without spares.
+        let fresh_dir = tmp.path().join("fresh");
+        let (store, running) = start(&fresh_dir).await?;
+        let addr = running.tcp.to_string();
+        eprintln!("without spares: appends, client batches of 64 ...");
+        let batched = closed_loop(&addr, "1 KiB appends, batches of 64, 4 in flight, no spares", 64, 4, 64, 1024, secs).await?;
+        eprintln!("without spares: open loop at {:.0}/s ...", peak / 2.0);
+        let stages_before = store.stages();
+        let mut fresh_half = open_loop(&addr, 64, best.batch, 1024, peak / 2.0, secs).await?;
+        fresh_half.label = "open loop at the same rate, no spares".into();
+        let fresh_stages = store.stages().since(&stages_before).summary();
+        stop(store, running).await;
         Ok(Results {
             append_tps_1k: peak,
             clients,
@@ -634,8 +687,16 @@ pub fn run(quick: bool) -> Result<Results, String> {
             disk_seq_write_mib_s: disk,
             disk_adjacent_mib_s: adjacent,
             write_amplification_64k: amp,
-            geometry: "4 data + 1 parity pages per stripe, 5 zones (directories on one disk), 256 KiB pages, fsync on".into(),
+            geometry: format!("4 data + 1 parity pages per stripe, 5 zones (directories on one disk), 256 KiB pages, 256 MiB segments, {SUITE_SPARES} spare segments per zone, fsync on"),
             round_floor,
+            spares,
+            spares_open_secs,
+            spares_refill_secs,
+            fresh_files: FreshFiles {
+                batched,
+                half_load: fresh_half,
+                half_load_stages: fresh_stages,
+            },
         })
     })
 }

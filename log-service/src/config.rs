@@ -330,3 +330,25 @@ impl Config {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example configuration (`melddb-log example-config`) parses, and
+    /// every field it shows has the default, as its header says.
+    #[test]
+    fn the_example_config_parses_and_shows_the_defaults() {
+        let text = include_str!("../example.toml");
+        let ex = Config::from_toml(text).expect("example.toml parses");
+        let def = Config::with_zones(ex.zones.clone());
+        let strip = |c: &Config| {
+            let mut v = serde_json::to_value(c).unwrap();
+            v.as_object_mut().unwrap().remove("tokens");
+            v
+        };
+        assert_eq!(strip(&ex), strip(&def));
+        assert_eq!(ex.prepared_segments, 0);
+        assert_eq!(ex.prepare_mib_s, defaults::prepare_mib_s());
+    }
+}
