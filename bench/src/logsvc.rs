@@ -554,7 +554,6 @@ async fn reads(
     finish(tasks, "random 1 KiB reads", clients, depth, 1, 1024, secs).await
 }
 
-
 /// Runs the suite; progress goes to stderr.
 pub fn run(quick: bool) -> Result<Results, String> {
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -903,8 +903,14 @@ fn log_suite(args: &Args) -> Result<(), String> {
         put(&format!("half_load_{}_p99_ms", info.key), s.p99_ms);
     }
     put("append_tps_1k_no_spares", r.fresh_files.batched.ops_s);
-    put("append_p99_ms_half_load_no_spares", r.fresh_files.half_load.p99_ms);
-    put("append_p50_ms_half_load_no_spares", r.fresh_files.half_load.p50_ms);
+    put(
+        "append_p99_ms_half_load_no_spares",
+        r.fresh_files.half_load.p99_ms,
+    );
+    put(
+        "append_p50_ms_half_load_no_spares",
+        r.fresh_files.half_load.p50_ms,
+    );
     put("spares_open_secs", r.spares_open_secs);
     put("spares_refill_secs", r.spares_refill_secs);
     put("read_tps_1k", r.reads.ops_s);

@@ -229,7 +229,8 @@ impl Inner {
 impl Spares {
     /// Takes stock of the spares on disk (removing leftovers), writes the
     /// missing ones (every zone up to `prepared_segments`, at full speed,
-    /// progress in the log) and starts the refill thread. `None` when the
+    /// progress in the log; a write error ends this with a warning) and
+    /// starts the refill thread. `None` when the
     /// configuration wants no spares; then any found are removed.
     pub(crate) fn open(shared: Arc<Shared>) -> Result<Option<Spares>, OpenError> {
         let config = &shared.config;
@@ -307,11 +308,12 @@ impl Spares {
                 st.next += 1;
                 (zone, st.next - 1)
             };
-            let dir = config.zones[zone].clone();
-            inner.make(zone, n, false).map_err(|source| OpenError::Io {
-                path: dir.join(spare_name(n, false)),
-                source,
-            })?;
+            if let Err(e) = inner.make(zone, n, false) {
+                // Spares only make appends faster: a full disk must not
+                // keep the log from opening. The refill tries again.
+                tracing::warn!(zone, error = %e, "writing a spare segment failed; going on with fewer");
+                break;
+            }
             made += 1;
             tracing::info!(done = made, of = missing, zone, "spare segment written");
             let mut st = inner.lock();
