@@ -313,7 +313,7 @@ async fn start_prepared(
     spares.apply(&mut cfg);
     if spares.per_zone > 0 {
         eprintln!(
-            "writing {} spare segments of {} MiB ...",
+            "opening with {} spare segments of {} MiB (the open writes those not on disk yet) ...",
             spares.per_zone as usize * ZONES,
             cfg.segment_bytes >> 20
         );

@@ -855,7 +855,7 @@ fn log_suite(args: &Args) -> Result<(), String> {
         100.0 * device / r.disk_adjacent_mib_s.max(1e-9)
     );
     for (mib, s) in &r.recovery {
-        println!("recovery: {s:.3} s for {mib:.0} MiB of segments");
+        println!("recovery: {s:.3} s for {mib:.0} MiB of log data");
     }
     println!("geometry: {}", r.geometry);
     println!(
