@@ -61,8 +61,8 @@ pub struct Config {
     /// written full of zeros, which a new window segment is renamed from,
     /// so its pages overwrite allocated, written blocks and the fsync
     /// rounds have no block allocation or size change to journal (on the
-    /// benchmark disk: 1.5x the batched appends/s, and a median latency at
-    /// half load 2.4-4.5x lower). 0 (the default) creates segment files
+    /// benchmark disk, three runs: 1.1-1.8x the batched appends/s, and a
+    /// median latency at half load 2.5-6.7x lower). 0 (the default) creates segment files
     /// empty. The open writes the missing spares before it returns
     /// (`zones x prepared_segments x segment_bytes` of zeros on a new
     /// store; if the disk refuses, it goes on with fewer); a background
