@@ -75,7 +75,7 @@ pub struct Results {
     pub round_floor: Vec<RoundFloor>,
     /// The spare segments the main service kept (`prepared_segments`).
     pub spares: SparesOpt,
-    /// Seconds the main service's open took to write its spares.
+    /// Seconds from the main service's open to all its spares ready.
     pub spares_open_secs: f64,
     /// Seconds the suite waited, over all points, for the refill between
     /// points (spares written while the log was quiet).
@@ -297,20 +297,24 @@ pub struct SparesOpt {
 }
 
 impl SparesOpt {
-    fn apply(&self, c: &mut Config) {
+    /// The suite's configuration over `dir` with these spares.
+    fn config(&self, dir: &Path) -> Config {
+        let mut c = config(dir);
         c.prepared_segments = self.per_zone;
         c.prepare_mib_s = self.mib_s;
+        c
     }
 }
 
 /// Starts a service with spares as asked, waiting for the refill if asked
-/// (progress to stderr); returns it and the seconds the spares took.
+/// (progress to stderr); returns it and the seconds from the open to the
+/// spares being ready (the open writes them, the first window takes some,
+/// the refill replaces those).
 async fn start_prepared(
     dir: &Path,
     spares: SparesOpt,
 ) -> Result<(Arc<Store>, Running, f64), String> {
-    let mut cfg = config(dir);
-    spares.apply(&mut cfg);
+    let cfg = spares.config(dir);
     if spares.per_zone > 0 {
         eprintln!(
             "opening with {} spare segments of {} MiB (the open writes those not on disk yet) ...",
@@ -320,20 +324,8 @@ async fn start_prepared(
     }
     let t = Instant::now();
     let (store, running) = start_with(cfg).await?;
-    let want = u64::from(spares.per_zone) * ZONES as u64;
-    if spares.wait && spares.per_zone > 0 {
-        let mut last = u64::MAX;
-        loop {
-            let ready = store.stats().spares_ready;
-            if ready >= want {
-                break;
-            }
-            if ready != last {
-                eprintln!("  spares ready: {ready} of {want} (refilling after the first window took some) ...");
-                last = ready;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+    if spares.wait {
+        settle(&store, spares).await;
     }
     Ok((store, running, t.elapsed().as_secs_f64()))
 }
@@ -646,8 +638,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
                 spares_refill_secs += settle(&store, spares).await;
                 stop(store, running).await;
             }
-            let mut cfg = config(&dir);
-            spares.apply(&mut cfg);
+            let cfg = spares.config(&dir);
             let t = Instant::now();
             let store = tokio::task::spawn_blocking(move || Store::open(cfg))
                 .await

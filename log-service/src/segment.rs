@@ -26,9 +26,14 @@ pub fn parse_name(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// The zone (index into the configured zones) segment `id` lives in.
+pub fn zone(zones: &[PathBuf], id: u64) -> usize {
+    (id % zones.len() as u64) as usize
+}
+
 /// The path of segment `id` under the configured zones.
 pub fn path(zones: &[PathBuf], id: u64) -> PathBuf {
-    zones[(id % zones.len() as u64) as usize].join(file_name(id))
+    zones[zone(zones, id)].join(file_name(id))
 }
 
 /// Opens (creating if asked) a segment file for reading and writing.

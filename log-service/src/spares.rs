@@ -85,6 +85,32 @@ impl Inner {
         self.shared.config.prepared_segments as usize
     }
 
+    /// Batches the writer has written so far: the refill's sign of load.
+    fn batches(&self) -> u64 {
+        self.shared.counters.batches.load(Ordering::Relaxed)
+    }
+
+    /// Picks the zone with the fewest spares, if any has fewer than wanted,
+    /// and a number for its next spare.
+    fn claim(&self, st: &mut State) -> Option<(usize, u64)> {
+        let zone = (0..st.ready.len())
+            .filter(|&z| st.ready[z].len() < self.want())
+            .min_by_key(|&z| st.ready[z].len())?;
+        st.next += 1;
+        Some((zone, st.next - 1))
+    }
+
+    /// Spare `n` of `zone` is written: it joins the pool.
+    fn add(&self, zone: usize, n: u64) {
+        self.shared
+            .counters
+            .segments_prepared
+            .fetch_add(1, Ordering::Relaxed);
+        let mut st = self.lock();
+        st.ready[zone].push_back(n);
+        self.publish_ready(&st);
+    }
+
     fn publish_ready(&self, st: &State) {
         let n: usize = st.ready.iter().map(VecDeque::len).sum();
         self.shared
@@ -96,14 +122,13 @@ impl Inner {
     /// Waits until no batch has been written for [`QUIET`]; false if the
     /// pool stopped meanwhile.
     fn wait_quiet(&self) -> bool {
-        let batches = || self.shared.counters.batches.load(Ordering::Relaxed);
-        let mut seen = batches();
+        let mut seen = self.batches();
         let mut since = Instant::now();
         loop {
             if self.lock().stop {
                 return false;
             }
-            let now = batches();
+            let now = self.batches();
             if now != seen {
                 seen = now;
                 since = Instant::now();
@@ -134,8 +159,7 @@ impl Inner {
             let mut t0 = Instant::now();
             let mut paced = 0u64;
             let mut written = 0u64;
-            let batches = || self.shared.counters.batches.load(Ordering::Relaxed);
-            let mut seen = batches();
+            let mut seen = self.batches();
             while written < total {
                 if self.lock().stop {
                     return Ok(false);
@@ -145,11 +169,11 @@ impl Inner {
                         f.sync_data()?;
                     }
                     // Appends since the last look: stand aside until quiet.
-                    if batches() != seen {
+                    if self.batches() != seen {
                         if !self.wait_quiet() {
                             return Ok(false);
                         }
-                        seen = batches();
+                        seen = self.batches();
                         t0 = Instant::now();
                         paced = written;
                     }
@@ -176,41 +200,25 @@ impl Inner {
         result
     }
 
-    /// The zone with the fewest spares, if any has fewer than wanted.
-    fn short_zone(&self, st: &State) -> Option<usize> {
-        (0..st.ready.len())
-            .filter(|&z| st.ready[z].len() < self.want())
-            .min_by_key(|&z| st.ready[z].len())
-    }
-
     fn run(&self) {
         loop {
-            let mut st = self.lock();
-            while !st.stop && self.short_zone(&st).is_none() {
-                st = self.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
-            }
-            if st.stop {
-                return;
-            }
-            let Some(zone) = self.short_zone(&st) else {
-                continue;
+            let (zone, n) = {
+                let mut st = self.lock();
+                loop {
+                    if st.stop {
+                        return;
+                    }
+                    if let Some(c) = self.claim(&mut st) {
+                        break c;
+                    }
+                    st = self.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
+                }
             };
-            let n = st.next;
-            st.next += 1;
-            drop(st);
             if !self.wait_quiet() {
                 return;
             }
             match self.make(zone, n, true) {
-                Ok(true) => {
-                    self.shared
-                        .counters
-                        .segments_prepared
-                        .fetch_add(1, Ordering::Relaxed);
-                    let mut st = self.lock();
-                    st.ready[zone].push_back(n);
-                    self.publish_ready(&st);
-                }
+                Ok(true) => self.add(zone, n),
                 Ok(false) => return,
                 Err(e) => {
                     // A full disk, most likely: the writer falls back to
@@ -300,13 +308,9 @@ impl Spares {
         let t0 = Instant::now();
         let mut made = 0;
         loop {
-            let (zone, n) = {
-                let mut st = inner.lock();
-                let Some(zone) = inner.short_zone(&st) else {
-                    break;
-                };
-                st.next += 1;
-                (zone, st.next - 1)
+            let claimed = inner.claim(&mut inner.lock());
+            let Some((zone, n)) = claimed else {
+                break;
             };
             if let Err(e) = inner.make(zone, n, false) {
                 // Spares only make appends faster: a full disk must not
@@ -314,10 +318,9 @@ impl Spares {
                 tracing::warn!(zone, error = %e, "writing a spare segment failed; going on with fewer");
                 break;
             }
+            inner.add(zone, n);
             made += 1;
             tracing::info!(done = made, of = missing, zone, "spare segment written");
-            let mut st = inner.lock();
-            st.ready[zone].push_back(n);
         }
         if made > 0 {
             tracing::info!(
@@ -326,10 +329,6 @@ impl Spares {
                 "spare segments ready"
             );
         }
-        shared
-            .counters
-            .segments_prepared
-            .fetch_add(made as u64, Ordering::Relaxed);
         inner.publish_ready(&inner.lock());
         let worker = inner.clone();
         let thread = std::thread::Builder::new()
@@ -350,6 +349,10 @@ impl Spares {
     /// fails (the caller then creates an empty file). The caller fsyncs
     /// the directory before writing, so the new name is durable first.
     pub(crate) fn take_into(&self, zone: usize, path: &Path) -> bool {
+        if path.symlink_metadata().is_ok() {
+            // Never replace a file.
+            return false;
+        }
         let n = {
             let mut st = self.inner.lock();
             let Some(n) = st.ready.get_mut(zone).and_then(VecDeque::pop_front) else {
@@ -360,13 +363,6 @@ impl Spares {
         };
         self.inner.wake.notify_one();
         let spare: PathBuf = self.inner.shared.config.zones[zone].join(spare_name(n, false));
-        if path.symlink_metadata().is_ok() {
-            // Never replace a file: put the spare back.
-            let mut st = self.inner.lock();
-            st.ready[zone].push_front(n);
-            self.inner.publish_ready(&st);
-            return false;
-        }
         match std::fs::rename(&spare, path) {
             Ok(()) => true,
             Err(e) => {

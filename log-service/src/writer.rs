@@ -348,7 +348,7 @@ impl Writer {
             return Err(StoreError::Full(self.segs.len() as u64));
         }
         let path = segment::path(self.zones(), seg);
-        let zone = (seg % self.zones().len() as u64) as usize;
+        let zone = segment::zone(self.zones(), seg);
         // Spares go to data segments only: an end-write segment made new
         // (a new store's first three) holds a few small records and is
         // sealed long before it fills.
@@ -364,11 +364,10 @@ impl Writer {
         if let Some(dir) = path.parent() {
             segment::sync_dir(dir).map_err(|e| StoreError::WriteFailed(e.to_string()))?;
         }
-        // A spare's pages are written in place over its zeros.
+        // A spare's pages are written in place over its zeros (spares are
+        // exactly `segment_bytes` long: the pool keeps no other size).
         let zeroed = if spare {
-            file.metadata()
-                .map_err(|e| StoreError::WriteFailed(format!("stat {}: {e}", path.display())))?
-                .len()
+            self.shared.config.segment_bytes
         } else {
             0
         };
