@@ -120,8 +120,13 @@ pub(crate) struct Shared {
 pub struct RecoveryReport {
     /// Segment files found.
     pub segments: usize,
-    /// Bytes in them.
+    /// Bytes of data in them (pages, not the zero-filled space after).
     pub bytes: u64,
+    /// Bytes recovery read from them: page headers, end-write and marker
+    /// pages, each segment's last page, and the zero-filled tails of
+    /// segments still open for writing. Page bodies are not read, so this
+    /// grows with the number of pages and the window, not the log's size.
+    pub bytes_read: u64,
     /// End-write records read (all copies).
     pub end_writes: u64,
     /// Complete stripes indexed.
