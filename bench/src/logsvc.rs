@@ -57,6 +57,9 @@ pub struct Results {
     pub reads: Point,
     /// Recovery: (log MiB on disk, seconds).
     pub recovery: Vec<(f64, f64)>,
+    /// MiB each recovery read from the segment files (page headers, end-
+    /// writes, markers, the zero tails of the window's segments).
+    pub recovery_read_mib: Vec<f64>,
     /// Raw sequential write of the same disk (1 MiB writes, fsync every
     /// 8 MiB), MiB/s: 1 GiB (512 MiB quick) before anything else.
     pub disk_seq_write_mib_s: f64,
@@ -628,6 +631,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
         stop(store, running).await;
         // Recovery time vs log size: reopen as is, then after growing it.
         let mut recovery = Vec::new();
+        let mut recovery_read_mib = Vec::new();
         for round in 0..2 {
             if round == 1 {
                 eprintln!("growing the log for the second recovery point ...");
@@ -648,8 +652,10 @@ pub fn run(quick: bool) -> Result<Results, String> {
             // The log's data (not the spares, nor the zeros after a
             // segment's data).
             let mib = store.recovery().bytes as f64 / (1 << 20) as f64;
-            eprintln!("recovery of {mib:.0} MiB: {s:.3} s");
+            let read = store.recovery().bytes_read as f64 / (1 << 20) as f64;
+            eprintln!("recovery of {mib:.0} MiB: {s:.3} s (read {read:.0} MiB)");
             recovery.push((mib, s));
+            recovery_read_mib.push(read);
             tokio::task::spawn_blocking(move || store.shutdown())
                 .await
                 .map_err(|e| e.to_string())?;
@@ -674,6 +680,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
             half_load_stages,
             reads: rd,
             recovery,
+            recovery_read_mib,
             disk_seq_write_mib_s: disk,
             disk_adjacent_mib_s: adjacent,
             write_amplification_64k: amp,

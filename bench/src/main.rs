@@ -854,8 +854,8 @@ fn log_suite(args: &Args) -> Result<(), String> {
         100.0 * big / r.disk_adjacent_mib_s.max(1e-9),
         100.0 * device / r.disk_adjacent_mib_s.max(1e-9)
     );
-    for (mib, s) in &r.recovery {
-        println!("recovery: {s:.3} s for {mib:.0} MiB of log data");
+    for ((mib, s), read) in r.recovery.iter().zip(&r.recovery_read_mib) {
+        println!("recovery: {s:.3} s for {mib:.0} MiB of log data (read {read:.0} MiB)");
     }
     println!("geometry: {}", r.geometry);
     println!(
@@ -938,6 +938,7 @@ fn log_suite(args: &Args) -> Result<(), String> {
             "config": { "quick": args.quick, "geometry": r.geometry, "spares": r.spares },
             "rows": all,
             "recovery": r.recovery,
+            "recovery_read_mib": r.recovery_read_mib,
             "round_floor": r.round_floor,
         });
         write_json(path, &doc)?;

@@ -123,15 +123,27 @@ impl<'a> Cursor<'a> {
 ///
 /// The walk ends at the first all-zero header: window segments are
 /// zero-filled ahead of their data, and a page header is never all zeros.
-/// A segment whose last page is its seal marker takes no more writes, so
-/// nothing after that can be data and its zero-filled tail (a spare sealed
-/// early keeps one) is not read. In any other segment, non-zero bytes after
-/// that point mean a page whose header was lost: the segment is marked for
-/// repair. A page that runs past the end of the file is a torn-tail
-/// candidate; a page that fails its checksum is counted and kept; an
-/// unreadable header is damage: the scan stops there and the segment is
-/// marked for repair.
-pub(crate) fn scan(path: &Path, file: &File) -> std::io::Result<Scan> {
+/// Non-zero bytes after that point mean a page whose header was lost (torn
+/// by a crash, or damaged): the segment is marked for repair. How far the
+/// scan looks for them:
+/// - a segment whose last page is its seal marker takes no more writes, so
+///   nothing after that can be data: its zero tail (a spare sealed early
+///   keeps one) is not read;
+/// - a data segment still open looks `near` bytes on (two pages and more):
+///   a page torn away hides at most the page after it there. Its tail can
+///   be a whole spare's zeros, and reading those at every start made
+///   recovery cost the window's size. Stray bytes further on can only be
+///   an unacknowledged batch's torn pages or damage to unused space, which
+///   the segment's next pages overwrite; acknowledged pages are found by
+///   their end-writes instead ([`recover`] rebuilds a segment when a live
+///   stripe has a page at or past the end of its data);
+/// - any other segment (end-write, or without a class yet: short tails)
+///   reads its whole tail.
+///
+/// A page that runs past the end of the file is a torn-tail candidate; a
+/// page that fails its checksum is counted and kept; an unreadable header
+/// is damage: the scan stops there and the segment is marked for repair.
+pub(crate) fn scan(path: &Path, file: &File, near: u64) -> std::io::Result<Scan> {
     let len = file.metadata()?.len();
     let mut cur = Cursor::new(file, len);
     let mut s = Scan::default();
@@ -218,7 +230,12 @@ pub(crate) fn scan(path: &Path, file: &File) -> std::io::Result<Scan> {
         // "runs past the end", and live pages may follow it).
         s.cut = Some((at, data_end(file, len, at, &mut s.read)?));
         s.len = at;
-    } else if off < len && !sealed && data_end(file, len, off, &mut s.read)? > off {
+    } else if off < len && !sealed && {
+        let class = s.markers.iter().map(|m| m.1).max().unwrap_or(class::EMPTY);
+        let data = class == class::UNORDERED || class == class::ORDERED;
+        let end = if data { len.min(off + near) } else { len };
+        data_end(file, end, off, &mut s.read)? > off
+    } {
         tracing::warn!(path = %path.display(), offset = off, "data after a zeroed page header; segment will be rebuilt");
         s.damaged_at = Some(off);
         s.len = len;
@@ -227,11 +244,11 @@ pub(crate) fn scan(path: &Path, file: &File) -> std::io::Result<Scan> {
     Ok(s)
 }
 
-/// One past the last non-zero byte of the file at or after `from` (`from`
+/// One past the last non-zero byte of the file in `from..to` (`from`
 /// itself when there is none), read backwards in blocks.
-fn data_end(file: &File, len: u64, from: u64, read: &mut u64) -> std::io::Result<u64> {
+fn data_end(file: &File, to: u64, from: u64, read: &mut u64) -> std::io::Result<u64> {
     use std::os::unix::fs::FileExt;
-    let mut end = len;
+    let mut end = to;
     let mut buf = vec![0u8; 1 << 20];
     while end > from {
         let n = (end - from).min(buf.len() as u64) as usize;
@@ -291,6 +308,9 @@ pub(crate) fn recover(
         .map_err(OpenError::Meta)?
         .unwrap_or_default();
 
+    // How far past an open data segment's data a scan looks for the rest of
+    // a page torn away: the page after it, whole.
+    let near = 2 * (config.page_bytes as u64 + HEADER as u64) + WINDOW as u64;
     // Segments.
     let mut segs: BTreeMap<u64, SegState> = BTreeMap::new();
     let mut copies: BTreeMap<u64, EndWrite> = BTreeMap::new();
@@ -310,7 +330,7 @@ pub(crate) fn recover(
             }
             let path = entry.path();
             let file = segment::open(&path, false).map_err(io(&path))?;
-            let s = scan(&path, &file).map_err(io(&path))?;
+            let s = scan(&path, &file, near).map_err(io(&path))?;
             report.segments += 1;
             report.bytes += s.len;
             report.bytes_read += s.read;
@@ -550,6 +570,32 @@ pub(crate) fn recover(
     }
     writer.meta.store(&zones).map_err(io(&zones[0]))?;
 
+    // A live stripe's page at or past the end of its segment's data means
+    // pages the scan did not reach (a header lost in the middle, more than
+    // the scan looked past): rebuild the segment rather than let new pages
+    // land on them.
+    {
+        let idx = shared.index.read().expect("index lock");
+        let mut furthest: BTreeMap<u64, u64> = BTreeMap::new();
+        for r in idx.stripes.values() {
+            for &(sg, o) in &r.pages {
+                let f = furthest.entry(sg).or_insert(o);
+                *f = (*f).max(o);
+            }
+        }
+        for (&id, st) in writer.segs.iter_mut() {
+            let beyond = furthest.get(&id).is_some_and(|&o| o >= st.len);
+            if beyond && st.damaged_at.is_none() && st.pending_cut.is_none() {
+                tracing::warn!(
+                    segment = id,
+                    offset = st.len,
+                    "live pages after the end of the data found; segment will be rebuilt"
+                );
+                st.damaged_at = Some(st.len);
+                st.len = st.zeroed;
+            }
+        }
+    }
     // Torn-tail candidates: a true torn tail is short (at most one write's
     // last page) and no live stripe has a page after it; anything else is
     // damage and the segment is rebuilt instead of cut.
@@ -638,6 +684,9 @@ mod tests {
     use crate::page::Header;
     use std::io::Write;
 
+    /// How far past an open data segment's data the tests' scans look.
+    const NEAR: u64 = 1 << 20;
+
     /// An ordered shard page with a body of `n` bytes.
     fn shard(n: usize, stripe: u64) -> Vec<u8> {
         let body: Vec<u8> = (0..n).map(|i| (i % 251) as u8 + 1).collect();
@@ -671,7 +720,7 @@ mod tests {
 
     fn scan_of(path: &Path) -> Scan {
         let file = File::open(path).expect("open");
-        scan(path, &file).expect("scan")
+        scan(path, &file, NEAR).expect("scan")
     }
 
     fn poke(path: &Path, at: u64, bytes: &[u8]) {
@@ -718,49 +767,72 @@ mod tests {
     }
 
     #[test]
-    fn a_sealed_segments_zero_tail_is_not_read_and_an_open_ones_is() {
-        let mut pages: Vec<Vec<u8>> = (1..=8).map(|s| shard(256 << 10, s)).collect();
+    fn how_much_of_a_zero_tail_is_read_depends_on_the_segments_class() {
+        let shards: Vec<Vec<u8>> = (1..=8).map(|s| shard(256 << 10, s)).collect();
+        let with = |marker: Option<u8>, sealed: bool| {
+            let mut pages = Vec::new();
+            pages.extend(marker.map(page::class_marker));
+            pages.extend(shards.iter().cloned());
+            if sealed {
+                pages.push(page::class_marker(class::SEALED));
+            }
+            pages
+        };
         let tail = 64 << 20;
-        let (_d, open_path, open_data) = segment(&pages, tail);
-        pages.push(page::class_marker(class::SEALED));
-        let (_d2, sealed_path, sealed_data) = segment(&pages, tail);
-        let open = scan_of(&open_path);
-        let sealed = scan_of(&sealed_path);
-        assert_eq!((open.len, sealed.len), (open_data, sealed_data));
-        assert!(open.damaged_at.is_none() && sealed.damaged_at.is_none());
-        assert!(
-            open.read >= tail as u64,
-            "the open segment's tail is checked"
-        );
-        assert!(
-            sealed.read < 1 << 20,
-            "read {} of a sealed segment",
-            sealed.read
-        );
+        for (marker, sealed, most, least) in [
+            // No class yet (or end-write): the whole tail.
+            (None, false, u64::MAX, tail as u64),
+            (Some(class::END_WRITE), false, u64::MAX, tail as u64),
+            // An open data segment: `NEAR` bytes of it.
+            (Some(class::ORDERED), false, NEAR + (1 << 20), NEAR),
+            (Some(class::UNORDERED), false, NEAR + (1 << 20), NEAR),
+            // Sealed: none of it.
+            (Some(class::ORDERED), true, 1 << 20, 0),
+        ] {
+            let (_d, path, data) = segment(&with(marker, sealed), tail);
+            let s = scan_of(&path);
+            assert_eq!((s.len, s.damaged_at), (data, None), "{marker:?} {sealed}");
+            assert!(
+                s.read >= least && s.read <= most,
+                "{marker:?} sealed {sealed}: read {}",
+                s.read
+            );
+        }
     }
 
     #[test]
-    fn bytes_after_a_zeroed_header_mark_an_open_segment_damaged_but_not_a_sealed_one() {
-        let pages: Vec<Vec<u8>> = (1..=6).map(|s| shard(4000, s)).collect();
-        let page_len = pages[0].len() as u64;
+    fn bytes_after_a_zeroed_header_mark_a_segment_damaged_as_far_as_the_scan_looks() {
+        let mut pages: Vec<Vec<u8>> = vec![page::class_marker(class::ORDERED)];
+        pages.extend((1..=6).map(|s| shard(4000, s)));
+        let marker = pages[0].len() as u64;
+        let page_len = pages[1].len() as u64;
         let (_d, path, _) = segment(&pages, 8 << 20);
-        // The fourth page's first bytes lost (a torn write or damage):
+        // The fourth shard's first bytes lost (a torn write or damage):
         // pages after it still hold data.
-        poke(&path, 3 * page_len, &[0u8; HEADER]);
+        poke(&path, marker + 3 * page_len, &[0u8; HEADER]);
         let s = scan_of(&path);
-        assert_eq!(s.damaged_at, Some(3 * page_len));
-        // Only stray bytes far into the zero tail: still damage while the
-        // segment is open (the scan cannot tell them from data).
+        assert_eq!(s.damaged_at, Some(marker + 3 * page_len));
+        // Stray bytes just after the data of an open data segment: damage
+        // (the scan cannot tell them from a page whose header was torn).
         let (_d2, path2, data2) = segment(&pages, 8 << 20);
-        poke(&path2, data2 + (6 << 20), b"stray");
+        poke(&path2, data2 + NEAR / 2, b"stray");
         assert_eq!(scan_of(&path2).damaged_at, Some(data2));
+        // Further on than the scan looks: not data (live pages past the
+        // end are found through the end-writes instead).
+        let (_d3, path3, data3) = segment(&pages, 8 << 20);
+        poke(&path3, data3 + 2 * NEAR, b"stray");
+        assert_eq!(scan_of(&path3).damaged_at, None);
+        // A segment without a class reads its whole tail.
+        let (_d4, path4, data4) = segment(&pages[1..], 8 << 20);
+        poke(&path4, data4 + (6 << 20), b"stray");
+        assert_eq!(scan_of(&path4).damaged_at, Some(data4));
         // After the seal nothing is written, so bytes there are not data.
         let mut sealed = pages.clone();
         sealed.push(page::class_marker(class::SEALED));
-        let (_d3, path3, data3) = segment(&sealed, 8 << 20);
-        poke(&path3, data3 + (6 << 20), b"stray");
-        let s3 = scan_of(&path3);
-        assert_eq!((s3.damaged_at, s3.len), (None, data3));
+        let (_d5, path5, data5) = segment(&sealed, 8 << 20);
+        poke(&path5, data5 + NEAR / 2, b"stray");
+        let s5 = scan_of(&path5);
+        assert_eq!((s5.damaged_at, s5.len), (None, data5));
     }
 
     #[test]

@@ -1040,3 +1040,46 @@ fn spares_become_data_segments_and_leftovers_are_cleaned_up() {
     let store = Store::open(cfg).unwrap();
     check(&store, &model);
 }
+
+#[test]
+fn live_pages_past_a_long_zeroed_run_are_found_through_their_end_writes() {
+    // Recovery looks only a little way past the end of an open data
+    // segment's data for the rest of a page whose header was lost. Damage
+    // that zeroes more than that (a header and the pages after it) hides
+    // live pages from the scan; their end-writes still name them, and the
+    // segment must be rebuilt instead of new pages landing on them.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_config(dir.path());
+    cfg.segment_bytes = 8 << 20;
+    let store = Arc::new(Store::open(cfg.clone()).unwrap());
+    let mut model = Model::new();
+    let mut rng = ChaCha8Rng::seed_from_u64(33);
+    append_burst(&store, &mut model, &mut rng, 400);
+    drop(store);
+    let files = seg_files(dir.path());
+    let victim = &files[3]; // an ordered-window segment: marker, then pages
+    let mut bytes = std::fs::read(victim).unwrap();
+    let len = data_len(victim) as usize;
+    let near = 2 * (cfg.page_bytes as usize + 28) + (64 << 10);
+    assert!(
+        len > 29 + near + 1000,
+        "the test needs more data in the segment than the scan looks past ({len})"
+    );
+    // Everything after the class marker but the last kilobyte.
+    bytes[29..len - 1000].fill(0);
+    std::fs::write(victim, &bytes).unwrap();
+    let store = Arc::new(Store::open(cfg.clone()).unwrap());
+    assert!(
+        store.recovery().repaired_segments.contains(&3),
+        "{:?}",
+        store.recovery()
+    );
+    check(&store, &model);
+    append_burst(&store, &mut model, &mut rng, 60);
+    check(&store, &model);
+    assert_eq!(store.scrub_blocking().bad_pages, 0);
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    check(&store, &model);
+    assert_eq!(store.scrub_blocking().bad_pages, 0);
+}
