@@ -73,10 +73,10 @@ pub(crate) struct Scan {
 /// pages costs one read per window rather than one per page.
 const WINDOW: usize = 64 << 10;
 
-/// What a header read fetches after a page at least [`WINDOW`] long: the
-/// next header and little else, so the bodies of large pages are never
-/// read.
-const HEADER_READ: usize = 4 << 10;
+/// Pages at least this long are walked one header read each (the header
+/// alone): a window over them would read their bodies, and the bodies of
+/// pages of a few KiB and more cost more to copy than a read call.
+const SMALL_PAGE: u64 = 4 << 10;
 
 /// Positioned reads of one segment file through a small window.
 struct Cursor<'a> {
@@ -206,8 +206,8 @@ pub(crate) fn scan(path: &Path, file: &File, near: u64) -> std::io::Result<Scan>
             }
         }
         last = Some((off, h.page_len(), needs_body));
-        want = if h.page_len() >= WINDOW as u64 {
-            HEADER_READ
+        want = if h.page_len() >= SMALL_PAGE {
+            HEADER
         } else {
             WINDOW
         };
@@ -733,15 +733,23 @@ mod tests {
     }
 
     #[test]
-    fn large_pages_are_walked_by_their_headers_alone() {
-        let pages: Vec<Vec<u8>> = (1..=16).map(|s| shard(256 << 10, s)).collect();
-        let (_d, path, data) = segment(&pages, 0);
-        let s = scan_of(&path);
-        assert_eq!(s.len, data);
-        assert_eq!((s.corrupt, s.damaged_at, s.cut), (0, None, None));
-        // A header window per page and the last page whole: under 10% of
-        // the 4 MiB of data (reading it all, as the scan once did, fails).
-        assert!(s.read < data / 10, "read {} of {data} bytes", s.read);
+    fn pages_of_a_few_kib_and_more_are_walked_by_their_headers_alone() {
+        for (n, size) in [(16, 256 << 10), (200, 16 << 10), (400, 5 << 10)] {
+            let pages: Vec<Vec<u8>> = (1..=n).map(|s| shard(size, s)).collect();
+            let (_d, path, data) = segment(&pages, 0);
+            let s = scan_of(&path);
+            assert_eq!(s.len, data);
+            assert_eq!((s.corrupt, s.damaged_at, s.cut), (0, None, None));
+            // A header per page, the first window and the last page whole:
+            // well under the data (reading it all, as the scan once did,
+            // or a window per page of a few KiB, fails).
+            let most = n as u64 * HEADER as u64 + WINDOW as u64 + size as u64 + 4096;
+            assert!(
+                s.read <= most,
+                "{size} B pages: read {} of {data} bytes",
+                s.read
+            );
+        }
     }
 
     #[test]
