@@ -743,7 +743,7 @@ mod tests {
             // A header per page, the first window and the last page whole:
             // well under the data (reading it all, as the scan once did,
             // or a window per page of a few KiB, fails).
-            let most = n as u64 * HEADER as u64 + WINDOW as u64 + size as u64 + 4096;
+            let most = n * HEADER as u64 + WINDOW as u64 + size as u64 + 4096;
             assert!(
                 s.read <= most,
                 "{size} B pages: read {} of {data} bytes",
