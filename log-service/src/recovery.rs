@@ -284,6 +284,60 @@ fn last_non_zero(buf: &[u8]) -> Option<usize> {
     None
 }
 
+/// A segment file opened and scanned.
+type Scanned = std::io::Result<(File, Scan)>;
+
+/// Threads that scan segments at once. A scan is mostly small reads at
+/// scattered offsets (page headers), which a cold start waits on one at a
+/// time; several in flight let the device overlap them.
+const SCANNERS: usize = 8;
+
+/// Opens and scans every segment, on up to [`SCANNERS`] threads; results in
+/// the order given.
+fn scan_all(found: &[(u64, std::path::PathBuf)], near: u64) -> Vec<Scanned> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let one = |path: &Path| -> Scanned {
+        let file = segment::open(path, false)?;
+        let s = scan(path, &file, near)?;
+        Ok((file, s))
+    };
+    let threads = SCANNERS.min(found.len());
+    if threads <= 1 {
+        return found.iter().map(|(_, p)| one(p)).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Scanned>>> = Mutex::new(found.iter().map(|_| None).collect());
+    let work = || loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some((_, path)) = found.get(i) else {
+            break;
+        };
+        let r = one(path);
+        results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
+    };
+    std::thread::scope(|sc| {
+        // This thread scans too, so the open goes on (slower) if the
+        // system refuses more threads.
+        for n in 1..threads {
+            let spawned = std::thread::Builder::new()
+                .name(format!("melddb-log-scan-{n}"))
+                .spawn_scoped(sc, work);
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "could not start a segment scan thread; scanning on fewer");
+                break;
+            }
+        }
+        work();
+    });
+    results
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(std::io::Error::other("a segment scan thread stopped"))))
+        .collect()
+}
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> OpenError + '_ {
     move |source| OpenError::Io {
         path: path.to_path_buf(),
@@ -311,9 +365,9 @@ pub(crate) fn recover(
     // How far past an open data segment's data a scan looks for the rest of
     // a page torn away: the page after it, whole.
     let near = 2 * (config.page_bytes as u64 + HEADER as u64) + WINDOW as u64;
-    // Segments.
-    let mut segs: BTreeMap<u64, SegState> = BTreeMap::new();
-    let mut copies: BTreeMap<u64, EndWrite> = BTreeMap::new();
+    // Segments: found first, scanned in parallel, then taken in the order
+    // found.
+    let mut found: Vec<(u64, std::path::PathBuf)> = Vec::new();
     for (zi, z) in zones.iter().enumerate() {
         for entry in std::fs::read_dir(z).map_err(io(z))? {
             let entry = entry.map_err(io(z))?;
@@ -328,42 +382,47 @@ pub(crate) fn recover(
                     id % nz
                 ))));
             }
-            let path = entry.path();
-            let file = segment::open(&path, false).map_err(io(&path))?;
-            let s = scan(&path, &file, near).map_err(io(&path))?;
-            report.segments += 1;
-            report.bytes += s.len;
-            report.bytes_read += s.read;
-            report.corrupt_pages += s.corrupt;
-            report.end_writes += s.ews.len() as u64;
-            let mut max_seq = 0;
-            let mut ew_pages = Vec::with_capacity(s.ews.len());
-            for (off, ew) in s.ews {
-                max_seq = max_seq.max(ew.stripe.seq);
-                ew_pages.push((off, ew.stripe.seq));
-                copies.entry(ew.stripe.seq).or_insert(ew);
-            }
-            let file = Arc::new(file);
-            shared
-                .files
-                .write()
-                .expect("files lock")
-                .insert(id, file.clone());
-            segs.insert(
-                id,
-                SegState {
-                    file,
-                    len: s.len,
-                    zeroed: s.zeroed,
-                    class: s.markers.iter().map(|m| m.1).max().unwrap_or(class::EMPTY),
-                    markers: s.markers,
-                    ew_pages,
-                    max_seq,
-                    damaged_at: s.damaged_at,
-                    pending_cut: s.cut,
-                },
-            );
+            found.push((id, entry.path()));
         }
+    }
+    let scanned = scan_all(&found, near);
+    let mut segs: BTreeMap<u64, SegState> = BTreeMap::new();
+    let mut copies: BTreeMap<u64, EndWrite> = BTreeMap::new();
+    for ((id, path), r) in found.iter().zip(scanned) {
+        let (file, s) = r.map_err(io(path))?;
+        let id = *id;
+        report.segments += 1;
+        report.bytes += s.len;
+        report.bytes_read += s.read;
+        report.corrupt_pages += s.corrupt;
+        report.end_writes += s.ews.len() as u64;
+        let mut max_seq = 0;
+        let mut ew_pages = Vec::with_capacity(s.ews.len());
+        for (off, ew) in s.ews {
+            max_seq = max_seq.max(ew.stripe.seq);
+            ew_pages.push((off, ew.stripe.seq));
+            copies.entry(ew.stripe.seq).or_insert(ew);
+        }
+        let file = Arc::new(file);
+        shared
+            .files
+            .write()
+            .expect("files lock")
+            .insert(id, file.clone());
+        segs.insert(
+            id,
+            SegState {
+                file,
+                len: s.len,
+                zeroed: s.zeroed,
+                class: s.markers.iter().map(|m| m.1).max().unwrap_or(class::EMPTY),
+                markers: s.markers,
+                ew_pages,
+                max_seq,
+                damaged_at: s.damaged_at,
+                pending_cut: s.cut,
+            },
+        );
     }
 
     // Stripes recovery or a failed batch discarded are never trusted, even
