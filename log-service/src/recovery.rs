@@ -505,11 +505,24 @@ pub(crate) fn recover(
     let mut dedup = IdMap::with_capacity_and_hasher(presize, Default::default());
     let mut dedup_order = VecDeque::with_capacity(presize);
     prefault(&mut dedup, &mut dedup_order, presize);
+    // Only the last `dedup_window` request ids stay in the table, so the
+    // ones before them are never inserted (inserting and evicting every id
+    // of a long log was most of a warm open's time). Trimmed records count
+    // neither way, as below.
+    let trimmed = |e: &stripe::EntryMeta| meta.logs.get(&e.log).is_some_and(|lm| e.pos < lm.first);
+    let ids = copies
+        .values()
+        .flat_map(|ew| &ew.entries)
+        .filter(|e| e.client != 0 && !trimmed(e))
+        .count();
+    let mut skip_ids = ids.saturating_sub(config.dedup_window);
     for ew in copies.values() {
         for (i, e) in ew.entries.iter().enumerate() {
-            let l = logs
-                .entry(e.log.clone())
-                .or_insert_with(|| LogIndex::starting_at(e.pos));
+            // One lookup, and no copy of the log's name, per record.
+            if !logs.contains_key(&e.log) {
+                logs.insert(e.log.clone(), LogIndex::starting_at(e.pos));
+            }
+            let l = logs.get_mut(&e.log).expect("inserted above");
             if e.pos < l.first {
                 continue; // trimmed
             }
@@ -533,7 +546,9 @@ pub(crate) fn recover(
                 crc: e.crc,
             });
             report.records += 1;
-            if e.client != 0 {
+            if e.client != 0 && skip_ids > 0 {
+                skip_ids -= 1;
+            } else if e.client != 0 {
                 let key = (e.client, e.request);
                 dedup.insert(key, e.pos);
                 dedup_order.push_back(key);

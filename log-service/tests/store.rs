@@ -414,6 +414,42 @@ fn request_ids_make_appends_idempotent_across_reopen() {
 }
 
 #[test]
+fn a_reopen_remembers_exactly_the_last_window_of_request_ids() {
+    // Recovery inserts only the ids that stay in the window; trimmed
+    // records and appends without an id (client 0) do not count.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_config(dir.path());
+    cfg.dedup_window = 50;
+    let store = Store::open(cfg.clone()).unwrap();
+    for r in 0..120u64 {
+        assert_eq!(
+            store.append_blocking("l", 7, r, vec![r as u8; 40]).unwrap(),
+            2 * r
+        );
+        store.append_blocking("l", 0, 0, b"no id".to_vec()).unwrap();
+    }
+    store.trim_blocking("l", 60).unwrap(); // requests 0..30 trimmed
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    // The last 50 ids (requests 70..120) answer with their positions.
+    for r in 70..120u64 {
+        assert_eq!(
+            store.append_blocking("l", 7, r, b"retry".to_vec()).unwrap(),
+            2 * r,
+            "request {r}"
+        );
+    }
+    assert_eq!(store.bounds("l"), (60, 240));
+    // Request 69 fell out of the window: appended again.
+    assert_eq!(
+        store
+            .append_blocking("l", 7, 69, b"again".to_vec())
+            .unwrap(),
+        240
+    );
+}
+
+#[test]
 fn injected_write_faults_never_acknowledge_and_retries_do_not_duplicate() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = small_config(dir.path());
