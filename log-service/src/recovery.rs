@@ -69,6 +69,17 @@ pub(crate) struct Scan {
     pub read: u64,
 }
 
+impl Scan {
+    /// The segment's class: the highest marker found.
+    fn class(&self) -> u8 {
+        self.markers
+            .iter()
+            .map(|m| m.1)
+            .max()
+            .unwrap_or(class::EMPTY)
+    }
+}
+
 /// Bytes a header read fetches when pages are small, so a run of small
 /// pages costs one read per window rather than one per page.
 const WINDOW: usize = 64 << 10;
@@ -231,8 +242,7 @@ pub(crate) fn scan(path: &Path, file: &File, near: u64) -> std::io::Result<Scan>
         s.cut = Some((at, data_end(file, len, at, &mut s.read)?));
         s.len = at;
     } else if off < len && !sealed && {
-        let class = s.markers.iter().map(|m| m.1).max().unwrap_or(class::EMPTY);
-        let data = class == class::UNORDERED || class == class::ORDERED;
+        let data = matches!(s.class(), class::UNORDERED | class::ORDERED);
         let end = if data { len.min(off + near) } else { len };
         data_end(file, end, off, &mut s.read)? > off
     } {
@@ -396,6 +406,7 @@ pub(crate) fn recover(
         report.bytes_read += s.read;
         report.corrupt_pages += s.corrupt;
         report.end_writes += s.ews.len() as u64;
+        let class = s.class();
         let mut max_seq = 0;
         let mut ew_pages = Vec::with_capacity(s.ews.len());
         for (off, ew) in s.ews {
@@ -407,7 +418,7 @@ pub(crate) fn recover(
         shared
             .files
             .write()
-            .expect("files lock")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(id, file.clone());
         segs.insert(
             id,
@@ -415,7 +426,7 @@ pub(crate) fn recover(
                 file,
                 len: s.len,
                 zeroed: s.zeroed,
-                class: s.markers.iter().map(|m| m.1).max().unwrap_or(class::EMPTY),
+                class,
                 markers: s.markers,
                 ew_pages,
                 max_seq,
@@ -518,7 +529,7 @@ pub(crate) fn recover(
     let mut skip_ids = ids.saturating_sub(config.dedup_window);
     for ew in copies.values() {
         for (i, e) in ew.entries.iter().enumerate() {
-            // One lookup, and no copy of the log's name, per record.
+            // No copy of the log's name per record (`entry` would take one).
             if !logs.contains_key(&e.log) {
                 logs.insert(e.log.clone(), LogIndex::starting_at(e.pos));
             }
@@ -580,7 +591,10 @@ pub(crate) fn recover(
         }
     }
     {
-        let mut idx = shared.index.write().expect("index lock");
+        let mut idx = shared
+            .index
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         idx.stripes = copies
             .iter()
             .map(|(&s, ew)| (s, ew.stripe.clone()))
@@ -639,17 +653,26 @@ pub(crate) fn recover(
     let floor = writer.live_floor();
     writer.ews = writer.ews.split_off(&floor);
     {
-        let mut idx = shared.index.write().expect("index lock");
+        let mut idx = shared
+            .index
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         idx.stripes = idx.stripes.split_off(&floor);
     }
     writer.meta.store(&zones).map_err(io(&zones[0]))?;
 
-    // A live stripe's page at or past the end of its segment's data means
-    // pages the scan did not reach (a header lost in the middle, more than
-    // the scan looked past): rebuild the segment rather than let new pages
-    // land on them.
+    // Where the scans stopped, against where live stripes have pages. A
+    // live page at or past the end of a segment's data means pages the scan
+    // did not reach (a header lost in the middle, further on than the scan
+    // looked): rebuild the segment rather than let new pages land on them.
+    // A torn-tail candidate is cut only if it is short (at most one write's
+    // last page) and no live page lies there; anything else is damage too.
     {
-        let idx = shared.index.read().expect("index lock");
+        let bound = 2 * config.data_shards as u64 * config.page_bytes as u64 + 4096;
+        let idx = shared
+            .index
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut furthest: BTreeMap<u64, u64> = BTreeMap::new();
         for r in idx.stripes.values() {
             for &(sg, o) in &r.pages {
@@ -658,42 +681,32 @@ pub(crate) fn recover(
             }
         }
         for (&id, st) in writer.segs.iter_mut() {
-            let beyond = furthest.get(&id).is_some_and(|&o| o >= st.len);
-            if beyond && st.damaged_at.is_none() && st.pending_cut.is_none() {
+            if st.damaged_at.is_some() {
+                continue;
+            }
+            // A candidate's data ends where the candidate starts.
+            let live_after = furthest.get(&id).is_some_and(|&o| o >= st.len);
+            let cut = st.pending_cut.take();
+            let why = match cut {
+                None if live_after => Some("live pages after the end of the data found"),
+                Some((at, end)) if live_after || end - at > bound => {
+                    Some("bad page with data after it")
+                }
+                _ => None,
+            };
+            if let Some(why) = why {
                 tracing::warn!(
                     segment = id,
                     offset = st.len,
-                    "live pages after the end of the data found; segment will be rebuilt"
+                    "{why}; segment will be rebuilt"
                 );
                 st.damaged_at = Some(st.len);
                 st.len = st.zeroed;
+                continue;
             }
-        }
-    }
-    // Torn-tail candidates: a true torn tail is short (at most one write's
-    // last page) and no live stripe has a page after it; anything else is
-    // damage and the segment is rebuilt instead of cut.
-    {
-        let bound = 2 * config.data_shards as u64 * config.page_bytes as u64 + 4096;
-        let idx = shared.index.read().expect("index lock");
-        for (&id, st) in writer.segs.iter_mut() {
-            let Some((at, end)) = st.pending_cut.take() else {
+            let Some((at, end)) = cut else {
                 continue;
             };
-            let live_after = idx
-                .stripes
-                .values()
-                .any(|r| r.pages.iter().any(|&(sg, o)| sg == id && o >= at));
-            if live_after || end - at > bound {
-                tracing::warn!(
-                    segment = id,
-                    offset = at,
-                    "bad page with data after it; segment will be rebuilt"
-                );
-                st.damaged_at = Some(at);
-                st.len = st.zeroed;
-                continue;
-            }
             use std::os::unix::fs::FileExt;
             tracing::warn!(
                 segment = id,
@@ -717,7 +730,10 @@ pub(crate) fn recover(
         .map(|(&id, _)| id)
         .collect();
     {
-        let idx = shared.index.read().expect("index lock");
+        let idx = shared
+            .index
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for r in idx.stripes.values() {
             for (seg, _) in &r.pages {
                 if !writer.segs.contains_key(seg) {
