@@ -244,7 +244,15 @@ impl Melder {
     /// Takes the memory released since the last call (see
     /// [`Melder::set_deferred_reclaim`]).
     pub fn take_garbage(&mut self) -> Garbage {
-        std::mem::take(&mut self.retired)
+        // The next period's lists start with room for as much as this one
+        // held: they are allocated here, once, rather than grown by
+        // doubling inside the melds that retire into them (the growth was
+        // about 2.5% of a meld's samples at 8 operations, degree 16).
+        let room = Garbage {
+            roots: Vec::with_capacity(self.retired.roots.len()),
+            intentions: Vec::with_capacity(self.retired.intentions.len()),
+        };
+        std::mem::replace(&mut self.retired, room)
     }
 
     /// Frees at most `n` pieces of the memory released since the last
