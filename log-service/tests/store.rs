@@ -674,6 +674,31 @@ fn a_corrupt_length_in_a_header_is_damage_not_a_torn_tail() {
     });
 }
 
+#[test]
+fn a_short_torn_tail_that_is_a_live_page_is_damage_not_cut() {
+    // The last page of segment 3 belongs to an acknowledged stripe. A
+    // flipped length byte makes it "run past the end of the file" with
+    // nothing after it: a candidate as short as a real torn write. Only
+    // its being live tells it apart; cutting it would zero an acknowledged
+    // page (and scrub would then find the stripe short of it).
+    damaged_segment_3_is_rebuilt(45, 60, 1 << 20, |bytes, len| {
+        let mut last = 0usize;
+        let mut at = 0usize;
+        while at < len {
+            last = at;
+            at += page::header(&bytes[at..]).unwrap().page_len() as usize;
+        }
+        let h = page::header(&bytes[last..]).unwrap();
+        assert!(
+            matches!(h.kind, page::Kind::Ordered | page::Kind::Unordered),
+            "the last page of segment 3 is a data page ({:?})",
+            h.kind
+        );
+        assert!(last > 0, "segment 3 holds data pages after its marker");
+        bytes[last + 15] ^= 0x5a; // high byte of its body length
+    });
+}
+
 /// Zeroes what the batch between the lengths `from` and `to` wrote to
 /// segments 3 and 4 (two of the three pages of its stripe), as if those
 /// writes never reached the disk. Inside the zero-filled space, a write
