@@ -1135,3 +1135,82 @@ fn live_pages_past_a_long_zeroed_run_are_found_through_their_end_writes() {
         bytes[29..len - 1000].fill(0);
     });
 }
+
+/// Set in the child process of
+/// [`a_disk_that_refuses_spares_opens_and_appends_without_them`].
+const FULL_DISK_CHILD: &str = "MELDDB_LOG_TEST_FULL_DISK_DIR";
+
+#[test]
+fn a_disk_that_refuses_spares_opens_and_appends_without_them() {
+    // A full disk, as the process sees it: the child runs under a file
+    // size limit (`ulimit -f`, SIGXFSZ ignored so a write past it fails
+    // with EFBIG instead of killing the process) smaller than one spare.
+    // Spares only make appends faster, so the open must go on without
+    // them, leave no partial spare behind, and the log must work; the
+    // refill's retries must not keep the store from closing.
+    if let Some(dir) = std::env::var_os(FULL_DISK_CHILD) {
+        full_disk_child(Path::new(&dir));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg("trap '' XFSZ; ulimit -f 512; exec \"$0\" \"$@\"")
+        .arg(&exe)
+        .args([
+            "--exact",
+            "a_disk_that_refuses_spares_opens_and_appends_without_them",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(FULL_DISK_CHILD, dir.path())
+        .output()
+        .expect("bash runs the child");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child failed:\n{text}");
+    assert!(
+        text.contains("full-disk child done"),
+        "the child did not run the checks:\n{text}"
+    );
+}
+
+fn full_disk_child(dir: &Path) {
+    use std::io::Write;
+    // The limit is in force: 600 KiB cannot be written.
+    let probe = dir.join("probe");
+    let big = std::fs::File::create(&probe)
+        .unwrap()
+        .write_all(&vec![0u8; 600 << 10]);
+    assert_eq!(
+        big.err().and_then(|e| e.raw_os_error()),
+        Some(27), // EFBIG
+        "the file size limit is not in force"
+    );
+    std::fs::remove_file(&probe).unwrap();
+
+    let mut cfg = small_config(dir);
+    cfg.segment_bytes = 1 << 20; // a spare is twice the limit
+    cfg.prepared_segments = 2;
+    let store = Store::open(cfg.clone()).expect("opens without spares");
+    assert_eq!(store.stats().spares_ready, 0, "{:?}", store.stats());
+    assert_eq!(store.stats().segments_prepared, 0);
+    assert!(spare_files(dir).is_empty(), "{:?}", spare_files(dir));
+    for i in 0..60u64 {
+        let rec = vec![i as u8; 1000];
+        assert_eq!(store.append_blocking("a", 0, 0, rec).unwrap(), i);
+    }
+    // Quiet long enough for the refill to try (and fail) again.
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    for i in 0..60u64 {
+        assert_eq!(&store.read("a", i).unwrap()[..], &vec![i as u8; 1000][..]);
+    }
+    drop(store);
+    assert!(spare_files(dir).is_empty(), "{:?}", spare_files(dir));
+    let store = Store::open(cfg).expect("reopens without spares");
+    assert_eq!(store.bounds("a"), (0, 60));
+    assert_eq!(store.append_blocking("a", 0, 0, b"x".to_vec()).unwrap(), 60);
+    drop(store);
+    println!("full-disk child done");
+}
