@@ -297,6 +297,10 @@ pub struct SparesOpt {
     pub mib_s: u32,
     /// Wait for the refill before the load starts.
     pub wait: bool,
+    /// The writer's and fsync helpers' real-time priority
+    /// (`realtime_priority`; 0: ordinary threads). Not about spares, but
+    /// set the same way for a probe.
+    pub realtime_priority: u8,
 }
 
 impl SparesOpt {
@@ -305,6 +309,7 @@ impl SparesOpt {
         let mut c = config(dir);
         c.prepared_segments = self.per_zone;
         c.prepare_mib_s = self.mib_s;
+        c.realtime_priority = self.realtime_priority;
         c
     }
 }
@@ -577,6 +582,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
         per_zone: SUITE_SPARES,
         mib_s: 0,
         wait: true,
+        realtime_priority: 0,
     };
     rt.block_on(async {
         let (store, running, spares_open_secs) = start_prepared(&dir, spares).await?;
@@ -717,6 +723,8 @@ pub struct Probe {
     pub sync_share: f64,
     /// Where the appends spent their time inside the service.
     pub stages: StagesSummary,
+    /// Threads that run with `realtime_priority` (0: off or refused).
+    pub realtime_threads: u64,
 }
 
 /// A load point: `CLIENTSxDEPTHxBATCHxBYTES` (closed loop, for example
@@ -797,6 +805,7 @@ pub fn probe(spec: PointSpec, secs: f64, spares: SparesOpt) -> Result<Probe, Str
             write_share: share(after.write_us - before.write_us),
             sync_share: share(after.sync_us - before.sync_us),
             stages,
+            realtime_threads: after.realtime_threads,
         })
     })
 }

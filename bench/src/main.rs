@@ -105,6 +105,11 @@ struct Args {
     /// the open is done before the load starts.
     #[arg(long)]
     spares_wait: bool,
+    /// Log suite with `--point`: run the writer and fsync helpers at this
+    /// SCHED_FIFO priority (`realtime_priority`, 1-99; 0: ordinary
+    /// threads). Needs CAP_SYS_NICE; the probe prints whether it applied.
+    #[arg(long, default_value_t = 0)]
+    realtime: u8,
 }
 
 fn main() {
@@ -958,6 +963,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         per_zone: args.spares,
         mib_s: args.spares_mib_s,
         wait: args.spares_wait,
+        realtime_priority: args.realtime,
     };
     let r = melddb_bench::logsvc::probe(spec, args.secs, spares)?;
     let p = &r.point;
@@ -977,6 +983,18 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         100.0 * r.write_share,
         100.0 * r.sync_share
     );
+    if args.realtime > 0 {
+        println!(
+            "real-time priority {}: {} of the writer and fsync helper threads got it{}",
+            args.realtime,
+            r.realtime_threads,
+            if r.realtime_threads == 0 {
+                " (refused: it needs CAP_SYS_NICE or `ulimit -r` of at least that)"
+            } else {
+                ""
+            }
+        );
+    }
     melddb_bench::logsvc::print_stages("inside the service:", &r.stages);
     if let Some(path) = &args.json {
         let doc = serde_json::json!({

@@ -75,6 +75,18 @@ pub struct Config {
     /// limit).
     #[serde(default = "defaults::prepare_mib_s")]
     pub prepare_mib_s: u32,
+    /// Real-time priority (SCHED_FIFO, 1-99) for the writer thread and the
+    /// fsync helpers, so that no ordinary thread of the machine (the
+    /// network threads, clients on the same host) can hold up a batch
+    /// that is ready; 0 (the default) leaves them ordinary threads. Linux
+    /// only; it needs CAP_SYS_NICE or an RLIMIT_RTPRIO (`ulimit -r`) of at
+    /// least this value. If the system refuses, the service logs a warning
+    /// and runs without it (`realtime_threads` in the stats says how many
+    /// threads got it). A real-time thread that never blocks would starve
+    /// ordinary ones on its core, which the kernel limits to 95% of each
+    /// second by default; the writer blocks whenever it has no appends.
+    #[serde(default)]
+    pub realtime_priority: u8,
     /// Write a stripe's end-write only after its pages are fsynced (the
     /// paper's order: two fsync rounds per batch). The default writes pages
     /// and end-writes in one round and has recovery verify every page of
@@ -242,6 +254,7 @@ impl Config {
             zero_fill_ahead: false,
             prepared_segments: 0,
             prepare_mib_s: defaults::prepare_mib_s(),
+            realtime_priority: 0,
             max_record_bytes: defaults::max_record_bytes(),
             dedup_window: defaults::dedup_window(),
             read_cache_stripes: defaults::read_cache_stripes(),
@@ -302,6 +315,12 @@ impl Config {
                 "prepared_segments must be at most {MAX_PREPARED_SEGMENTS} per zone"
             ));
         }
+        if self.realtime_priority > crate::sched::MAX_PRIORITY {
+            return bad(format!(
+                "realtime_priority must be 0 (off) or a SCHED_FIFO priority from 1 to {}",
+                crate::sched::MAX_PRIORITY
+            ));
+        }
         if self.max_record_bytes == 0
             || self.max_record_bytes as usize > melddb::error::MAX_INTENTION_BYTES
         {
@@ -352,5 +371,21 @@ mod tests {
         assert_eq!(strip(&ex), strip(&def));
         assert_eq!(ex.prepared_segments, 0);
         assert_eq!(ex.prepare_mib_s, defaults::prepare_mib_s());
+        assert_eq!(ex.realtime_priority, 0);
+    }
+
+    #[test]
+    fn a_realtime_priority_above_99_is_refused_with_the_range() {
+        let mut c = Config::with_zones(vec!["a".into(), "b".into(), "c".into()]);
+        for ok in [0u8, 1, 99] {
+            c.realtime_priority = ok;
+            assert!(c.validate().is_ok(), "{ok}");
+        }
+        c.realtime_priority = 100;
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("realtime_priority") && err.contains("1 to 99"),
+            "{err}"
+        );
     }
 }

@@ -21,6 +21,7 @@ pub mod meta;
 pub mod page;
 pub mod protocol;
 mod recovery;
+mod sched;
 pub mod segment;
 pub mod server;
 mod spares;

@@ -633,6 +633,10 @@ pub(crate) fn recover(
         syncer: SyncPool::new(
             shared.config.zones.len() + crate::config::END_WRITE_COPIES,
             shared.faults.clone(),
+            {
+                let shared = shared.clone();
+                Arc::new(move || crate::sched::make_realtime(&shared, "fsync helper"))
+            },
         ),
         rs: ReedSolomon::new(shared.config.data_shards, shared.config.parity_shards).map_err(
             |e| {

@@ -631,7 +631,7 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
         c.inc_by(v);
         reg.register(name, help, c);
     }
-    let gauges: [(&str, &str, u64); 3] = [
+    let gauges: [(&str, &str, u64); 4] = [
         (
             "connections_open",
             "Open connections",
@@ -639,6 +639,11 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
         ),
         ("segments", "Segment files", s.segments),
         ("http_requests", "HTTP API requests", g(&m.http_requests)),
+        (
+            "realtime_threads",
+            "Writer and fsync helper threads running at realtime_priority",
+            s.realtime_threads,
+        ),
     ];
     for (name, help, v) in gauges {
         let gg: Gauge = Gauge::default();

@@ -99,6 +99,7 @@ pub(crate) struct Counters {
     pub segments_freed: AtomicU64,
     pub segments_prepared: AtomicU64,
     pub spares_ready: AtomicU64,
+    pub realtime_threads: AtomicU64,
 }
 
 /// State shared by the writer and readers.
@@ -182,6 +183,9 @@ pub struct Stats {
     pub segments_prepared: u64,
     /// Spare segment files ready now, all zones together.
     pub spares_ready: u64,
+    /// Threads running with `realtime_priority` (the writer and the fsync
+    /// helpers; 0 when it is off or the system refused it).
+    pub realtime_threads: u64,
     /// Segment files now.
     pub segments: u64,
     /// Where appends spent their time since open (see
@@ -251,9 +255,13 @@ impl Store {
         });
         let (tx, rx) = mpsc::channel(config.limits.append_queue);
         let (writer, report) = crate::recovery::recover(shared.clone(), rx, tx.downgrade())?;
+        let writer_shared = shared.clone();
         let handle = std::thread::Builder::new()
             .name("melddb-log-writer".into())
-            .spawn(move || writer.run())
+            .spawn(move || {
+                crate::sched::make_realtime(&writer_shared, "writer");
+                writer.run()
+            })
             .map_err(|e| OpenError::Io {
                 path: config.zones[0].clone(),
                 source: e,
@@ -654,6 +662,7 @@ impl Store {
             segments_freed: g(&c.segments_freed),
             segments_prepared: g(&c.segments_prepared),
             spares_ready: g(&c.spares_ready),
+            realtime_threads: g(&c.realtime_threads),
             segments: self.shared.files.read().expect("files lock").len() as u64,
             stages: stages.summary(),
             logs,

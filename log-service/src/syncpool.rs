@@ -45,6 +45,9 @@ impl Countdown {
     }
 }
 
+/// What each helper thread runs before it takes jobs.
+pub(crate) type OnStart = Arc<dyn Fn() + Send + Sync>;
+
 /// Long-lived fsync threads.
 pub(crate) struct SyncPool {
     faults: Arc<Faults>,
@@ -54,17 +57,22 @@ pub(crate) struct SyncPool {
 
 impl SyncPool {
     /// Starts up to `helpers` threads (fewer if the system refuses more;
-    /// with none, every fsync runs on the caller's thread).
-    pub(crate) fn new(helpers: usize, faults: Arc<Faults>) -> SyncPool {
+    /// with none, every fsync runs on the caller's thread); each runs
+    /// `on_start` first.
+    pub(crate) fn new(helpers: usize, faults: Arc<Faults>, on_start: OnStart) -> SyncPool {
         let mut workers = Vec::new();
         let mut handles = Vec::new();
         for i in 0..helpers {
             let (tx, rx) = channel::<Job>();
             let f = faults.clone();
+            let start = on_start.clone();
             match thread::Builder::new()
                 .name(format!("melddb-log-fsync-{i}"))
-                .spawn(move || work(&rx, &f))
-            {
+                .spawn(move || {
+                    start();
+                    drop(start);
+                    work(&rx, &f)
+                }) {
                 Ok(h) => {
                     workers.push(tx);
                     handles.push(h);
@@ -197,7 +205,7 @@ mod tests {
     #[test]
     fn every_file_gets_a_result_in_order() {
         for helpers in [0, 1, 3, 8] {
-            let pool = SyncPool::new(helpers, Arc::new(Faults::none()));
+            let pool = SyncPool::new(helpers, Arc::new(Faults::none()), Arc::new(|| {}));
             for n in [0, 1, 2, 5, 9] {
                 let (_dir, files) = temp_files(n);
                 let calls = Arc::new(AtomicUsize::new(0));
@@ -226,7 +234,7 @@ mod tests {
     #[test]
     fn an_injected_fsync_fault_reaches_every_result() {
         let faults = Arc::new(Faults::none());
-        let pool = SyncPool::new(3, faults.clone());
+        let pool = SyncPool::new(3, faults.clone(), Arc::new(|| {}));
         let (_dir, files) = temp_files(6);
         faults.fail_syncs(true);
         let r = pool.start(&files, Arc::new(|| {})).wait();
