@@ -256,16 +256,22 @@ impl Store {
         let (tx, rx) = mpsc::channel(config.limits.append_queue);
         let (writer, report) = crate::recovery::recover(shared.clone(), rx, tx.downgrade())?;
         let writer_shared = shared.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
         let handle = std::thread::Builder::new()
             .name("melddb-log-writer".into())
             .spawn(move || {
                 crate::sched::make_realtime(&writer_shared, "writer");
+                drop(writer_shared);
+                let _ = ready_tx.send(());
                 writer.run()
             })
             .map_err(|e| OpenError::Io {
                 path: config.zones[0].clone(),
                 source: e,
             })?;
+        // The writer's scheduling is settled (and counted) before the open
+        // returns; an error only means the thread is gone already.
+        let _ = ready_rx.recv();
         Ok(Store {
             shared,
             tx,

@@ -58,19 +58,25 @@ pub(crate) struct SyncPool {
 impl SyncPool {
     /// Starts up to `helpers` threads (fewer if the system refuses more;
     /// with none, every fsync runs on the caller's thread); each runs
-    /// `on_start` first.
+    /// `on_start` first, and this returns once all of them have, so what
+    /// `on_start` reports (the real-time count) is complete.
     pub(crate) fn new(helpers: usize, faults: Arc<Faults>, on_start: OnStart) -> SyncPool {
         let mut workers = Vec::new();
         let mut handles = Vec::new();
+        let (ready_tx, ready_rx) = channel::<()>();
         for i in 0..helpers {
             let (tx, rx) = channel::<Job>();
             let f = faults.clone();
             let start = on_start.clone();
+            let ready = ready_tx.clone();
             match thread::Builder::new()
                 .name(format!("melddb-log-fsync-{i}"))
                 .spawn(move || {
                     start();
                     drop(start);
+                    // The pool waits for this; a send cannot fail while it does.
+                    let _ = ready.send(());
+                    drop(ready);
                     work(&rx, &f)
                 }) {
                 Ok(h) => {
@@ -83,6 +89,10 @@ impl SyncPool {
                 }
             }
         }
+        // Every started helper sends once (or drops its sender by dying),
+        // so this ends.
+        drop(ready_tx);
+        while ready_rx.recv().is_ok() {}
         SyncPool {
             faults,
             workers,
