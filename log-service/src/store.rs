@@ -8,7 +8,7 @@ use std::fs::File;
 use std::num::NonZeroUsize;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -396,7 +396,11 @@ impl Store {
 
     /// `(first, tail)` of a log; `(0, 0)` for a log never written.
     pub fn bounds(&self, log: &str) -> (u64, u64) {
-        let idx = self.shared.index.read().expect("index lock");
+        let idx = self
+            .shared
+            .index
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
         idx.logs
             .get(log)
             .map(|l| (l.first, l.tail()))
@@ -408,7 +412,11 @@ impl Store {
         check_log_name(log)?;
         self.shared.counters.reads.fetch_add(1, Ordering::Relaxed);
         let (loc, root) = {
-            let idx = self.shared.index.read().expect("index lock");
+            let idx = self
+                .shared
+                .index
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
             let Some(l) = idx.logs.get(log) else {
                 return Err(StoreError::NotYetWritten {
                     log: log.into(),
@@ -470,7 +478,7 @@ impl Store {
                 .shared
                 .index
                 .read()
-                .expect("index lock")
+                .unwrap_or_else(PoisonError::into_inner)
                 .stripes
                 .get(f)
                 .cloned()
@@ -499,7 +507,13 @@ impl Store {
     }
 
     fn stripe(&self, r: &StripeRef) -> Result<Arc<Parsed>, StoreError> {
-        if let Some(c) = self.shared.cache.lock().expect("cache lock").as_mut() {
+        if let Some(c) = self
+            .shared
+            .cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+        {
             if let Some(p) = c.get(&r.seq) {
                 return Ok(p.clone());
             }
@@ -519,7 +533,13 @@ impl Store {
             _ => Parsed::Fragment(payload),
         };
         let parsed = Arc::new(parsed);
-        if let Some(c) = self.shared.cache.lock().expect("cache lock").as_mut() {
+        if let Some(c) = self
+            .shared
+            .cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+        {
             c.put(r.seq, parsed.clone());
         }
         Ok(parsed)
@@ -561,7 +581,7 @@ impl Store {
         self.shared
             .subs
             .lock()
-            .expect("subs lock")
+            .unwrap_or_else(PoisonError::into_inner)
             .entry(log.to_string())
             .or_insert_with(|| broadcast::channel(4096).0)
             .subscribe()
@@ -575,7 +595,7 @@ impl Store {
             .shared
             .index
             .read()
-            .expect("index lock")
+            .unwrap_or_else(PoisonError::into_inner)
             .stripes
             .values()
             .cloned()
@@ -647,7 +667,7 @@ impl Store {
             .shared
             .index
             .read()
-            .expect("index lock")
+            .unwrap_or_else(PoisonError::into_inner)
             .logs
             .iter()
             .map(|(n, l)| (n.clone(), l.first, l.tail()))
@@ -669,7 +689,12 @@ impl Store {
             segments_prepared: g(&c.segments_prepared),
             spares_ready: g(&c.spares_ready),
             realtime_threads: g(&c.realtime_threads),
-            segments: self.shared.files.read().expect("files lock").len() as u64,
+            segments: self
+                .shared
+                .files
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .len() as u64,
             stages: stages.summary(),
             logs,
         }
@@ -687,7 +712,12 @@ impl Store {
         self.shared.stopping.store(true, Ordering::SeqCst);
         // Wakes an idle writer; a busy one sees the flag after its batch.
         let _ = self.tx.try_send(Cmd::Shutdown);
-        if let Some(h) = self.writer.lock().expect("writer lock").take() {
+        if let Some(h) = self
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
             let _ = h.join();
         }
     }
@@ -708,7 +738,7 @@ fn read_range(shared: &Shared, r: &StripeRef, offset: u32, len: u32) -> Option<V
         return None;
     }
     let mut out = vec![0u8; len as usize];
-    let files = shared.files.read().expect("files lock");
+    let files = shared.files.read().unwrap_or_else(PoisonError::into_inner);
     let mut at = start;
     while at < end {
         let i = (at / shard_len) as usize;
@@ -737,7 +767,7 @@ pub(crate) fn read_page(shared: &Shared, r: &StripeRef, i: usize) -> Option<Vec<
     let file = shared
         .files
         .read()
-        .expect("files lock")
+        .unwrap_or_else(PoisonError::into_inner)
         .get(&seg)
         .cloned()?;
     let mut buf = vec![0u8; page::HEADER + r.shard_len as usize];
@@ -791,4 +821,45 @@ pub(crate) fn read_stripe(
     let payload = stripe::payload(shards, k, m, r.payload_len as usize)
         .map_err(|why| StoreError::Unrecoverable { stripe: r.seq, why })?;
     Ok((payload, bad))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    /// A panic while a lock is held (a bug elsewhere) poisons it; readers
+    /// go on with the data as it was rather than panicking in their turn
+    /// on every request, as the writer already does.
+    #[test]
+    fn readers_carry_on_past_poisoned_locks() {
+        let dir = tempfile::tempdir().unwrap();
+        let zones: Vec<PathBuf> = (0..3)
+            .map(|z| dir.path().join(format!("zone{z}")))
+            .collect();
+        let mut cfg = Config::with_zones(zones);
+        cfg.page_bytes = 4096;
+        cfg.segment_bytes = 64 << 10;
+        cfg.max_record_bytes = 256 << 10;
+        let store = Arc::new(Store::open(cfg).unwrap());
+        assert_eq!(store.append_blocking("a", 0, 0, b"x".to_vec()).unwrap(), 0);
+        let s = store.clone();
+        let poisoned = std::thread::spawn(move || {
+            // Only a writer's panic poisons an RwLock.
+            let _index = s.shared.index.write().unwrap();
+            let _files = s.shared.files.write().unwrap();
+            let _cache = s.shared.cache.lock().unwrap();
+            let _subs = s.shared.subs.lock().unwrap();
+            panic!("poisoning the store's locks on purpose");
+        })
+        .join();
+        assert!(poisoned.is_err());
+        assert!(store.shared.index.is_poisoned() && store.shared.files.is_poisoned());
+        assert!(store.shared.cache.is_poisoned() && store.shared.subs.is_poisoned());
+        assert_eq!(store.bounds("a"), (0, 1));
+        assert_eq!(&store.read("a", 0).unwrap()[..], b"x");
+        assert_eq!(store.stats().segments, 9);
+        assert_eq!(store.append_blocking("a", 0, 0, b"y".to_vec()).unwrap(), 1);
+        assert_eq!(&store.read("a", 1).unwrap()[..], b"y");
+    }
 }
