@@ -827,7 +827,7 @@ fn log_suite(args: &Args) -> Result<(), String> {
         .clients
         .iter()
         .chain(&r.sizes)
-        .chain([&r.half_load, &r.reads])
+        .chain([&r.half_load, &r.half_target_load, &r.reads])
         .chain([&r.fresh_files.batched, &r.fresh_files.half_load])
         .collect();
     for p in &all {
@@ -877,6 +877,17 @@ fn log_suite(args: &Args) -> Result<(), String> {
         r.half_load.p99_ms
     );
     melddb_bench::logsvc::print_stages("half load, inside the service:", &r.half_load_stages);
+    println!(
+        "at half the 300K target ({:.0} appends/s offered, {:.0}/s done): p50 {:.3} ms, p99 {:.3} ms",
+        melddb_bench::logsvc::HALF_TARGET_TPS,
+        r.half_target_load.ops_s,
+        r.half_target_load.p50_ms,
+        r.half_target_load.p99_ms
+    );
+    melddb_bench::logsvc::print_stages(
+        "at half the target, inside the service:",
+        &r.half_target_stages,
+    );
     melddb_bench::logsvc::print_stages(
         "half load without spares, inside the service:",
         &r.fresh_files.half_load_stages,
@@ -900,6 +911,9 @@ fn log_suite(args: &Args) -> Result<(), String> {
     put("append_tps_1k", r.append_tps_1k);
     put("append_p99_ms_half_load", r.half_load.p99_ms);
     put("append_p50_ms_half_load", r.half_load.p50_ms);
+    put("append_p99_ms_half_target", r.half_target_load.p99_ms);
+    put("append_p50_ms_half_target", r.half_target_load.p50_ms);
+    put("half_target_tps", r.half_target_load.ops_s);
     put("half_load_tps", r.half_load.ops_s);
     // Inside the service at half load: the median and p99 of each stage.
     let st = &r.half_load_stages;
