@@ -259,7 +259,8 @@ pub(crate) fn scan(path: &Path, file: &File, near: u64) -> std::io::Result<Scan>
 fn data_end(file: &File, to: u64, from: u64, read: &mut u64) -> std::io::Result<u64> {
     use std::os::unix::fs::FileExt;
     let mut end = to;
-    let mut buf = vec![0u8; 1 << 20];
+    // No bigger than the range: most calls look at a tail of a few pages.
+    let mut buf = vec![0u8; to.saturating_sub(from).min(1 << 20) as usize];
     while end > from {
         let n = (end - from).min(buf.len() as u64) as usize;
         let start = end - n as u64;
@@ -415,11 +416,7 @@ pub(crate) fn recover(
             copies.entry(ew.stripe.seq).or_insert(ew);
         }
         let file = Arc::new(file);
-        shared
-            .files
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(id, file.clone());
+        shared.files_mut().insert(id, file.clone());
         segs.insert(
             id,
             SegState {
@@ -557,12 +554,15 @@ pub(crate) fn recover(
                 crc: e.crc,
             });
             report.records += 1;
-            if e.client != 0 && skip_ids > 0 {
-                skip_ids -= 1;
-            } else if e.client != 0 {
+            if e.client != 0 {
+                if skip_ids > 0 {
+                    skip_ids -= 1;
+                    continue;
+                }
                 let key = (e.client, e.request);
                 dedup.insert(key, e.pos);
                 dedup_order.push_back(key);
+                // Keeps the bound even if the count above were off.
                 if dedup_order.len() > config.dedup_window {
                     if let Some(old) = dedup_order.pop_front() {
                         dedup.remove(&old);
@@ -591,10 +591,7 @@ pub(crate) fn recover(
         }
     }
     {
-        let mut idx = shared
-            .index
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut idx = shared.index_mut();
         idx.stripes = copies
             .iter()
             .map(|(&s, ew)| (s, ew.stripe.clone()))
@@ -657,10 +654,7 @@ pub(crate) fn recover(
     let floor = writer.live_floor();
     writer.ews = writer.ews.split_off(&floor);
     {
-        let mut idx = shared
-            .index
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut idx = shared.index_mut();
         idx.stripes = idx.stripes.split_off(&floor);
     }
     writer.meta.store(&zones).map_err(io(&zones[0]))?;
@@ -673,10 +667,7 @@ pub(crate) fn recover(
     // last page) and no live page lies there; anything else is damage too.
     {
         let bound = 2 * config.data_shards as u64 * config.page_bytes as u64 + 4096;
-        let idx = shared
-            .index
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let idx = shared.index();
         let mut furthest: BTreeMap<u64, u64> = BTreeMap::new();
         for r in idx.stripes.values() {
             for &(sg, o) in &r.pages {
@@ -734,10 +725,7 @@ pub(crate) fn recover(
         .map(|(&id, _)| id)
         .collect();
     {
-        let idx = shared
-            .index
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let idx = shared.index();
         for r in idx.stripes.values() {
             for (seg, _) in &r.pages {
                 if !writer.segs.contains_key(seg) {

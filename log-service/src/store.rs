@@ -8,7 +8,7 @@ use std::fs::File;
 use std::num::NonZeroUsize;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -114,6 +114,31 @@ pub(crate) struct Shared {
     /// Where appends spend their time (exported with the counters).
     pub stages: crate::latency::Stages,
     pub stopping: std::sync::atomic::AtomicBool,
+}
+
+/// The locks of [`Shared`], taken in one way everywhere: a lock poisoned
+/// by a panic elsewhere is used as it stands rather than turning every
+/// later request into another panic (each critical section leaves the
+/// data consistent between statements that can panic).
+impl Shared {
+    pub(crate) fn index(&self) -> RwLockReadGuard<'_, Index> {
+        self.index.read().unwrap_or_else(PoisonError::into_inner)
+    }
+    pub(crate) fn index_mut(&self) -> RwLockWriteGuard<'_, Index> {
+        self.index.write().unwrap_or_else(PoisonError::into_inner)
+    }
+    pub(crate) fn files(&self) -> RwLockReadGuard<'_, BTreeMap<u64, Arc<File>>> {
+        self.files.read().unwrap_or_else(PoisonError::into_inner)
+    }
+    pub(crate) fn files_mut(&self) -> RwLockWriteGuard<'_, BTreeMap<u64, Arc<File>>> {
+        self.files.write().unwrap_or_else(PoisonError::into_inner)
+    }
+    pub(crate) fn cache(&self) -> MutexGuard<'_, Option<LruCache<u64, Arc<Parsed>>>> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+    pub(crate) fn subs(&self) -> MutexGuard<'_, HashMap<String, broadcast::Sender<(u64, Entry)>>> {
+        self.subs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// How a store opened: what recovery found.
@@ -396,11 +421,7 @@ impl Store {
 
     /// `(first, tail)` of a log; `(0, 0)` for a log never written.
     pub fn bounds(&self, log: &str) -> (u64, u64) {
-        let idx = self
-            .shared
-            .index
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let idx = self.shared.index();
         idx.logs
             .get(log)
             .map(|l| (l.first, l.tail()))
@@ -412,11 +433,7 @@ impl Store {
         check_log_name(log)?;
         self.shared.counters.reads.fetch_add(1, Ordering::Relaxed);
         let (loc, root) = {
-            let idx = self
-                .shared
-                .index
-                .read()
-                .unwrap_or_else(PoisonError::into_inner);
+            let idx = self.shared.index();
             let Some(l) = idx.logs.get(log) else {
                 return Err(StoreError::NotYetWritten {
                     log: log.into(),
@@ -474,18 +491,12 @@ impl Store {
         }
         let mut out = Vec::with_capacity(loc.len as usize);
         for f in &e.fragments {
-            let fref = self
-                .shared
-                .index
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .stripes
-                .get(f)
-                .cloned()
-                .ok_or_else(|| StoreError::Unrecoverable {
+            let fref = self.shared.index().stripes.get(f).cloned().ok_or_else(|| {
+                StoreError::Unrecoverable {
                     stripe: *f,
                     why: "fragment stripe has no end-write".into(),
-                })?;
+                }
+            })?;
             match &*self.stripe(&fref)? {
                 Parsed::Fragment(b) => out.extend_from_slice(b),
                 Parsed::Root(_) => {
@@ -507,13 +518,7 @@ impl Store {
     }
 
     fn stripe(&self, r: &StripeRef) -> Result<Arc<Parsed>, StoreError> {
-        if let Some(c) = self
-            .shared
-            .cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_mut()
-        {
+        if let Some(c) = self.shared.cache().as_mut() {
             if let Some(p) = c.get(&r.seq) {
                 return Ok(p.clone());
             }
@@ -533,13 +538,7 @@ impl Store {
             _ => Parsed::Fragment(payload),
         };
         let parsed = Arc::new(parsed);
-        if let Some(c) = self
-            .shared
-            .cache
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_mut()
-        {
+        if let Some(c) = self.shared.cache().as_mut() {
             c.put(r.seq, parsed.clone());
         }
         Ok(parsed)
@@ -579,9 +578,7 @@ impl Store {
     /// receiver that lags gets `Lagged` and should read the gap.
     pub fn subscribe(&self, log: &str) -> broadcast::Receiver<(u64, Entry)> {
         self.shared
-            .subs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .subs()
             .entry(log.to_string())
             .or_insert_with(|| broadcast::channel(4096).0)
             .subscribe()
@@ -591,15 +588,7 @@ impl Store {
     /// every segment holding a bad or missing page. Blocking; run it off
     /// the async threads.
     pub fn scrub_blocking(&self) -> ScrubReport {
-        let refs: Vec<StripeRef> = self
-            .shared
-            .index
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .stripes
-            .values()
-            .cloned()
-            .collect();
+        let refs: Vec<StripeRef> = self.shared.index().stripes.values().cloned().collect();
         let mut report = ScrubReport::default();
         let mut bad_segs = std::collections::BTreeSet::new();
         for r in &refs {
@@ -665,9 +654,7 @@ impl Store {
         let stages = self.shared.stages.snapshot();
         let logs = self
             .shared
-            .index
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
+            .index()
             .logs
             .iter()
             .map(|(n, l)| (n.clone(), l.first, l.tail()))
@@ -689,12 +676,7 @@ impl Store {
             segments_prepared: g(&c.segments_prepared),
             spares_ready: g(&c.spares_ready),
             realtime_threads: g(&c.realtime_threads),
-            segments: self
-                .shared
-                .files
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .len() as u64,
+            segments: self.shared.files().len() as u64,
             stages: stages.summary(),
             logs,
         }
@@ -738,7 +720,7 @@ fn read_range(shared: &Shared, r: &StripeRef, offset: u32, len: u32) -> Option<V
         return None;
     }
     let mut out = vec![0u8; len as usize];
-    let files = shared.files.read().unwrap_or_else(PoisonError::into_inner);
+    let files = shared.files();
     let mut at = start;
     while at < end {
         let i = (at / shard_len) as usize;
@@ -764,12 +746,7 @@ pub(crate) fn valid_pages(shared: &Shared, r: &StripeRef) -> usize {
 /// Reads one page and checks it belongs to stripe `r` as shard `i`.
 pub(crate) fn read_page(shared: &Shared, r: &StripeRef, i: usize) -> Option<Vec<u8>> {
     let (seg, off) = r.pages[i];
-    let file = shared
-        .files
-        .read()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(&seg)
-        .cloned()?;
+    let file = shared.files().get(&seg).cloned()?;
     let mut buf = vec![0u8; page::HEADER + r.shard_len as usize];
     file.read_exact_at(&mut buf, off).ok()?;
     let (h, body) = page::decode(&buf).ok()?;

@@ -18,7 +18,7 @@ use std::fs::File;
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Instant;
 
 use melddb::Entry;
@@ -372,11 +372,7 @@ impl Writer {
             0
         };
         let file = Arc::new(file);
-        self.shared
-            .files
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(seg, file.clone());
+        self.shared.files_mut().insert(seg, file.clone());
         self.segs.insert(
             seg,
             SegState {
@@ -557,11 +553,7 @@ impl Writer {
     }
 
     fn tail_of(&self, log: &str) -> u64 {
-        let idx = self
-            .shared
-            .index
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let idx = self.shared.index();
         idx.logs.get(log).map(|l| l.tail()).unwrap_or(0)
     }
 
@@ -1164,11 +1156,7 @@ impl Writer {
     /// and push it to subscribers.
     fn publish(&mut self, pending: Vec<Pending>, ews: Vec<EndWrite>, batch_seq: u64) {
         {
-            let mut idx = self
-                .shared
-                .index
-                .write()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut idx = self.shared.index_mut();
             for ew in &ews {
                 for (i, e) in ew.entries.iter().enumerate() {
                     let l = idx
@@ -1193,12 +1181,7 @@ impl Writer {
         }
         let c = &self.shared.counters;
         c.batches.fetch_add(1, Ordering::Relaxed);
-        let subs = self
-            .shared
-            .subs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let subs = self.shared.subs().clone();
         let acked = Instant::now();
         for p in pending {
             self.shared
@@ -1232,11 +1215,7 @@ impl Writer {
 
     fn trim(&mut self, log: &str, pos: u64) -> Result<(), StoreError> {
         let (first, tail) = {
-            let idx = self
-                .shared
-                .index
-                .read()
-                .unwrap_or_else(PoisonError::into_inner);
+            let idx = self.shared.index();
             idx.logs
                 .get(log)
                 .map(|l| (l.first, l.tail()))
@@ -1265,11 +1244,7 @@ impl Writer {
             .store(&zones)
             .map_err(|e| StoreError::WriteFailed(format!("metadata: {e}")))?;
         {
-            let mut idx = self
-                .shared
-                .index
-                .write()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut idx = self.shared.index_mut();
             // The log exists: pos > first >= 0 and pos <= tail were checked.
             if let Some(l) = idx.logs.get_mut(log) {
                 let drop = (pos - l.first) as usize;
@@ -1283,11 +1258,7 @@ impl Writer {
 
     /// The lowest stripe anything live may need.
     pub fn live_floor(&self) -> u64 {
-        let idx = self
-            .shared
-            .index
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let idx = self.shared.index();
         idx.logs
             .values()
             .filter_map(|l| l.locs.front().map(|loc| loc.batch_seq))
@@ -1315,22 +1286,14 @@ impl Writer {
                 let _ = segment::sync_dir(dir);
             }
             self.segs.remove(&seg);
-            self.shared
-                .files
-                .write()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&seg);
+            self.shared.files_mut().remove(&seg);
             self.shared
                 .counters
                 .segments_freed
                 .fetch_add(1, Ordering::Relaxed);
         }
         self.ews = self.ews.split_off(&floor);
-        let mut idx = self
-            .shared
-            .index
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut idx = self.shared.index_mut();
         idx.stripes = idx.stripes.split_off(&floor);
     }
 
@@ -1341,11 +1304,7 @@ impl Writer {
     /// (they are found in the other two copies).
     pub fn repair(&mut self, seg: u64) -> Result<(), String> {
         let refs: Vec<StripeRef> = {
-            let idx = self
-                .shared
-                .index
-                .read()
-                .unwrap_or_else(PoisonError::into_inner);
+            let idx = self.shared.index();
             idx.stripes
                 .values()
                 .filter(|r| r.pages.iter().any(|p| p.0 == seg))
@@ -1495,11 +1454,7 @@ impl Writer {
             segment::sync_dir(dir).map_err(|e| e.to_string())?;
         }
         let f = Arc::new(segment::open(&path, false).map_err(|e| e.to_string())?);
-        self.shared
-            .files
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(seg, f.clone());
+        self.shared.files_mut().insert(seg, f.clone());
         let max_seq = refs
             .iter()
             .map(|r| r.seq)
