@@ -308,10 +308,6 @@ pub struct SparesOpt {
     pub mib_s: u32,
     /// Wait for the refill before the load starts.
     pub wait: bool,
-    /// The writer's and fsync helpers' real-time priority
-    /// (`realtime_priority`; 0: ordinary threads). Not about spares, but
-    /// set the same way for a probe.
-    pub realtime_priority: u8,
 }
 
 impl SparesOpt {
@@ -320,20 +316,18 @@ impl SparesOpt {
         let mut c = config(dir);
         c.prepared_segments = self.per_zone;
         c.prepare_mib_s = self.mib_s;
-        c.realtime_priority = self.realtime_priority;
         c
     }
 }
 
-/// Starts a service with spares as asked, waiting for the refill if asked
-/// (progress to stderr); returns it and the seconds from the open to the
-/// spares being ready (the open writes them, the first window takes some,
-/// the refill replaces those).
+/// Starts a service on `cfg` (made by `spares.config`), waiting for the
+/// refill if asked (progress to stderr); returns it and the seconds from
+/// the open to the spares being ready (the open writes them, the first
+/// window takes some, the refill replaces those).
 async fn start_prepared(
-    dir: &Path,
+    cfg: Config,
     spares: SparesOpt,
 ) -> Result<(Arc<Store>, Running, f64), String> {
-    let cfg = spares.config(dir);
     if spares.per_zone > 0 {
         eprintln!(
             "opening with {} spare segments of {} MiB (the open writes those not on disk yet) ...",
@@ -593,10 +587,9 @@ pub fn run(quick: bool) -> Result<Results, String> {
         per_zone: SUITE_SPARES,
         mib_s: 0,
         wait: true,
-        realtime_priority: 0,
     };
     rt.block_on(async {
-        let (store, running, spares_open_secs) = start_prepared(&dir, spares).await?;
+        let (store, running, spares_open_secs) = start_prepared(spares.config(&dir), spares).await?;
         let mut spares_refill_secs = 0.0;
         let addr = running.tcp.to_string();
         let mut clients = Vec::new();
@@ -659,7 +652,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
         for round in 0..2 {
             if round == 1 {
                 eprintln!("growing the log for the second recovery point ...");
-                let (store, running, _) = start_prepared(&dir, SparesOpt { wait: false, ..spares }).await?;
+                let (store, running, _) = start_prepared(spares.config(&dir), SparesOpt { wait: false, ..spares }).await?;
                 let addr = running.tcp.to_string();
                 closed_loop(&addr, "grow", 64, 4, 1, 65536, secs * 2.0).await?;
                 // All spares on disk, so the reopen only adopts them.
@@ -785,8 +778,15 @@ impl std::str::FromStr for PointSpec {
     }
 }
 
-/// Runs one load point for `secs` on a fresh service; progress to stderr.
-pub fn probe(spec: PointSpec, secs: f64, spares: SparesOpt) -> Result<Probe, String> {
+/// Runs one load point for `secs` on a fresh service, its writer and fsync
+/// helpers at `realtime_priority` (0: ordinary threads); progress to
+/// stderr.
+pub fn probe(
+    spec: PointSpec,
+    secs: f64,
+    spares: SparesOpt,
+    realtime_priority: u8,
+) -> Result<Probe, String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -794,7 +794,9 @@ pub fn probe(spec: PointSpec, secs: f64, spares: SparesOpt) -> Result<Probe, Str
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
     let dir = tmp.path().join("svc");
     rt.block_on(async {
-        let (store, running, _) = start_prepared(&dir, spares).await?;
+        let mut cfg = spares.config(&dir);
+        cfg.realtime_priority = realtime_priority;
+        let (store, running, _) = start_prepared(cfg, spares).await?;
         let addr = running.tcp.to_string();
         let before = store.stats();
         let stages_before = store.stages();

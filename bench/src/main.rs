@@ -977,9 +977,8 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         per_zone: args.spares,
         mib_s: args.spares_mib_s,
         wait: args.spares_wait,
-        realtime_priority: args.realtime,
     };
-    let r = melddb_bench::logsvc::probe(spec, args.secs, spares)?;
+    let r = melddb_bench::logsvc::probe(spec, args.secs, spares, args.realtime)?;
     let p = &r.point;
     println!(
         "{:>11} {:>9} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8}",
@@ -1013,7 +1012,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
             "suite": "log-point",
-            "config": { "point": format!("{spec:?}"), "secs": args.secs, "spares": spares },
+            "config": { "point": format!("{spec:?}"), "secs": args.secs, "spares": spares, "realtime_priority": args.realtime },
             "probe": r,
         });
         write_json(path, &doc)?;
