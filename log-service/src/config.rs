@@ -87,6 +87,15 @@ pub struct Config {
     /// second by default; the writer blocks whenever it has no appends.
     #[serde(default)]
     pub realtime_priority: u8,
+    /// Turn transparent huge pages off for the whole process when the
+    /// store opens (`prctl(PR_SET_THP_DISABLE)`, Linux; the default). With
+    /// THP the index's growth meets a 2 MiB page fault a few times a
+    /// second, and each held the writer for 4–5 ms in the measurements
+    /// of docs/benchmarks.md. Set `false` to keep the system's setting,
+    /// for example when the store is embedded in a process that wants huge
+    /// pages. `thp_disabled` in the stats says whether THP is off.
+    #[serde(default = "defaults::disable_transparent_huge_pages")]
+    pub disable_transparent_huge_pages: bool,
     /// Write a stripe's end-write only after its pages are fsynced (the
     /// paper's order: two fsync rounds per batch). The default writes pages
     /// and end-writes in one round and has recovery verify every page of
@@ -210,6 +219,9 @@ mod defaults {
     pub fn fsync() -> bool {
         true
     }
+    pub fn disable_transparent_huge_pages() -> bool {
+        true
+    }
     pub fn max_record_bytes() -> u32 {
         64 << 20
     }
@@ -255,6 +267,7 @@ impl Config {
             prepared_segments: 0,
             prepare_mib_s: defaults::prepare_mib_s(),
             realtime_priority: 0,
+            disable_transparent_huge_pages: true,
             max_record_bytes: defaults::max_record_bytes(),
             dedup_window: defaults::dedup_window(),
             read_cache_stripes: defaults::read_cache_stripes(),
@@ -372,6 +385,7 @@ mod tests {
         assert_eq!(ex.prepared_segments, 0);
         assert_eq!(ex.prepare_mib_s, defaults::prepare_mib_s());
         assert_eq!(ex.realtime_priority, 0);
+        assert!(ex.disable_transparent_huge_pages);
     }
 
     #[test]

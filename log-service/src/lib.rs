@@ -28,6 +28,7 @@ mod spares;
 pub mod store;
 pub mod stripe;
 mod syncpool;
+mod thp;
 mod writer;
 
 pub use client::{BlockingLog, Client, ClientError, ClientOptions, Subscription};

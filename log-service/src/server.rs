@@ -631,7 +631,7 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
         c.inc_by(v);
         reg.register(name, help, c);
     }
-    let gauges: [(&str, &str, u64); 4] = [
+    let gauges: [(&str, &str, u64); 5] = [
         (
             "connections_open",
             "Open connections",
@@ -643,6 +643,11 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
             "realtime_threads",
             "Writer and fsync helper threads running at realtime_priority",
             s.realtime_threads,
+        ),
+        (
+            "thp_disabled",
+            "1 if transparent huge pages are off for the service's process",
+            u64::from(s.thp_disabled),
         ),
     ];
     for (name, help, v) in gauges {

@@ -211,6 +211,9 @@ pub struct Stats {
     /// Threads running with `realtime_priority` (the writer and the fsync
     /// helpers; 0 when it is off or the system refused it).
     pub realtime_threads: u64,
+    /// Whether transparent huge pages are off for this process
+    /// (`disable_transparent_huge_pages`, or whoever started it).
+    pub thp_disabled: bool,
     /// Segment files now.
     pub segments: u64,
     /// Where appends spent their time since open (see
@@ -266,6 +269,11 @@ impl Store {
     /// Opens with a fault injector in the write path (tests).
     pub fn open_with_faults(config: Config, faults: Arc<Faults>) -> Result<Store, OpenError> {
         config.validate()?;
+        if config.disable_transparent_huge_pages {
+            // Before recovery builds the index, so that it too is in
+            // ordinary pages.
+            crate::thp::disable();
+        }
         let cache = NonZeroUsize::new(config.read_cache_stripes).map(LruCache::new);
         let shared = Arc::new(Shared {
             config: config.clone(),
@@ -676,6 +684,7 @@ impl Store {
             segments_prepared: g(&c.segments_prepared),
             spares_ready: g(&c.spares_ready),
             realtime_threads: g(&c.realtime_threads),
+            thp_disabled: crate::thp::disabled(),
             segments: self.shared.files().len() as u64,
             stages: stages.summary(),
             logs,
