@@ -738,6 +738,8 @@ pub struct Probe {
     pub stages: StagesSummary,
     /// Threads that run with `realtime_priority` (0: off or refused).
     pub realtime_threads: u64,
+    /// Whether transparent huge pages were off for the process.
+    pub thp_disabled: bool,
 }
 
 /// A load point: `CLIENTSxDEPTHxBATCHxBYTES` (closed loop, for example
@@ -779,13 +781,15 @@ impl std::str::FromStr for PointSpec {
 }
 
 /// Runs one load point for `secs` on a fresh service, its writer and fsync
-/// helpers at `realtime_priority` (0: ordinary threads); progress to
-/// stderr.
+/// helpers at `realtime_priority` (0: ordinary threads), with transparent
+/// huge pages left as the system has them if `keep_thp` (the service's
+/// default turns them off); progress to stderr.
 pub fn probe(
     spec: PointSpec,
     secs: f64,
     spares: SparesOpt,
     realtime_priority: u8,
+    keep_thp: bool,
 ) -> Result<Probe, String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -796,6 +800,7 @@ pub fn probe(
     rt.block_on(async {
         let mut cfg = spares.config(&dir);
         cfg.realtime_priority = realtime_priority;
+        cfg.disable_transparent_huge_pages = !keep_thp;
         let (store, running, _) = start_prepared(cfg, spares).await?;
         let addr = running.tcp.to_string();
         let before = store.stats();
@@ -828,6 +833,7 @@ pub fn probe(
             sync_share: share(after.sync_us - before.sync_us),
             stages,
             realtime_threads: after.realtime_threads,
+            thp_disabled: after.thp_disabled,
         })
     })
 }

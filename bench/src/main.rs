@@ -110,6 +110,11 @@ struct Args {
     /// threads). Needs CAP_SYS_NICE; the probe prints whether it applied.
     #[arg(long, default_value_t = 0)]
     realtime: u8,
+    /// Log suite with `--point`: leave transparent huge pages as the
+    /// system has them (`disable_transparent_huge_pages = false`); the
+    /// service turns them off by default.
+    #[arg(long)]
+    keep_thp: bool,
 }
 
 fn main() {
@@ -978,7 +983,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         mib_s: args.spares_mib_s,
         wait: args.spares_wait,
     };
-    let r = melddb_bench::logsvc::probe(spec, args.secs, spares, args.realtime)?;
+    let r = melddb_bench::logsvc::probe(spec, args.secs, spares, args.realtime, args.keep_thp)?;
     let p = &r.point;
     println!(
         "{:>11} {:>9} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8}",
@@ -1008,11 +1013,19 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
             }
         );
     }
+    println!(
+        "transparent huge pages: {}",
+        if r.thp_disabled {
+            "off"
+        } else {
+            "on (as the system has them)"
+        }
+    );
     melddb_bench::logsvc::print_stages("inside the service:", &r.stages);
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
             "suite": "log-point",
-            "config": { "point": format!("{spec:?}"), "secs": args.secs, "spares": spares, "realtime_priority": args.realtime },
+            "config": { "point": format!("{spec:?}"), "secs": args.secs, "spares": spares, "realtime_priority": args.realtime, "keep_thp": args.keep_thp },
             "probe": r,
         });
         write_json(path, &doc)?;
