@@ -103,6 +103,13 @@ struct Conn {
     alive: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// Takes a lock even if a panic elsewhere poisoned it: the maps and
+/// bounds it guards are updated in single steps, so they are whole either
+/// way, and a client should keep working rather than panic on every call.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl Conn {
     async fn open(addr: &str, opts: &ClientOptions) -> Result<Conn, String> {
         let sock = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
@@ -145,9 +152,9 @@ impl Conn {
                     let Ok((corr, resp)) = protocol::decode_response(&f.freeze()) else {
                         break;
                     };
-                    if let Some(w) = waiters.lock().expect("waiters").remove(&corr) {
+                    if let Some(w) = lock(&waiters).remove(&corr) {
                         let _ = w.send(resp);
-                    } else if let Some(s) = streams.lock().expect("streams").get(&corr) {
+                    } else if let Some(s) = lock(&streams).get(&corr) {
                         let _ = s.send(resp);
                     } else if corr == 0 {
                         // A connection-level error (busy, bad frame): fail
@@ -156,8 +163,8 @@ impl Conn {
                     }
                 }
                 alive.store(false, Ordering::SeqCst);
-                waiters.lock().expect("waiters").clear();
-                streams.lock().expect("streams").clear();
+                lock(&waiters).clear();
+                lock(&streams).clear();
             });
         }
         let conn = Conn {
@@ -183,9 +190,9 @@ impl Conn {
 
     async fn call(&self, corr: u64, req: &Request) -> Result<Response, String> {
         let (w, r) = oneshot::channel();
-        self.waiters.lock().expect("waiters").insert(corr, w);
+        lock(&self.waiters).insert(corr, w);
         if !self.alive.load(Ordering::SeqCst) {
-            self.waiters.lock().expect("waiters").remove(&corr);
+            lock(&self.waiters).remove(&corr);
             return Err("connection closed".into());
         }
         self.tx
@@ -437,7 +444,7 @@ impl Subscription {
                 };
                 let corr = self.client.next.fetch_add(1, Ordering::Relaxed);
                 let (tx, rx) = mpsc::unbounded_channel();
-                conn.streams.lock().expect("streams").insert(corr, tx);
+                lock(&conn.streams).insert(corr, tx);
                 let req = Request::Subscribe {
                     log: self.log.clone(),
                     from: self.next,
@@ -532,12 +539,12 @@ impl BlockingLog {
     /// Asks the service for the bounds (other writers' appends included).
     pub fn refresh(&self) -> Result<(u64, u64), ClientError> {
         let b = self.rt.block_on(self.client.bounds(&self.log))?;
-        *self.bounds.lock().expect("bounds") = b;
+        *lock(&self.bounds) = b;
         Ok(b)
     }
 
     fn cached(&self) -> (u64, u64) {
-        *self.bounds.lock().expect("bounds")
+        *lock(&self.bounds)
     }
 }
 
@@ -580,7 +587,7 @@ impl melddb::Log for BlockingLog {
             .rt
             .block_on(self.client.append(&self.log, Bytes::copy_from_slice(entry)))
             .map_err(to_log_error)?;
-        let mut b = self.bounds.lock().expect("bounds");
+        let mut b = lock(&self.bounds);
         b.1 = b.1.max(pos + 1);
         Ok(pos)
     }
@@ -608,8 +615,28 @@ impl melddb::Log for BlockingLog {
         self.rt
             .block_on(self.client.trim(&self.log, pos))
             .map_err(to_log_error)?;
-        let mut b = self.bounds.lock().expect("bounds");
+        let mut b = lock(&self.bounds);
         b.0 = b.0.max(pos);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poisoned_lock_still_hands_out_its_data() {
+        let m = Arc::new(std::sync::Mutex::new(HashMap::from([(1u64, 7u64)])));
+        let m2 = m.clone();
+        let _ = std::thread::spawn(move || {
+            let _held = m2.lock().unwrap();
+            panic!("poison the lock on purpose");
+        })
+        .join();
+        assert!(m.is_poisoned());
+        lock(&m).insert(2, 8);
+        assert_eq!(lock(&m).get(&1), Some(&7));
+        assert_eq!(lock(&m).get(&2), Some(&8));
     }
 }
