@@ -18,6 +18,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
+use crate::locks::lock;
 use crate::protocol::{self, Code, Request, Response};
 
 /// A client operation failed.
@@ -101,13 +102,6 @@ struct Conn {
     waiters: Waiters,
     streams: Streams,
     alive: Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// Takes a lock even if a panic elsewhere poisoned it: the maps and
-/// bounds it guards are updated in single steps, so they are whole either
-/// way, and a client should keep working rather than panic on every call.
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Conn {
@@ -618,25 +612,5 @@ impl melddb::Log for BlockingLog {
         let mut b = lock(&self.bounds);
         b.0 = b.0.max(pos);
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_poisoned_lock_still_hands_out_its_data() {
-        let m = Arc::new(std::sync::Mutex::new(HashMap::from([(1u64, 7u64)])));
-        let m2 = m.clone();
-        let _ = std::thread::spawn(move || {
-            let _held = m2.lock().unwrap();
-            panic!("poison the lock on purpose");
-        })
-        .join();
-        assert!(m.is_poisoned());
-        lock(&m).insert(2, 8);
-        assert_eq!(lock(&m).get(&1), Some(&7));
-        assert_eq!(lock(&m).get(&2), Some(&8));
     }
 }

@@ -17,6 +17,7 @@ pub mod client;
 pub mod config;
 pub mod error;
 pub mod latency;
+mod locks;
 pub mod meta;
 pub mod page;
 pub mod protocol;

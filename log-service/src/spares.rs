@@ -78,7 +78,7 @@ pub(crate) struct Spares {
 
 impl Inner {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::locks::lock(&self.state)
     }
 
     fn want(&self) -> usize {

@@ -8,7 +8,7 @@ use std::fs::File;
 use std::num::NonZeroUsize;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -21,6 +21,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use crate::chunked::Chunked;
 use crate::config::Config;
 use crate::error::{OpenError, StoreError};
+use crate::locks;
 use crate::page::{self, Kind};
 use crate::segment::Faults;
 use crate::stripe::{self, RootEntry, StripeRef};
@@ -116,28 +117,25 @@ pub(crate) struct Shared {
     pub stopping: std::sync::atomic::AtomicBool,
 }
 
-/// The locks of [`Shared`], taken in one way everywhere: a lock poisoned
-/// by a panic elsewhere is used as it stands rather than turning every
-/// later request into another panic (each critical section leaves the
-/// data consistent between statements that can panic).
+/// The locks of [`Shared`], taken past poisoning ([`crate::locks`]).
 impl Shared {
     pub(crate) fn index(&self) -> RwLockReadGuard<'_, Index> {
-        self.index.read().unwrap_or_else(PoisonError::into_inner)
+        locks::read(&self.index)
     }
     pub(crate) fn index_mut(&self) -> RwLockWriteGuard<'_, Index> {
-        self.index.write().unwrap_or_else(PoisonError::into_inner)
+        locks::write(&self.index)
     }
     pub(crate) fn files(&self) -> RwLockReadGuard<'_, BTreeMap<u64, Arc<File>>> {
-        self.files.read().unwrap_or_else(PoisonError::into_inner)
+        locks::read(&self.files)
     }
     pub(crate) fn files_mut(&self) -> RwLockWriteGuard<'_, BTreeMap<u64, Arc<File>>> {
-        self.files.write().unwrap_or_else(PoisonError::into_inner)
+        locks::write(&self.files)
     }
     pub(crate) fn cache(&self) -> MutexGuard<'_, Option<LruCache<u64, Arc<Parsed>>>> {
-        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+        locks::lock(&self.cache)
     }
     pub(crate) fn subs(&self) -> MutexGuard<'_, HashMap<String, broadcast::Sender<(u64, Entry)>>> {
-        self.subs.lock().unwrap_or_else(PoisonError::into_inner)
+        locks::lock(&self.subs)
     }
 }
 
@@ -703,12 +701,7 @@ impl Store {
         self.shared.stopping.store(true, Ordering::SeqCst);
         // Wakes an idle writer; a busy one sees the flag after its batch.
         let _ = self.tx.try_send(Cmd::Shutdown);
-        if let Some(h) = self
-            .writer
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
+        if let Some(h) = locks::lock(&self.writer).take() {
             let _ = h.join();
         }
     }
