@@ -727,8 +727,13 @@ pub struct Probe {
     pub cpu_cores: f64,
     /// Writer batches.
     pub batches: u64,
-    /// fsync calls.
+    /// fsync calls (round-ending flushes included).
     pub fsyncs: u64,
+    /// Segment files written back without their own fsync, made durable
+    /// by their round's device flush.
+    pub write_backs: u64,
+    /// Device flushes that ended rounds with write-back files.
+    pub flushes: u64,
     /// Share of the wall time the writer spent building and writing
     /// batches.
     pub write_share: f64,
@@ -780,16 +785,27 @@ impl std::str::FromStr for PointSpec {
     }
 }
 
-/// Runs one load point for `secs` on a fresh service, its writer and fsync
-/// helpers at `realtime_priority` (0: ordinary threads), with transparent
-/// huge pages left as the system has them if `keep_thp` (the service's
-/// default turns them off); progress to stderr.
+/// Service settings a probe can change from their defaults.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct ProbeSettings {
+    /// `realtime_priority` of the writer and fsync helpers (0: ordinary
+    /// threads).
+    pub realtime_priority: u8,
+    /// Leave transparent huge pages as the system has them (the service's
+    /// default turns them off).
+    pub keep_thp: bool,
+    /// fsync every file of a round (`flush_once_per_device = false`)
+    /// instead of writing prepared segments back and flushing once.
+    pub fsync_each_file: bool,
+}
+
+/// Runs one load point for `secs` on a fresh service with `settings`;
+/// progress to stderr.
 pub fn probe(
     spec: PointSpec,
     secs: f64,
     spares: SparesOpt,
-    realtime_priority: u8,
-    keep_thp: bool,
+    settings: ProbeSettings,
 ) -> Result<Probe, String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -799,8 +815,9 @@ pub fn probe(
     let dir = tmp.path().join("svc");
     rt.block_on(async {
         let mut cfg = spares.config(&dir);
-        cfg.realtime_priority = realtime_priority;
-        cfg.disable_transparent_huge_pages = !keep_thp;
+        cfg.realtime_priority = settings.realtime_priority;
+        cfg.disable_transparent_huge_pages = !settings.keep_thp;
+        cfg.flush_once_per_device = !settings.fsync_each_file;
         let (store, running, _) = start_prepared(cfg, spares).await?;
         let addr = running.tcp.to_string();
         let before = store.stats();
@@ -829,6 +846,8 @@ pub fn probe(
             cpu_cores,
             batches: after.batches - before.batches,
             fsyncs: after.fsyncs - before.fsyncs,
+            write_backs: after.write_backs - before.write_backs,
+            flushes: after.flushes - before.flushes,
             write_share: share(after.write_us - before.write_us),
             sync_share: share(after.sync_us - before.sync_us),
             stages,

@@ -115,6 +115,11 @@ struct Args {
     /// service turns them off by default.
     #[arg(long)]
     keep_thp: bool,
+    /// Log suite with `--point`: fsync every segment file of a round
+    /// (`flush_once_per_device = false`) instead of writing segments made
+    /// from spares back and flushing each device once.
+    #[arg(long)]
+    fsync_each_file: bool,
 }
 
 fn main() {
@@ -983,7 +988,12 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         mib_s: args.spares_mib_s,
         wait: args.spares_wait,
     };
-    let r = melddb_bench::logsvc::probe(spec, args.secs, spares, args.realtime, args.keep_thp)?;
+    let settings = melddb_bench::logsvc::ProbeSettings {
+        realtime_priority: args.realtime,
+        keep_thp: args.keep_thp,
+        fsync_each_file: args.fsync_each_file,
+    };
+    let r = melddb_bench::logsvc::probe(spec, args.secs, spares, settings)?;
     let p = &r.point;
     println!(
         "{:>11} {:>9} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8}",
@@ -1021,11 +1031,21 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
             "on (as the system has them)"
         }
     );
+    println!(
+        "rounds: {} segment files written back and {} device flushes ({})",
+        r.write_backs,
+        r.flushes,
+        if args.fsync_each_file {
+            "--fsync-each-file: every file fsynced"
+        } else {
+            "files of segments made from spares are written back, each device flushed once per round"
+        }
+    );
     melddb_bench::logsvc::print_stages("inside the service:", &r.stages);
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
             "suite": "log-point",
-            "config": { "point": format!("{spec:?}"), "secs": args.secs, "spares": spares, "realtime_priority": args.realtime, "keep_thp": args.keep_thp },
+            "config": { "point": format!("{spec:?}"), "secs": args.secs, "spares": spares, "settings": settings },
             "probe": r,
         });
         write_json(path, &doc)?;

@@ -57,6 +57,20 @@ pub struct Config {
     /// docs/benchmarks.md). The on-disk format is the same either way.
     #[serde(default)]
     pub zero_fill_ahead: bool,
+    /// End each fsync round with one device cache flush per device
+    /// instead of one per file, where that is sound (the default). A file
+    /// whose round wrote only over blocks that are already allocated,
+    /// written and committed (a segment made from a spare, see
+    /// `prepared_segments`) has nothing for the file system to journal:
+    /// its pages are written back (`sync_file_range`), and once every file
+    /// of the round is written, one `fdatasync` per device flushes the
+    /// device's cache for all of them. Other files are fsynced as before.
+    /// Only on ext4 and XFS zones (Linux), whose `fdatasync` of a clean
+    /// file still flushes the device; elsewhere every file is fsynced. On
+    /// the benchmark disk it took a round over eight files from 0.36-0.43
+    /// to 0.26-0.30 ms at the median (docs/benchmarks.md).
+    #[serde(default = "defaults::flush_once_per_device")]
+    pub flush_once_per_device: bool,
     /// Spare segment files kept ready per zone: segment-sized files already
     /// written full of zeros, which a new window segment is renamed from,
     /// so its pages overwrite allocated, written blocks and the fsync
@@ -222,6 +236,9 @@ mod defaults {
     pub fn disable_transparent_huge_pages() -> bool {
         true
     }
+    pub fn flush_once_per_device() -> bool {
+        true
+    }
     pub fn max_record_bytes() -> u32 {
         64 << 20
     }
@@ -264,6 +281,7 @@ impl Config {
             fsync: defaults::fsync(),
             strict_end_writes: false,
             zero_fill_ahead: false,
+            flush_once_per_device: defaults::flush_once_per_device(),
             prepared_segments: 0,
             prepare_mib_s: defaults::prepare_mib_s(),
             realtime_priority: 0,

@@ -16,6 +16,7 @@ mod chunked;
 pub mod client;
 pub mod config;
 pub mod error;
+mod flush;
 pub mod latency;
 mod locks;
 pub mod meta;

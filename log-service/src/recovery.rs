@@ -423,6 +423,10 @@ pub(crate) fn recover(
                 file,
                 len: s.len,
                 zeroed: s.zeroed,
+                // Whether a reopened file's blocks are all written and
+                // committed is not known (a kill can leave allocations
+                // uncommitted): it is fsynced file by file until sealed.
+                prepared: 0,
                 class,
                 markers: s.markers,
                 ew_pages,
@@ -649,6 +653,16 @@ pub(crate) fn recover(
         next: None,
         wake,
         spares,
+        flush_devs: shared
+            .config
+            .zones
+            .iter()
+            .map(|z| {
+                (shared.config.fsync && shared.config.flush_once_per_device)
+                    .then(|| crate::flush::write_back_device(z))
+                    .flatten()
+            })
+            .collect(),
     };
     // Forget what trim made unreachable before deciding what is missing.
     let floor = writer.live_floor();

@@ -60,6 +60,12 @@ pub struct Faults {
     fail_sync: AtomicBool,
     /// Delay added to every fsync, in microseconds.
     sync_delay_us: AtomicU64,
+    /// Unit tests: every fsync and write-back, in order, with the file's
+    /// inode, and an inode whose fsync fails.
+    #[cfg(test)]
+    pub(crate) trace: std::sync::Mutex<Vec<(&'static str, u64)>>,
+    #[cfg(test)]
+    pub(crate) fail_sync_of: AtomicU64,
 }
 
 impl Faults {
@@ -120,7 +126,37 @@ impl Faults {
         if self.fail_sync.load(Ordering::SeqCst) {
             return Err(io::Error::other("injected fsync fault"));
         }
+        #[cfg(test)]
+        if self.traced("fsync", file) {
+            return Err(io::Error::other("injected fsync fault"));
+        }
         file.sync_data()
+    }
+
+    /// Records the call; whether the file's fsync is set to fail.
+    #[cfg(test)]
+    fn traced(&self, what: &'static str, file: &File) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let ino = file.metadata().map(|m| m.ino()).unwrap_or(0);
+        crate::locks::lock(&self.trace).push((what, ino));
+        what == "fsync" && ino != 0 && self.fail_sync_of.load(Ordering::SeqCst) == ino
+    }
+
+    /// Writes `file`'s dirty pages to the device and waits for them,
+    /// without a device cache flush or metadata (`sync_file_range`),
+    /// unless syncs are set to fail; the armed delay applies as to
+    /// [`Faults::sync`].
+    pub(crate) fn write_back(&self, file: &File) -> io::Result<()> {
+        let d = self.sync_delay_us.load(Ordering::Relaxed);
+        if d > 0 {
+            std::thread::sleep(Duration::from_micros(d));
+        }
+        if self.fail_sync.load(Ordering::SeqCst) {
+            return Err(io::Error::other("injected fsync fault"));
+        }
+        #[cfg(test)]
+        self.traced("write-back", file);
+        crate::flush::write_back(file)
     }
 }
 

@@ -553,7 +553,7 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
     let m = &ctx.metrics;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let mut reg = Registry::with_prefix("melddb_log");
-    let counters: [(&str, &str, u64); 19] = [
+    let counters: [(&str, &str, u64); 21] = [
         ("appends", "Acknowledged appends", s.appends),
         (
             "append_bytes",
@@ -568,6 +568,16 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
             s.bytes_written,
         ),
         ("fsyncs", "fsync calls", s.fsyncs),
+        (
+            "write_backs",
+            "Segment files written back without their own fsync, made durable by the round's device flush",
+            s.write_backs,
+        ),
+        (
+            "flushes",
+            "Device cache flushes ending fsync rounds with write-back files",
+            s.flushes,
+        ),
         (
             "write_us",
             "Microseconds the writer spent building and writing batches",

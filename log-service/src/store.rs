@@ -93,6 +93,8 @@ pub(crate) struct Counters {
     pub stripes: AtomicU64,
     pub bytes_written: AtomicU64,
     pub fsyncs: AtomicU64,
+    pub write_backs: AtomicU64,
+    pub flushes: AtomicU64,
     pub reads: AtomicU64,
     pub pages_rebuilt: AtomicU64,
     pub segments_repaired: AtomicU64,
@@ -183,8 +185,16 @@ pub struct Stats {
     pub stripes: u64,
     /// Bytes written to segments (pages, parity, end-writes).
     pub bytes_written: u64,
-    /// fsync calls.
+    /// fsync calls (`fdatasync` of segment files, the round-ending
+    /// flushes included).
     pub fsyncs: u64,
+    /// Segment files a round wrote back without an fsync of their own,
+    /// made durable by the round's device flush instead
+    /// (`flush_once_per_device`).
+    pub write_backs: u64,
+    /// Device cache flushes that ended rounds with write-back files (one
+    /// per device per such round; also counted in `fsyncs`).
+    pub flushes: u64,
     /// Microseconds the writer spent building and writing batches (stripes,
     /// parity, pages, end-writes), without the fsyncs: the total of the
     /// write stage.
@@ -672,6 +682,8 @@ impl Store {
             stripes: g(&c.stripes),
             bytes_written: g(&c.bytes_written),
             fsyncs: g(&c.fsyncs),
+            write_backs: g(&c.write_backs),
+            flushes: g(&c.flushes),
             write_us: stages.write.total_us(),
             sync_us: stages.round_wait.total_us(),
             reads: g(&c.reads),

@@ -8,12 +8,21 @@
 //!
 //! A round is started and waited for separately: the writer writes the
 //! next batch while the helpers sync the one before.
+//!
+//! A round can end in one device cache flush per device instead of one per
+//! file ([`How::WriteBack`]): each `fdatasync` flushes the device's whole
+//! cache, and a device serves flushes one after another, so a round over
+//! eight files on one disk paid for eight. Files whose pages need no
+//! metadata are only written back, in parallel; once all of the round's
+//! files are done, one `fdatasync` per device (of one of its write-back
+//! files) flushes its cache, which makes every write completed before it
+//! durable.
 
 use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 
 use crate::segment::Faults;
@@ -21,28 +30,114 @@ use crate::segment::Faults;
 /// Called once when every file of a round is synced.
 pub(crate) type OnDone = Arc<dyn Fn() + Send + Sync>;
 
-/// One fsync asked of a helper, answered on `done` with its index.
+/// How a file of a round is made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum How {
+    /// `fdatasync`: the data, the metadata needed to read it back, and a
+    /// device cache flush.
+    Sync,
+    /// Written back only (`sync_file_range`); the round's flush of this
+    /// device, issued once every file of the round is done, makes it
+    /// durable. Only for pages written over blocks already allocated,
+    /// written and committed, so there is no metadata to journal; the
+    /// value identifies the device (`st_dev`).
+    WriteBack(u64),
+}
+
+/// One file's sync (or a device's flush) asked of a helper, answered on
+/// `done` with its index.
 struct Job {
     index: usize,
     file: Arc<File>,
+    how: How,
     done: Sender<(usize, io::Result<()>)>,
     countdown: Countdown,
 }
 
-/// Files of a round not yet synced, plus one held by `start` until every
-/// job is handed out; whoever takes it to zero calls `on_done`.
+/// Jobs of a stage not yet done, plus one held by whoever hands them out
+/// until every job is handed out; whoever takes it to zero moves the round
+/// on: it hands out the flushes, or calls `on_done`.
 #[derive(Clone)]
 struct Countdown {
     left: Arc<AtomicUsize>,
-    on_done: OnDone,
+    then: Arc<Then>,
+}
+
+/// What follows a stage of a round.
+enum Then {
+    /// The round is over.
+    Done(OnDone),
+    /// The flushes, one per device with write-back files; they run on the
+    /// helpers too (in parallel across devices), then the round is over.
+    Flush {
+        jobs: Mutex<Vec<Job>>,
+        workers: Vec<Sender<Job>>,
+        faults: Arc<Faults>,
+        /// The flushes' own countdown.
+        after: Countdown,
+    },
 }
 
 impl Countdown {
-    fn tick(&self) {
-        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
-            (self.on_done)();
+    fn new(jobs: usize, then: Then) -> Countdown {
+        Countdown {
+            left: Arc::new(AtomicUsize::new(jobs + 1)),
+            then: Arc::new(then),
         }
     }
+
+    fn tick(&self) {
+        if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        match &*self.then {
+            Then::Done(on_done) => on_done(),
+            Then::Flush {
+                jobs,
+                workers,
+                faults,
+                after,
+            } => {
+                let jobs = std::mem::take(&mut *crate::locks::lock(jobs));
+                hand_out(jobs, workers, faults);
+                after.tick();
+            }
+        }
+    }
+}
+
+/// Sends each job to a helper (round robin by index); one that cannot be
+/// sent (no helper, or it is gone) runs here.
+fn hand_out(jobs: Vec<Job>, workers: &[Sender<Job>], faults: &Faults) {
+    for job in jobs {
+        let sent = match workers.get(job.index % workers.len().max(1)) {
+            Some(w) => w.send(job).map_err(|e| e.0),
+            None => Err(job),
+        };
+        if let Err(job) = sent {
+            job.finish(faults);
+        }
+    }
+}
+
+/// How many device flushes a round of files synced so will end with.
+pub(crate) fn flush_count(hows: impl Iterator<Item = How>) -> u64 {
+    flush_plan(&hows.collect::<Vec<_>>()).len() as u64
+}
+
+/// The flushes a round needs: for each device with write-back files (in
+/// order of first appearance), the index of its first such file, which
+/// the flush fsyncs.
+fn flush_plan(hows: &[How]) -> Vec<(u64, usize)> {
+    let mut plan: Vec<(u64, usize)> = Vec::new();
+    for (i, h) in hows.iter().enumerate() {
+        if let How::WriteBack(dev) = *h {
+            if !plan.iter().any(|&(d, _)| d == dev) {
+                plan.push((dev, i));
+            }
+        }
+    }
+    plan
 }
 
 /// What each helper thread runs before it takes jobs.
@@ -102,39 +197,53 @@ impl SyncPool {
 
     /// Hands every file to the helpers and returns at once; the round's
     /// results come from [`Round::wait`], and `on_done` is called (on a
-    /// helper, or here) once they are all in. Where there is no helper (or
-    /// it is gone) the file is synced here, before returning.
-    pub(crate) fn start(&self, files: &[Arc<File>], on_done: OnDone) -> Round {
-        let mut results: Vec<Option<io::Result<()>>> = files.iter().map(|_| None).collect();
+    /// helper, or here) once they are all in, flushes included. Where
+    /// there is no helper (or it is gone) the file is synced here, before
+    /// returning.
+    pub(crate) fn start(&self, files: &[(Arc<File>, How)], on_done: OnDone) -> Round {
+        let hows: Vec<How> = files.iter().map(|(_, h)| *h).collect();
+        let plan = flush_plan(&hows);
         let (done_tx, done_rx) = channel();
-        let countdown = Countdown {
-            left: Arc::new(AtomicUsize::new(files.len() + 1)),
-            on_done,
+        let then = if plan.is_empty() {
+            Then::Done(on_done)
+        } else {
+            let after = Countdown::new(plan.len(), Then::Done(on_done));
+            let jobs = plan
+                .iter()
+                .enumerate()
+                .map(|(g, &(_, i))| Job {
+                    index: files.len() + g,
+                    file: files[i].0.clone(),
+                    how: How::Sync,
+                    done: done_tx.clone(),
+                    countdown: after.clone(),
+                })
+                .collect();
+            Then::Flush {
+                jobs: Mutex::new(jobs),
+                workers: self.workers.clone(),
+                faults: self.faults.clone(),
+                after,
+            }
         };
-        let mut asked = 0usize;
-        for (index, file) in files.iter().enumerate() {
-            let job = Job {
+        let countdown = Countdown::new(files.len(), then);
+        let jobs = files
+            .iter()
+            .enumerate()
+            .map(|(index, (file, how))| Job {
                 index,
                 file: file.clone(),
+                how: *how,
                 done: done_tx.clone(),
                 countdown: countdown.clone(),
-            };
-            let sent = match self.workers.get(index % self.workers.len().max(1)) {
-                Some(w) => w.send(job).map_err(|e| e.0),
-                None => Err(job),
-            };
-            match sent {
-                Ok(()) => asked += 1,
-                Err(job) => {
-                    results[job.index] = Some(self.faults.sync(&job.file));
-                    countdown.tick();
-                }
-            }
-        }
+            })
+            .collect();
+        hand_out(jobs, &self.workers, &self.faults);
         countdown.tick();
         Round {
-            results,
-            asked,
+            results: (0..files.len() + plan.len()).map(|_| None).collect(),
+            hows,
+            flushes: plan.into_iter().map(|(dev, _)| dev).collect(),
             received: 0,
             done: done_rx,
         }
@@ -143,9 +252,12 @@ impl SyncPool {
 
 /// An fsync round under way on the helpers.
 pub(crate) struct Round {
+    /// One per file, then one per flush; every job answers on `done`.
     results: Vec<Option<io::Result<()>>>,
-    asked: usize,
-    /// Answers already taken by [`Round::is_done`].
+    hows: Vec<How>,
+    /// The device of each flush.
+    flushes: Vec<u64>,
+    /// Answers taken so far.
     received: usize,
     done: Receiver<(usize, io::Result<()>)>,
 }
@@ -154,7 +266,7 @@ impl Round {
     /// Whether every file of the round has been synced (or failed), without
     /// waiting. [`Round::wait`] then returns at once.
     pub(crate) fn is_done(&mut self) -> bool {
-        while self.received < self.asked {
+        while self.received < self.results.len() {
             match self.done.try_recv() {
                 Ok((i, r)) => {
                     self.results[i] = Some(r);
@@ -168,26 +280,58 @@ impl Round {
         true
     }
 
-    /// Waits for every file of the round; results in the order given.
+    /// Waits for every file of the round; one result per file, in the
+    /// order given. A write-back file is durable only once its device's
+    /// flush is, so a failed flush fails each of that device's write-back
+    /// files.
     pub(crate) fn wait(mut self) -> Vec<io::Result<()>> {
-        for _ in self.received..self.asked {
+        while self.received < self.results.len() {
             match self.done.recv() {
-                Ok((i, r)) => self.results[i] = Some(r),
+                Ok((i, r)) => {
+                    self.results[i] = Some(r);
+                    self.received += 1;
+                }
                 Err(_) => break,
             }
         }
-        self.results
+        let stopped = || io::Error::other("an fsync helper thread stopped");
+        let mut results: Vec<io::Result<()>> = self
+            .results
             .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(io::Error::other("an fsync helper thread stopped"))))
-            .collect()
+            .map(|r| r.unwrap_or_else(|| Err(stopped())))
+            .collect();
+        let flushed = results.split_off(self.hows.len());
+        for (dev, r) in self.flushes.iter().zip(flushed) {
+            let Err(e) = r else { continue };
+            for (r, h) in results.iter_mut().zip(&self.hows) {
+                if *h == How::WriteBack(*dev) && r.is_ok() {
+                    *r = Err(io::Error::new(
+                        e.kind(),
+                        format!("the device cache flush that ends the round failed: {e}"),
+                    ));
+                }
+            }
+        }
+        results
+    }
+}
+
+impl Job {
+    /// Runs the job and reports it: the result to the round, then the tick.
+    fn finish(self, faults: &Faults) {
+        let r = match self.how {
+            How::Sync => faults.sync(&self.file),
+            How::WriteBack(_) => faults.write_back(&self.file),
+        };
+        // A send error means the writer stopped waiting: nobody to tell.
+        let _ = self.done.send((self.index, r));
+        self.countdown.tick();
     }
 }
 
 fn work(rx: &Receiver<Job>, faults: &Faults) {
     for job in rx {
-        // A send error means the writer stopped waiting: nobody to tell.
-        let _ = job.done.send((job.index, faults.sync(&job.file)));
-        job.countdown.tick();
+        job.finish(faults);
     }
 }
 
@@ -212,6 +356,118 @@ mod tests {
         (dir, files)
     }
 
+    fn synced(files: &[Arc<File>]) -> Vec<(Arc<File>, How)> {
+        files.iter().map(|f| (f.clone(), How::Sync)).collect()
+    }
+
+    fn ino(f: &File) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        f.metadata().expect("metadata").ino()
+    }
+
+    #[test]
+    fn the_plan_flushes_each_device_once_through_its_first_write_back_file() {
+        use How::*;
+        assert_eq!(flush_plan(&[Sync, Sync]), vec![]);
+        assert_eq!(
+            flush_plan(&[
+                Sync,
+                WriteBack(7),
+                WriteBack(9),
+                WriteBack(7),
+                Sync,
+                WriteBack(9)
+            ]),
+            vec![(7, 1), (9, 2)]
+        );
+        assert_eq!(flush_count([WriteBack(3), WriteBack(3)].into_iter()), 1);
+    }
+
+    /// Write-back files are made durable by their device's flush, which
+    /// must come after every file of the round (a flush only covers
+    /// writes completed before it), and the round ends after the flushes.
+    #[test]
+    fn a_round_flushes_each_device_after_every_file() {
+        for helpers in [0, 1, 3, 8] {
+            let faults = Arc::new(Faults::none());
+            let pool = SyncPool::new(helpers, faults.clone(), Arc::new(|| {}));
+            let (_dir, files) = temp_files(5);
+            let mut round = synced(&files);
+            round[0].1 = How::WriteBack(7);
+            round[2].1 = How::WriteBack(9);
+            round[3].1 = How::WriteBack(7);
+            let at_done = Arc::new(AtomicUsize::new(usize::MAX));
+            let seen = at_done.clone();
+            let f = faults.clone();
+            let on_done: OnDone = Arc::new(move || {
+                seen.store(crate::locks::lock(&f.trace).len(), Ordering::SeqCst);
+            });
+            let r = pool.start(&round, on_done).wait();
+            assert_eq!(r.len(), 5);
+            assert!(r.iter().all(|r| r.is_ok()), "{helpers} helpers");
+            let trace = crate::locks::lock(&faults.trace).clone();
+            // 3 write-backs, 2 fsyncs of their own, 2 flushes.
+            assert_eq!(trace.len(), 7, "{helpers} helpers: {trace:?}");
+            let count = |what: &str, f: &File| {
+                trace
+                    .iter()
+                    .filter(|(w, i)| *w == what && *i == ino(f))
+                    .count()
+            };
+            for (i, f) in files.iter().enumerate() {
+                let (wb, fs) = match i {
+                    0 | 2 => (1, 1), // written back, then its device's flush
+                    3 => (1, 0),     // its device flushes through file 0
+                    _ => (0, 1),
+                };
+                assert_eq!(
+                    (count("write-back", f), count("fsync", f)),
+                    (wb, fs),
+                    "file {i}"
+                );
+            }
+            // Both flushes come after all five files.
+            let flushes: Vec<usize> = trace
+                .iter()
+                .enumerate()
+                .filter(|(_, (w, i))| {
+                    *w == "fsync" && (*i == ino(&files[0]) || *i == ino(&files[2]))
+                })
+                .map(|(at, _)| at)
+                .collect();
+            assert_eq!(flushes.len(), 2);
+            assert!(
+                flushes.iter().all(|&at| at >= 5),
+                "{helpers} helpers: {trace:?}"
+            );
+            // The round ended after the flushes.
+            let t = std::time::Instant::now();
+            while at_done.load(Ordering::SeqCst) == usize::MAX && t.elapsed().as_secs() < 5 {
+                std::thread::yield_now();
+            }
+            assert_eq!(at_done.load(Ordering::SeqCst), 7, "{helpers} helpers");
+        }
+    }
+
+    #[test]
+    fn a_failed_flush_fails_that_devices_write_back_files_only() {
+        let faults = Arc::new(Faults::none());
+        let pool = SyncPool::new(3, faults.clone(), Arc::new(|| {}));
+        let (_dir, files) = temp_files(4);
+        let mut round = synced(&files);
+        round[0].1 = How::WriteBack(7);
+        round[1].1 = How::WriteBack(7);
+        round[2].1 = How::WriteBack(9);
+        // Device 7's flush goes through file 0; only the flush fsyncs it.
+        faults.fail_sync_of.store(ino(&files[0]), Ordering::SeqCst);
+        let r = pool.start(&round, Arc::new(|| {})).wait();
+        for i in [0, 1] {
+            let e = r[i].as_ref().expect_err("device 7's files failed");
+            assert!(e.to_string().contains("flush"), "{e}");
+        }
+        assert!(r[2].is_ok() && r[3].is_ok(), "{r:?}");
+    }
+
     #[test]
     fn every_file_gets_a_result_in_order() {
         for helpers in [0, 1, 3, 8] {
@@ -223,7 +479,7 @@ mod tests {
                 let on_done: OnDone = Arc::new(move || {
                     c.fetch_add(1, Ordering::SeqCst);
                 });
-                let r = pool.start(&files, on_done).wait();
+                let r = pool.start(&synced(&files), on_done).wait();
                 assert_eq!(r.len(), n, "{helpers} helpers, {n} files");
                 assert!(r.iter().all(|r| r.is_ok()), "{helpers} helpers, {n} files");
                 // The last helper calls back just after sending its result.
@@ -247,6 +503,9 @@ mod tests {
         let pool = SyncPool::new(3, faults.clone(), Arc::new(|| {}));
         let (_dir, files) = temp_files(6);
         faults.fail_syncs(true);
+        let mut files = synced(&files);
+        files[1].1 = How::WriteBack(1);
+        files[4].1 = How::WriteBack(2);
         let r = pool.start(&files, Arc::new(|| {})).wait();
         assert_eq!(r.len(), 6);
         assert!(r.iter().all(|r| r.is_err()));

@@ -32,7 +32,7 @@ use crate::segment;
 use crate::spares::Spares;
 use crate::store::{Loc, LogIndex, Shared};
 use crate::stripe::{self, EndWrite, EntryMeta, RootRef, StripeRef};
-use crate::syncpool::{OnDone, Round, SyncPool};
+use crate::syncpool::{flush_count, How, OnDone, Round, SyncPool};
 use reed_solomon_erasure::galois_8::ReedSolomon;
 
 /// One append waiting for the writer.
@@ -93,6 +93,12 @@ pub(crate) struct SegState {
     /// written below it overwrite allocated, written blocks, so an fsync
     /// has no size change to journal.
     pub zeroed: u64,
+    /// Bytes from the start whose blocks are allocated, written and
+    /// committed: all of a segment made from a spare, else 0. Pages
+    /// written below it need no metadata, so a round may write them back
+    /// and flush the device once (`flush_once_per_device`). Cutting the
+    /// file lowers it.
+    pub prepared: u64,
     pub class: u8,
     /// Class markers: offset and class.
     pub markers: Vec<(u64, u8)>,
@@ -229,6 +235,11 @@ pub(crate) struct Writer {
     pub wake: mpsc::WeakSender<Cmd>,
     /// Spare segment files and their refill thread (`prepared_segments`).
     pub spares: Option<Spares>,
+    /// Per zone, the device whose cache one flush covers, where a round
+    /// may write that zone's prepared segments back and flush once
+    /// (`flush_once_per_device` on an ext4 or XFS zone); `None`: fsync
+    /// each file.
+    pub flush_devs: Vec<Option<u64>>,
 }
 
 /// A segment the writer's own bookkeeping says is open is not: a bug, but
@@ -334,6 +345,7 @@ impl Writer {
             if s.zeroed.saturating_sub(s.len) <= ZERO_CHUNK {
                 s.file.set_len(s.len).map_err(io_err)?;
                 s.zeroed = s.len;
+                s.prepared = s.prepared.min(s.len);
             }
         }
         let off = self.append_durable(seg, &page::class_marker(to))?;
@@ -349,9 +361,12 @@ impl Writer {
         }
         let path = segment::path(self.zones(), seg);
         let zone = segment::zone(self.zones(), seg);
-        // Spares go to data segments only: an end-write segment made new
-        // (a new store's first three) holds a few small records and is
-        // sealed long before it fills.
+        // Spares go to data segments only. A new store's first three
+        // end-write segments start empty: recovery reads an end-write
+        // segment to its end, and a young store that never slides would
+        // read three spares of zeros at every open. Later end-write
+        // segments are former data segments (classes only rise), so they
+        // are spares already and synced by write-back.
         let spare = self.target_class(seg) <= class::ORDERED
             && self
                 .spares
@@ -379,6 +394,7 @@ impl Writer {
                 file,
                 len: 0,
                 zeroed,
+                prepared: zeroed,
                 class: class::EMPTY,
                 markers: Vec::new(),
                 ew_pages: Vec::new(),
@@ -801,6 +817,7 @@ impl Writer {
                 }
                 st.len = before;
                 st.zeroed = before;
+                st.prepared = st.prepared.min(before);
                 st.markers.retain(|&(o, _)| o < before);
                 st.ew_pages.retain(|&(o, _)| o < before);
                 st.class = st
@@ -1128,14 +1145,37 @@ impl Writer {
         if !self.shared.config.fsync || dirty.is_empty() {
             return None;
         }
-        let (segs, files): (Vec<u64>, Vec<Arc<File>>) = dirty
+        // Pages written only over a prepared prefix (blocks allocated,
+        // written and committed) have no metadata to journal: written
+        // back, they are durable once their device's cache is flushed.
+        let (segs, files): (Vec<u64>, Vec<(Arc<File>, How)>) = dirty
             .iter()
-            .filter_map(|s| self.segs.get(s).map(|st| (*s, st.file.clone())))
+            .filter_map(|&s| {
+                let st = self.segs.get(&s)?;
+                let dev = self
+                    .flush_devs
+                    .get(segment::zone(self.zones(), s))
+                    .copied()
+                    .flatten();
+                let how = match dev {
+                    Some(dev) if st.len <= st.prepared => How::WriteBack(dev),
+                    _ => How::Sync,
+                };
+                Some((s, (st.file.clone(), how)))
+            })
             .unzip();
-        self.shared
-            .counters
-            .fsyncs
-            .fetch_add(files.len() as u64, Ordering::Relaxed);
+        let write_backs = files
+            .iter()
+            .filter(|(_, h)| matches!(h, How::WriteBack(_)))
+            .count() as u64;
+        let flushes = flush_count(files.iter().map(|(_, h)| *h));
+        let c = &self.shared.counters;
+        c.fsyncs.fetch_add(
+            files.len() as u64 - write_backs + flushes,
+            Ordering::Relaxed,
+        );
+        c.write_backs.fetch_add(write_backs, Ordering::Relaxed);
+        c.flushes.fetch_add(flushes, Ordering::Relaxed);
         let started = Instant::now();
         let shared = self.shared.clone();
         let tx = wake.map(|seq| (seq, self.wake.clone()));
@@ -1468,6 +1508,7 @@ impl Writer {
                 file: f,
                 len: file.len() as u64,
                 zeroed: file.len() as u64,
+                prepared: 0,
                 class,
                 markers: new_markers,
                 ew_pages: new_ew,

@@ -1214,3 +1214,93 @@ fn full_disk_child(dir: &Path) {
     drop(store);
     println!("full-disk child done");
 }
+
+/// Whether `dir`'s file system is one where `flush_once_per_device`
+/// applies (ext4, XFS).
+fn write_back_supported(dir: &Path) -> bool {
+    let st = rustix::fs::statfs(dir).unwrap();
+    #[allow(clippy::unnecessary_cast)]
+    let magic = st.f_type as i64;
+    [0xEF53, 0x5846_5342].contains(&magic)
+}
+
+/// `flush_once_per_device`: rounds write segments made from spares back
+/// and flush the device once; segments that are not from spares, and
+/// every segment with the option off, are fsynced one by one. Records
+/// read back either way, across a reopen.
+#[test]
+fn rounds_write_back_spare_segments_and_fsync_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let supported = write_back_supported(dir.path());
+    for (spares, once) in [(2, true), (2, false), (0, true)] {
+        let sub = dir.path().join(format!("s{spares}-{once}"));
+        let mut cfg = small_config(&sub);
+        cfg.prepared_segments = spares;
+        cfg.flush_once_per_device = once;
+        let store = Arc::new(Store::open(cfg.clone()).unwrap());
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let mut model = Model::new();
+        for _ in 0..4 {
+            append_burst(&store, &mut model, &mut rng, 40);
+            check(&store, &model);
+        }
+        let s = store.stats();
+        let what = format!("spares {spares}, flush once {once}: {s:?}");
+        if spares > 0 && once && supported {
+            assert!(s.write_backs > 0, "{what}");
+            assert!(s.flushes > 0 && s.flushes <= s.batches, "{what}");
+        } else {
+            assert_eq!((s.write_backs, s.flushes), (0, 0), "{what}");
+        }
+        drop(store);
+        let store = Store::open(cfg).unwrap();
+        check(&store, &model);
+    }
+}
+
+/// A failed batch is cut off the segments it wrote, zeros of their spares
+/// included: from there on those segments are fsynced, not written back
+/// (their pages now extend the file); the others still are.
+#[test]
+fn a_rolled_back_spare_segment_is_fsynced_from_then_on() {
+    let dir = tempfile::tempdir().unwrap();
+    if !write_back_supported(dir.path()) {
+        eprintln!("skipped: the temporary directory is not on ext4 or XFS");
+        return;
+    }
+    let mut cfg = small_config(dir.path());
+    cfg.segment_bytes = 1 << 20;
+    cfg.prepared_segments = 2;
+    let faults = Arc::new(Faults::none());
+    let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
+    let mut model = Model::new();
+    let append = |store: &Store, model: &mut Model, i: u32| {
+        let bytes = format!("record {i}").into_bytes();
+        let pos = store.append_blocking("log", 0, 0, bytes.clone()).unwrap();
+        let e = model.entry("log".into()).or_insert((pos, Vec::new()));
+        e.1.push(bytes);
+    };
+    for i in 0..20 {
+        append(&store, &mut model, i);
+    }
+    // Each batch writes a root stripe's three pages (one per data
+    // segment, all spares) and three end-writes (end-write segments of a
+    // new store are not spares).
+    let before = store.stats();
+    assert_eq!(before.write_backs, 3 * 20, "{before:?}");
+    // The batch's second write fails: the first segment it wrote is cut
+    // back, the batch fails.
+    faults.fail_write_after(1, false);
+    assert!(store
+        .append_blocking("log", 0, 0, b"lost".to_vec())
+        .is_err());
+    let failed = store.stats();
+    for i in 20..40 {
+        append(&store, &mut model, i);
+    }
+    let after = store.stats();
+    assert_eq!(after.write_backs - failed.write_backs, 2 * 20, "{after:?}");
+    check(&store, &model);
+    drop(store);
+    check(&Store::open(cfg).unwrap(), &model);
+}

@@ -1,0 +1,113 @@
+//! Ending an fsync round with one device cache flush per device
+//! ([`crate::config::Config::flush_once_per_device`]): writing a file's
+//! dirty pages back without a flush, and deciding where that is sound.
+//!
+//! Pages written over blocks that are already allocated, written and
+//! committed need no metadata to be read back after a power loss, so what
+//! makes them durable is only the device cache flush that follows their
+//! write-back. That flush comes from an `fdatasync` of any file on the same
+//! device, issued once every file of the round is written back. Two things
+//! must hold on the file system, and both are checked by type:
+//! - an `fdatasync` of a file with nothing dirty still flushes the device
+//!   (ext4 and XFS do; btrfs skips a clean file);
+//! - a write over written blocks stays in place (not on a copy-on-write
+//!   file system such as btrfs or ZFS, where it allocates new blocks).
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+
+/// `statfs` magic numbers of the file systems where write-back plus one
+/// flush per device is sound (see the module comment).
+#[cfg(target_os = "linux")]
+const IN_PLACE_FILE_SYSTEMS: [(i64, &str); 2] = [(0xEF53, "ext4"), (0x5846_5342, "xfs")];
+
+/// The device (`st_dev`) whose cache one flush covers for the files in
+/// `dir`, if write-back is sound on its file system; `None` if it is not
+/// (or the system cannot tell, or this is not Linux): those files are
+/// fsynced one by one.
+pub(crate) fn write_back_device(dir: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    in_place_file_system(dir)?;
+    std::fs::metadata(dir).ok().map(|m| m.dev())
+}
+
+/// The name of `dir`'s file system if it is one of
+/// [`IN_PLACE_FILE_SYSTEMS`].
+#[cfg(target_os = "linux")]
+fn in_place_file_system(dir: &Path) -> Option<&'static str> {
+    let st = rustix::fs::statfs(dir).ok()?;
+    // The field's integer type differs between targets.
+    #[allow(clippy::unnecessary_cast)]
+    let magic = st.f_type as i64;
+    IN_PLACE_FILE_SYSTEMS
+        .iter()
+        .find(|(m, _)| *m == magic)
+        .map(|(_, name)| *name)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn in_place_file_system(_dir: &Path) -> Option<&'static str> {
+    None
+}
+
+/// Starts write-back of every dirty page of `file` and waits for it to
+/// complete (`sync_file_range` with WAIT_BEFORE, WRITE and WAIT_AFTER):
+/// the pages are on the device, perhaps only in its volatile cache.
+#[cfg(target_os = "linux")]
+pub(crate) fn write_back(file: &File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: the descriptor stays open while `file` is borrowed, and the
+    // call takes no pointers.
+    let r = unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, flags) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Elsewhere nothing uses write-back ([`write_back_device`] says `None`);
+/// a full data sync keeps it correct anyway.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn write_back(file: &File) -> io::Result<()> {
+    file.sync_data()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn only_ext4_and_xfs_take_write_back() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let st = rustix::fs::statfs(dir.path()).expect("statfs");
+        #[allow(clippy::unnecessary_cast)]
+        let magic = st.f_type as i64;
+        let expect = [0xEF53, 0x5846_5342].contains(&magic);
+        assert_eq!(in_place_file_system(dir.path()).is_some(), expect);
+        assert_eq!(write_back_device(dir.path()).is_some(), expect);
+        // btrfs (0x9123683E) and tmpfs (0x01021994) are not in the list.
+        assert!(!IN_PLACE_FILE_SYSTEMS
+            .iter()
+            .any(|(m, _)| [0x9123_683E, 0x0102_1994].contains(m)));
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn write_back_reports_what_the_system_refuses() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let f = File::create(dir.path().join("f")).expect("create");
+        f.write_all_at(b"pages", 0).expect("write");
+        write_back(&f).expect("a regular file is written back");
+        // A character device has no pages to write back: ESPIPE, not a
+        // silent success.
+        let null = File::open("/dev/null").expect("open /dev/null");
+        assert!(write_back(&null).is_err());
+    }
+}
