@@ -66,9 +66,9 @@ pub struct Config {
     /// of the round is written, one `fdatasync` per device flushes the
     /// device's cache for all of them. Other files are fsynced as before.
     /// Only on ext4 and XFS zones (Linux), whose `fdatasync` of a clean
-    /// file still flushes the device; elsewhere every file is fsynced. On
-    /// the benchmark disk it took a round over eight files from 0.36-0.43
-    /// to 0.26-0.30 ms at the median (docs/benchmarks.md).
+    /// file still flushes the device; elsewhere every file is fsynced. In
+    /// full benchmark runs at 150K appends/s it took the median round from
+    /// 0.30-0.43 to 0.26-0.30 ms (docs/benchmarks.md).
     #[serde(default = "defaults::flush_once_per_device")]
     pub flush_once_per_device: bool,
     /// Spare segment files kept ready per zone: segment-sized files already
