@@ -86,13 +86,13 @@ impl Faults {
         self.delay_us
             .store(delay.as_micros() as u64, Ordering::SeqCst);
     }
-    /// Every fsync sleeps this long first (a slow device: the next batch is
-    /// written while it runs).
+    /// Every fsync and write-back sleeps this long first (a slow device:
+    /// the next batch is written while it runs).
     pub fn slow_syncs(&self, delay: Duration) {
         self.sync_delay_us
             .store(delay.as_micros() as u64, Ordering::SeqCst);
     }
-    /// Make fsync fail (or stop failing).
+    /// Make fsync and write-back fail (or stop failing).
     pub fn fail_syncs(&self, on: bool) {
         self.fail_sync.store(on, Ordering::SeqCst);
     }
@@ -119,6 +119,16 @@ impl Faults {
 
     /// fsyncs `file` unless syncs are set to fail.
     pub fn sync(&self, file: &File) -> io::Result<()> {
+        self.before_sync()?;
+        #[cfg(test)]
+        if self.traced("fsync", file) {
+            return Err(io::Error::other("injected fsync fault"));
+        }
+        file.sync_data()
+    }
+
+    /// The armed delay and failure of every fsync and write-back.
+    fn before_sync(&self) -> io::Result<()> {
         let d = self.sync_delay_us.load(Ordering::Relaxed);
         if d > 0 {
             std::thread::sleep(Duration::from_micros(d));
@@ -126,11 +136,7 @@ impl Faults {
         if self.fail_sync.load(Ordering::SeqCst) {
             return Err(io::Error::other("injected fsync fault"));
         }
-        #[cfg(test)]
-        if self.traced("fsync", file) {
-            return Err(io::Error::other("injected fsync fault"));
-        }
-        file.sync_data()
+        Ok(())
     }
 
     /// Records the call; whether the file's fsync is set to fail.
@@ -147,13 +153,7 @@ impl Faults {
     /// unless syncs are set to fail; the armed delay applies as to
     /// [`Faults::sync`].
     pub(crate) fn write_back(&self, file: &File) -> io::Result<()> {
-        let d = self.sync_delay_us.load(Ordering::Relaxed);
-        if d > 0 {
-            std::thread::sleep(Duration::from_micros(d));
-        }
-        if self.fail_sync.load(Ordering::SeqCst) {
-            return Err(io::Error::other("injected fsync fault"));
-        }
+        self.before_sync()?;
         #[cfg(test)]
         self.traced("write-back", file);
         crate::flush::write_back(file)
