@@ -797,6 +797,10 @@ pub struct ProbeSettings {
     /// fsync every file of a round (`flush_once_per_device = false`)
     /// instead of writing prepared segments back and flushing once.
     pub fsync_each_file: bool,
+    /// Seconds of the same load run first and not measured: a fresh
+    /// store's first seconds fault its memory in, and its first segments
+    /// (a new store's end-write segments) are not from spares.
+    pub warmup_secs: f64,
 }
 
 /// Runs one load point for `secs` on a fresh service with `settings`;
@@ -820,17 +824,19 @@ pub fn probe(
         cfg.flush_once_per_device = !settings.fsync_each_file;
         let (store, running, _) = start_prepared(cfg, spares).await?;
         let addr = running.tcp.to_string();
+        if settings.warmup_secs > 0.0 {
+            eprintln!(
+                "warm-up: {spec:?} for {} s, not measured ...",
+                settings.warmup_secs
+            );
+            run_point(&addr, spec, settings.warmup_secs).await?;
+        }
         let before = store.stats();
         let stages_before = store.stages();
         let cpu = cpu_time::ProcessTime::try_now().map_err(|e| format!("process CPU time: {e}"))?;
         let wall = Instant::now();
         eprintln!("{spec:?} for {secs} s ...");
-        let point = match spec {
-            PointSpec::Closed(c, d, b, r) => {
-                closed_loop(&addr, "load point", c, d, b, r, secs).await?
-            }
-            PointSpec::Open(c, b, r, rate) => open_loop(&addr, c, b, r, rate, secs).await?,
-        };
+        let point = run_point(&addr, spec, secs).await?;
         let wall = wall.elapsed().as_secs_f64();
         let cpu_cores = cpu
             .try_elapsed()
@@ -855,6 +861,14 @@ pub fn probe(
             thp_disabled: after.thp_disabled,
         })
     })
+}
+
+/// Runs load point `spec` for `secs` against the service at `addr`.
+async fn run_point(addr: &str, spec: PointSpec, secs: f64) -> Result<Point, String> {
+    match spec {
+        PointSpec::Closed(c, d, b, r) => closed_loop(addr, "load point", c, d, b, r, secs).await,
+        PointSpec::Open(c, b, r, rate) => open_loop(addr, c, b, r, rate, secs).await,
+    }
 }
 
 /// Prints where appends spent their time inside the service, one row per

@@ -120,6 +120,12 @@ struct Args {
     /// from spares back and flushing each device once.
     #[arg(long)]
     fsync_each_file: bool,
+    /// Log suite with `--point`: run the same load this many seconds
+    /// first, unmeasured, so the figures are of a service past its first
+    /// seconds (memory faulted in, the first end-write segments replaced
+    /// by former data segments when the load fills a segment).
+    #[arg(long, default_value_t = 0.0)]
+    warmup: f64,
 }
 
 fn main() {
@@ -977,6 +983,12 @@ fn log_suite(args: &Args) -> Result<(), String> {
 
 /// `log --point`: one load point, its figures and the writer's time split.
 fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), String> {
+    if !(args.warmup >= 0.0 && args.warmup.is_finite()) {
+        return Err(format!(
+            "--warmup must be a number of seconds, 0 or more, not {}",
+            args.warmup
+        ));
+    }
     if !(args.secs > 0.0 && args.secs.is_finite()) {
         return Err(format!(
             "--secs must be a positive number of seconds, not {}",
@@ -992,6 +1004,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         realtime_priority: args.realtime,
         keep_thp: args.keep_thp,
         fsync_each_file: args.fsync_each_file,
+        warmup_secs: args.warmup,
     };
     let r = melddb_bench::logsvc::probe(spec, args.secs, spares, settings)?;
     let p = &r.point;
