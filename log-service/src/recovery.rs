@@ -148,8 +148,9 @@ impl<'a> Cursor<'a> {
 ///   the segment's next pages overwrite; acknowledged pages are found by
 ///   their end-writes instead ([`recover`] rebuilds a segment when a live
 ///   stripe has a page at or past the end of its data);
-/// - any other segment (end-write, or without a class yet: short tails)
-///   reads its whole tail.
+/// - any other segment (end-write, or without a class yet) reads its
+///   whole tail; an end-write segment that was a data segment made from a
+///   spare keeps that spare's zeros, so this can be most of a segment.
 ///
 /// A page that runs past the end of the file is a torn-tail candidate; a
 /// page that fails its checksum is counted and kept; an unreadable header
