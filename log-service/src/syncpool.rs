@@ -71,7 +71,7 @@ enum Then {
     /// helpers too (in parallel across devices), then the round is over.
     Flush {
         jobs: Mutex<Vec<Job>>,
-        workers: Vec<Sender<Job>>,
+        workers: Arc<[Sender<Job>]>,
         faults: Arc<Faults>,
         /// The flushes' own countdown.
         after: Countdown,
@@ -120,11 +120,6 @@ fn hand_out(jobs: Vec<Job>, workers: &[Sender<Job>], faults: &Faults) {
     }
 }
 
-/// How many device flushes a round of files synced so will end with.
-pub(crate) fn flush_count(hows: impl Iterator<Item = How>) -> u64 {
-    flush_plan(&hows.collect::<Vec<_>>()).len() as u64
-}
-
 /// The flushes a round needs: for each device with write-back files (in
 /// order of first appearance), the index of its first such file, which
 /// the flush fsyncs.
@@ -146,7 +141,9 @@ pub(crate) type OnStart = Arc<dyn Fn() + Send + Sync>;
 /// Long-lived fsync threads.
 pub(crate) struct SyncPool {
     faults: Arc<Faults>,
-    workers: Vec<Sender<Job>>,
+    /// Shared with the rounds under way (their flushes are handed out from
+    /// a helper), so a round takes a reference, not a copy of the list.
+    workers: Arc<[Sender<Job>]>,
     handles: Vec<JoinHandle<()>>,
 }
 
@@ -190,7 +187,7 @@ impl SyncPool {
         while ready_rx.recv().is_ok() {}
         SyncPool {
             faults,
-            workers,
+            workers: workers.into(),
             handles,
         }
     }
@@ -263,6 +260,20 @@ pub(crate) struct Round {
 }
 
 impl Round {
+    /// Files the round writes back instead of fsyncing.
+    pub(crate) fn write_backs(&self) -> u64 {
+        self.hows
+            .iter()
+            .filter(|h| matches!(h, How::WriteBack(_)))
+            .count() as u64
+    }
+
+    /// Device flushes that end the round (one per device with write-back
+    /// files).
+    pub(crate) fn flushes(&self) -> u64 {
+        self.flushes.len() as u64
+    }
+
     /// Whether every file of the round has been synced (or failed), without
     /// waiting. [`Round::wait`] then returns at once.
     pub(crate) fn is_done(&mut self) -> bool {
@@ -337,7 +348,9 @@ fn work(rx: &Receiver<Job>, faults: &Faults) {
 
 impl Drop for SyncPool {
     fn drop(&mut self) {
-        self.workers.clear();
+        // The helpers stop once every sender is gone: this list's, and
+        // those of rounds still under way when they end.
+        self.workers = Arc::from([]);
         for h in self.handles.drain(..) {
             let _ = h.join();
         }
@@ -380,7 +393,7 @@ mod tests {
             ]),
             vec![(7, 1), (9, 2)]
         );
-        assert_eq!(flush_count([WriteBack(3), WriteBack(3)].into_iter()), 1);
+        assert_eq!(flush_plan(&[WriteBack(3), WriteBack(3)]).len(), 1);
     }
 
     /// Write-back files are made durable by their device's flush, which

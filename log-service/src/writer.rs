@@ -32,7 +32,7 @@ use crate::segment;
 use crate::spares::Spares;
 use crate::store::{Loc, LogIndex, Shared};
 use crate::stripe::{self, EndWrite, EntryMeta, RootRef, StripeRef};
-use crate::syncpool::{flush_count, How, OnDone, Round, SyncPool};
+use crate::syncpool::{How, OnDone, Round, SyncPool};
 use reed_solomon_erasure::galois_8::ReedSolomon;
 
 /// One append waiting for the writer.
@@ -1164,18 +1164,6 @@ impl Writer {
                 Some((s, (st.file.clone(), how)))
             })
             .unzip();
-        let write_backs = files
-            .iter()
-            .filter(|(_, h)| matches!(h, How::WriteBack(_)))
-            .count() as u64;
-        let flushes = flush_count(files.iter().map(|(_, h)| *h));
-        let c = &self.shared.counters;
-        c.fsyncs.fetch_add(
-            files.len() as u64 - write_backs + flushes,
-            Ordering::Relaxed,
-        );
-        c.write_backs.fetch_add(write_backs, Ordering::Relaxed);
-        c.flushes.fetch_add(flushes, Ordering::Relaxed);
         let started = Instant::now();
         let shared = self.shared.clone();
         let tx = wake.map(|seq| (seq, self.wake.clone()));
@@ -1189,7 +1177,16 @@ impl Writer {
                 }
             }
         });
-        Some((segs, self.syncer.start(&files, on_done)))
+        let round = self.syncer.start(&files, on_done);
+        let (write_backs, flushes) = (round.write_backs(), round.flushes());
+        let c = &self.shared.counters;
+        c.fsyncs.fetch_add(
+            files.len() as u64 - write_backs + flushes,
+            Ordering::Relaxed,
+        );
+        c.write_backs.fetch_add(write_backs, Ordering::Relaxed);
+        c.flushes.fetch_add(flushes, Ordering::Relaxed);
+        Some((segs, round))
     }
 
     /// The batch is durable: index it, remember its request ids, answer,
