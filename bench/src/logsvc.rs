@@ -36,6 +36,10 @@ pub struct Point {
     pub p50_ms: f64,
     /// 99th percentile latency (ms).
     pub p99_ms: f64,
+    /// 99.9th percentile latency (ms).
+    pub p999_ms: f64,
+    /// Longest latency (ms): where a stall shows.
+    pub max_ms: f64,
 }
 
 /// Everything the suite measured.
@@ -389,6 +393,8 @@ async fn finish(
         mib_s: n * record as f64 / secs / (1 << 20) as f64,
         p50_ms: pct(&mut lat, 0.5),
         p99_ms: pct(&mut lat, 0.99),
+        p999_ms: pct(&mut lat, 0.999),
+        max_ms: pct(&mut lat, 1.0),
     })
 }
 
@@ -876,13 +882,13 @@ async fn run_point(addr: &str, spec: PointSpec, secs: f64) -> Result<Point, Stri
 pub fn print_stages(title: &str, st: &StagesSummary) {
     println!("{title}");
     println!(
-        "  {:<44} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "stage", "count", "mean ms", "p50 ms", "p90 ms", "p99 ms"
+        "  {:<44} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "stage", "count", "mean ms", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms"
     );
     for (info, s) in st.rows() {
         println!(
-            "  {:<44} {:>9} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
-            info.label, s.count, s.mean_ms, s.p50_ms, s.p90_ms, s.p99_ms
+            "  {:<44} {:>9} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+            info.label, s.count, s.mean_ms, s.p50_ms, s.p90_ms, s.p99_ms, s.p999_ms, s.max_ms
         );
     }
 }

@@ -836,8 +836,18 @@ fn log_suite(args: &Args) -> Result<(), String> {
     }
     let r = melddb_bench::logsvc::run(args.quick)?;
     println!(
-        "{:<42} {:>5} {:>5} {:>5} {:>7} {:>11} {:>9} {:>8} {:>8}",
-        "run", "cli", "depth", "batch", "record", "ops/s", "MiB/s", "p50 ms", "p99 ms"
+        "{:<42} {:>5} {:>5} {:>5} {:>7} {:>11} {:>9} {:>8} {:>8} {:>8} {:>8}",
+        "run",
+        "cli",
+        "depth",
+        "batch",
+        "record",
+        "ops/s",
+        "MiB/s",
+        "p50 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "max ms"
     );
     let all: Vec<&melddb_bench::logsvc::Point> = r
         .clients
@@ -848,8 +858,18 @@ fn log_suite(args: &Args) -> Result<(), String> {
         .collect();
     for p in &all {
         println!(
-            "{:<42} {:>5} {:>5} {:>5} {:>7} {:>11.0} {:>9.1} {:>8.3} {:>8.3}",
-            p.label, p.clients, p.depth, p.batch, p.record, p.ops_s, p.mib_s, p.p50_ms, p.p99_ms
+            "{:<42} {:>5} {:>5} {:>5} {:>7} {:>11.0} {:>9.1} {:>8.3} {:>8.3} {:>8.3} {:>8.3}",
+            p.label,
+            p.clients,
+            p.depth,
+            p.batch,
+            p.record,
+            p.ops_s,
+            p.mib_s,
+            p.p50_ms,
+            p.p99_ms,
+            p.p999_ms,
+            p.max_ms
         );
     }
     let big = r
@@ -928,6 +948,8 @@ fn log_suite(args: &Args) -> Result<(), String> {
     put("append_p99_ms_half_load", r.half_load.p99_ms);
     put("append_p50_ms_half_load", r.half_load.p50_ms);
     put("append_p99_ms_half_target", r.half_target_load.p99_ms);
+    put("append_p999_ms_half_target", r.half_target_load.p999_ms);
+    put("append_max_ms_half_target", r.half_target_load.max_ms);
     put("append_p50_ms_half_target", r.half_target_load.p50_ms);
     put("half_target_tps", r.half_target_load.ops_s);
     put("half_load_tps", r.half_load.ops_s);
@@ -936,6 +958,7 @@ fn log_suite(args: &Args) -> Result<(), String> {
     for (info, s) in st.rows() {
         put(&format!("half_load_{}_p50_ms", info.key), s.p50_ms);
         put(&format!("half_load_{}_p99_ms", info.key), s.p99_ms);
+        put(&format!("half_load_{}_max_ms", info.key), s.max_ms);
     }
     put("append_tps_1k_no_spares", r.fresh_files.batched.ops_s);
     put(
@@ -1009,15 +1032,27 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
     let r = melddb_bench::logsvc::probe(spec, args.secs, spares, settings)?;
     let p = &r.point;
     println!(
-        "{:>11} {:>9} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8}",
-        "ops/s", "MiB/s", "p50 ms", "p99 ms", "cpu cores", "batches", "fsyncs", "write %", "sync %"
+        "{:>11} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8}",
+        "ops/s",
+        "MiB/s",
+        "p50 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "max ms",
+        "cpu cores",
+        "batches",
+        "fsyncs",
+        "write %",
+        "sync %"
     );
     println!(
-        "{:>11.0} {:>9.1} {:>8.3} {:>8.3} {:>9.2} {:>8} {:>8} {:>8.1} {:>8.1}",
+        "{:>11.0} {:>9.1} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>9.2} {:>8} {:>8} {:>8.1} {:>8.1}",
         p.ops_s,
         p.mib_s,
         p.p50_ms,
         p.p99_ms,
+        p.p999_ms,
+        p.max_ms,
         r.cpu_cores,
         r.batches,
         r.fsyncs,

@@ -158,7 +158,7 @@ impl Snapshot {
         Some(f64::INFINITY)
     }
 
-    /// Count, mean, p50, p90 and p99 in one record.
+    /// Count, mean, p50, p90, p99, p99.9 and max in one record.
     pub fn summary(&self) -> Summary {
         let q = |p| self.quantile_ms(p).unwrap_or(0.0);
         Summary {
@@ -167,6 +167,8 @@ impl Snapshot {
             p50_ms: q(0.5),
             p90_ms: q(0.9),
             p99_ms: q(0.99),
+            p999_ms: q(0.999),
+            max_ms: q(1.0),
         }
     }
 }
@@ -184,6 +186,11 @@ pub struct Summary {
     pub p90_ms: f64,
     /// 99th percentile (bucket upper bound), milliseconds.
     pub p99_ms: f64,
+    /// 99.9th percentile (bucket upper bound), milliseconds.
+    pub p999_ms: f64,
+    /// The longest duration's bucket upper bound, milliseconds: a stall
+    /// that a percentile over many short durations hides shows here.
+    pub max_ms: f64,
 }
 
 /// Prometheus gets one bucket per doubling (every fourth bound), in
@@ -454,6 +461,26 @@ mod tests {
         assert!((0.3..0.36).contains(&p99), "{p99}");
         assert_eq!(Snapshot::since(&before, &before).count(), 0);
         assert_eq!(before.since(&before).quantile_ms(0.5), None);
+    }
+
+    /// One long stall among many short durations moves neither the p99
+    /// nor the p99.9 but sets the max, which is what the summary's last
+    /// two columns are for.
+    #[test]
+    fn the_summary_shows_a_single_stall_in_its_max() {
+        let h = Histogram::default();
+        h.record_n(Duration::from_micros(250), 9_999);
+        h.record(Duration::from_millis(40));
+        let s = h.snapshot().summary();
+        assert_eq!(s.count, 10_000);
+        assert!((0.25..0.3).contains(&s.p99_ms), "{s:?}");
+        assert!((0.25..0.3).contains(&s.p999_ms), "{s:?}");
+        assert!((40.0..48.0).contains(&s.max_ms), "{s:?}");
+        // Eleven stalls are more than a thousandth: the p99.9 shows them.
+        h.record_n(Duration::from_millis(40), 10);
+        let s = h.snapshot().summary();
+        assert!((40.0..48.0).contains(&s.p999_ms), "{s:?}");
+        assert_eq!(Histogram::default().snapshot().summary().max_ms, 0.0);
     }
 
     #[test]
