@@ -133,11 +133,17 @@ async fn settle(store: &Store, spares: SparesOpt) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
+/// Sorts latencies once, for [`pct`].
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v
+}
+
+/// The `p` quantile of `v`, which is sorted ([`sorted`]); 0 when empty.
+fn pct(v: &[f64], p: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
-    v.sort_by(|a, b| a.total_cmp(b));
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
@@ -286,13 +292,14 @@ pub fn fsync_round_floor(
     }
     let _ = std::fs::remove_dir_all(&dir);
     result?;
+    let lat = sorted(lat);
     Ok(RoundFloor {
         name,
         files,
         bytes,
         rounds: lat.len(),
-        p50_ms: pct(&mut lat, 0.5),
-        p99_ms: pct(&mut lat, 0.99),
+        p50_ms: pct(&lat, 0.5),
+        p99_ms: pct(&lat, 0.99),
         mib_s,
     })
 }
@@ -383,6 +390,7 @@ async fn finish(
     }
     let secs = t0.elapsed().as_secs_f64().max(secs);
     let n = lat.len() as f64;
+    let lat = sorted(lat);
     Ok(Point {
         label: label.into(),
         clients,
@@ -391,10 +399,10 @@ async fn finish(
         record,
         ops_s: n / secs,
         mib_s: n * record as f64 / secs / (1 << 20) as f64,
-        p50_ms: pct(&mut lat, 0.5),
-        p99_ms: pct(&mut lat, 0.99),
-        p999_ms: pct(&mut lat, 0.999),
-        max_ms: pct(&mut lat, 1.0),
+        p50_ms: pct(&lat, 0.5),
+        p99_ms: pct(&lat, 0.99),
+        p999_ms: pct(&lat, 0.999),
+        max_ms: pct(&lat, 1.0),
     })
 }
 
