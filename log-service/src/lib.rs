@@ -23,6 +23,7 @@ pub mod meta;
 pub mod page;
 pub mod protocol;
 mod recovery;
+mod request_ids;
 mod sched;
 pub mod segment;
 pub mod server;

@@ -4,7 +4,7 @@
 //! rebuild the index and the request-id table, slide the windows back
 //! into place, and rebuild segment files that are missing or damaged.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
@@ -16,41 +16,16 @@ use tokio::sync::mpsc;
 use crate::error::{ConfigError, OpenError};
 use crate::meta::Meta;
 use crate::page::{self, class, Kind, HEADER};
+use crate::request_ids::RequestIds;
 use crate::segment;
 use crate::store::{Loc, LogIndex, RecoveryReport, Shared};
 use crate::stripe::{self, EndWrite};
 use crate::syncpool::SyncPool;
-use crate::writer::{Cmd, IdMap, SegState, Writer};
-
-/// Request ids the dedup table is sized for when the store opens (at most
-/// the configured window). The default window, 1 Mi ids, takes about
-/// 66 MB (table and order), resident from the open on (see [`prefault`]).
-const DEDUP_PRESIZE: usize = 4 << 20;
+use crate::writer::{Cmd, SegState, Writer};
 
 /// Batches the writer may have on disk unacknowledged at a crash: one
 /// whose fsync round was running and the one written meanwhile.
 const UNSYNCED_BATCHES: usize = 2;
-
-/// Touches every page of the freshly reserved request-id table and its
-/// order queue now, then empties both (keeping their capacity).
-///
-/// The table is reserved whole at open but becomes resident page by page,
-/// and ids land at random places in it, so the first appends after a start
-/// fault in a new page almost every time. On a VM whose host backs guest
-/// memory lazily (this benchmark machine) such a first touch took about
-/// 2.5 ms, and a fresh service's first batches stalled for 25–70 ms while
-/// publishing their ids (2 of 6 four-second light-load probes: p99 39–51
-/// ms against 4–6 ms; docs/benchmarks.md). Paying it here costs the open
-/// about 65 ms with the default window, and the table (about 66 MB with
-/// its queue) is resident from the start.
-fn prefault(dedup: &mut IdMap<u64>, order: &mut VecDeque<(u64, u64)>, n: usize) {
-    // Distinct keys, so they spread over the whole table; the queue is
-    // filled in order, so any value touches all of it.
-    dedup.extend((0..n as u64).map(|i| ((u64::MAX, i), 0)));
-    order.resize(n, (0, 0));
-    dedup.clear();
-    order.clear();
-}
 
 /// What a segment scan found.
 #[derive(Debug, Default)]
@@ -510,14 +485,7 @@ pub(crate) fn recover(
     for (name, lm) in &meta.logs {
         logs.insert(name.clone(), LogIndex::starting_at(lm.first));
     }
-    // Sized for the whole window now: growing it later rehashes every id
-    // while the writer waits, which stalled appends for tens of
-    // milliseconds each time the table doubled under load. Capped, so a
-    // huge configured window does not reserve gigabytes at open.
-    let presize = config.dedup_window.min(DEDUP_PRESIZE) + 1;
-    let mut dedup = IdMap::with_capacity_and_hasher(presize, Default::default());
-    let mut dedup_order = VecDeque::with_capacity(presize);
-    prefault(&mut dedup, &mut dedup_order, presize);
+    let mut request_ids = RequestIds::new(config.dedup_window);
     // Only the last `dedup_window` request ids stay in the table, so the
     // ones before them are never inserted (inserting and evicting every id
     // of a long log was most of a warm open's time). Trimmed records count
@@ -564,15 +532,8 @@ pub(crate) fn recover(
                     skip_ids -= 1;
                     continue;
                 }
-                let key = (e.client, e.request);
-                dedup.insert(key, e.pos);
-                dedup_order.push_back(key);
-                // Keeps the bound even if the count above were off.
-                if dedup_order.len() > config.dedup_window {
-                    if let Some(old) = dedup_order.pop_front() {
-                        dedup.remove(&old);
-                    }
-                }
+                // `remember` keeps the bound even if the count above were off.
+                request_ids.remember((e.client, e.request), e.pos);
             }
         }
     }
@@ -625,8 +586,7 @@ pub(crate) fn recover(
             .values()
             .map(|ew| (ew.stripe.seq, ew.ew_base))
             .collect(),
-        dedup,
-        dedup_order,
+        request_ids,
         failed: None,
         dirty: Default::default(),
         // A round syncs at most one segment per zone plus the end-write

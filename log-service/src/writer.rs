@@ -28,6 +28,7 @@ use crate::config::END_WRITE_COPIES;
 use crate::error::StoreError;
 use crate::meta::{LogMeta, Meta};
 use crate::page::{self, class, Header, Kind, HEADER};
+use crate::request_ids::RequestIds;
 use crate::segment;
 use crate::spares::Spares;
 use crate::store::{Loc, LogIndex, Shared};
@@ -209,8 +210,8 @@ pub(crate) struct Writer {
     /// segments holding the record (repair re-reads a surviving copy; the
     /// records themselves are not kept in memory).
     pub ews: BTreeMap<u64, u64>,
-    pub dedup: IdMap<u64>,
-    pub dedup_order: VecDeque<(u64, u64)>,
+    /// The last `dedup_window` request ids, for idempotent appends.
+    pub request_ids: RequestIds,
     /// Set when a failed batch could not be rolled back: the store then
     /// refuses appends until it is reopened (recovery sorts it out).
     pub failed: Option<String>,
@@ -596,7 +597,7 @@ impl Writer {
         for r in reqs {
             let key = (r.client, r.request);
             if r.client != 0 {
-                if let Some(&pos) = self.dedup.get(&key) {
+                if let Some(pos) = self.request_ids.get(key) {
                     let _ = r.reply.send(Ok(pos));
                     continue;
                 }
@@ -1264,14 +1265,8 @@ impl Writer {
     fn remember_ids(&mut self, answered: &[Pending]) {
         for p in answered {
             if p.meta.client != 0 {
-                let key = (p.meta.client, p.meta.request);
-                self.dedup.insert(key, p.meta.pos);
-                self.dedup_order.push_back(key);
-                while self.dedup_order.len() > self.shared.config.dedup_window {
-                    if let Some(old) = self.dedup_order.pop_front() {
-                        self.dedup.remove(&old);
-                    }
-                }
+                self.request_ids
+                    .remember((p.meta.client, p.meta.request), p.meta.pos);
             }
         }
     }
