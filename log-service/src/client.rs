@@ -55,6 +55,18 @@ pub enum ClientError {
     /// The server sent something that is not a valid answer.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The request does not fit in one frame; nothing was sent. Split the
+    /// batch, or raise `ClientOptions::max_frame_bytes` together with the
+    /// service's `limits.max_frame_bytes` (and `max_record_bytes`).
+    #[error(
+        "a request of {bytes} bytes exceeds the frame limit of {limit} bytes; nothing was sent"
+    )]
+    TooLarge {
+        /// The request's frame size.
+        bytes: usize,
+        /// `ClientOptions::max_frame_bytes`.
+        limit: usize,
+    },
 }
 
 impl ClientError {
@@ -79,7 +91,9 @@ pub struct ClientOptions {
     pub attempts: u32,
     /// First retry delay; doubles up to one second.
     pub backoff: Duration,
-    /// Largest frame accepted from the server.
+    /// Largest frame accepted from the server, and largest request sent
+    /// (a larger one fails with [`ClientError::TooLarge`]). Match it to
+    /// the service's `limits.max_frame_bytes`.
     pub max_frame_bytes: usize,
 }
 
@@ -169,7 +183,10 @@ impl Conn {
         };
         if let Some(t) = &opts.token {
             match conn
-                .call(u64::MAX, &Request::Hello { token: t.clone() })
+                .call(
+                    u64::MAX,
+                    protocol::encode_request(u64::MAX, &Request::Hello { token: t.clone() }),
+                )
                 .await?
             {
                 Response::HelloOk => {}
@@ -182,7 +199,9 @@ impl Conn {
         Ok(conn)
     }
 
-    async fn call(&self, corr: u64, req: &Request) -> Result<Response, String> {
+    /// Sends `frame` (a request encoded with correlation id `corr`) and
+    /// waits for its answer.
+    async fn call(&self, corr: u64, frame: Bytes) -> Result<Response, String> {
         let (w, r) = oneshot::channel();
         lock(&self.waiters).insert(corr, w);
         if !self.alive.load(Ordering::SeqCst) {
@@ -190,7 +209,7 @@ impl Conn {
             return Err("connection closed".into());
         }
         self.tx
-            .send(protocol::encode_request(corr, req))
+            .send(frame)
             .await
             .map_err(|_| "connection closed".to_string())?;
         r.await
@@ -263,7 +282,16 @@ impl Client {
             match self.connection().await {
                 Ok(conn) => {
                     let corr = self.next.fetch_add(1, Ordering::Relaxed);
-                    match conn.call(corr, &req).await {
+                    let frame = protocol::encode_request(corr, &req);
+                    // Refused here: the codec would fail the connection's
+                    // writer, and every retry would meet the same limit.
+                    if frame.len() > self.opts.max_frame_bytes {
+                        return Err(ClientError::TooLarge {
+                            bytes: frame.len(),
+                            limit: self.opts.max_frame_bytes,
+                        });
+                    }
+                    match conn.call(corr, frame).await {
                         Ok(Response::Error {
                             code,
                             a,
@@ -571,6 +599,9 @@ fn to_log_error(e: ClientError) -> LogError {
             len: a as usize,
             limit: b as usize,
         },
+        // Sizes of the whole frame: the entry plus a header of a few dozen
+        // bytes.
+        ClientError::TooLarge { bytes, limit } => LogError::EntryTooLarge { len: bytes, limit },
         other => LogError::Backend(other.to_string()),
     }
 }

@@ -616,3 +616,71 @@ async fn websocket_speaks_the_same_frames_and_http_serves_tools() {
     );
     stop(store, running).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_larger_than_a_frame_fails_at_once_and_the_connection_lives() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, running) = start(config(dir.path())).await;
+    let addr = running.tcp.to_string();
+    // A retry would first sleep the backoff, so the time taken shows
+    // whether the client retried.
+    let backoff = Duration::from_secs(10);
+    let opts = ClientOptions {
+        max_frame_bytes: 64 << 10,
+        backoff,
+        ..ClientOptions::default()
+    };
+    let c = Client::connect_with(&addr, opts).await.unwrap();
+    c.append("big", "before").await.unwrap();
+    // Too large for the client's own limit: refused before sending,
+    // without waiting for retries (the limit will not change).
+    let started = std::time::Instant::now();
+    let big = Bytes::from(vec![7u8; 64 << 10]);
+    let e = tokio::time::timeout(Duration::from_secs(30), c.append("big", big.clone()))
+        .await
+        .expect("an oversized append must fail, not retry for ever")
+        .unwrap_err();
+    assert!(
+        matches!(e, ClientError::TooLarge { bytes, limit } if bytes > limit && limit == 64 << 10),
+        "{e}"
+    );
+    assert!(e.to_string().contains("exceeds the frame limit"), "{e}");
+    let e = tokio::time::timeout(
+        Duration::from_secs(30),
+        c.append_batch("big", vec![big.slice(..40 << 10), big.slice(..40 << 10)]),
+    )
+    .await
+    .expect("an oversized batch must not hang")
+    .unwrap_err();
+    assert!(matches!(e, ClientError::TooLarge { .. }), "{e}");
+    assert!(
+        started.elapsed() < backoff,
+        "refused without a retry: {:?}",
+        started.elapsed()
+    );
+    // Nothing was appended, and the same client goes on working.
+    assert_eq!(c.append("big", "after").await.unwrap(), 1);
+    assert_eq!(c.read("big", 1).await.unwrap(), Bytes::from("after"));
+    stop(store, running).await;
+}
+
+#[test]
+fn the_log_trait_reports_an_oversized_entry_as_entry_too_large() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (store, running) = rt.block_on(start(config(dir.path())));
+    let opts = ClientOptions {
+        max_frame_bytes: 4096,
+        backoff: Duration::from_secs(10),
+        ..ClientOptions::default()
+    };
+    let mut log = BlockingLog::connect(&running.tcp.to_string(), "trait", opts).unwrap();
+    let e = melddb::Log::append(&mut log, &[1u8; 4096]).unwrap_err();
+    assert!(
+        matches!(e, melddb::LogError::EntryTooLarge { len, limit: 4096 } if len > 4096),
+        "{e}"
+    );
+    assert_eq!(melddb::Log::append(&mut log, b"fits").unwrap(), 0);
+    drop(log);
+    rt.block_on(stop(store, running));
+}
