@@ -98,6 +98,20 @@ pub struct Results {
     /// without spares (segments start as empty files), the half load at
     /// the main run's rate.
     pub fresh_files: FreshFiles,
+    /// The 64 KiB point again on a third fresh service with wide stripes.
+    pub wide: WideStripes,
+}
+
+/// Large records over wide stripes: [`WIDE_DATA_SHARDS`] data pages and
+/// one parity page, so less of what is written is parity.
+#[derive(Debug, Clone, Serialize)]
+pub struct WideStripes {
+    /// Stripe geometry used.
+    pub geometry: String,
+    /// 64 KiB records, 64 clients x 4 in flight.
+    pub point: Point,
+    /// Device bytes the service wrote per payload byte.
+    pub write_amplification: f64,
 }
 
 /// The comparison runs without spares.
@@ -122,7 +136,7 @@ pub const HALF_TARGET_TPS: f64 = 150_000.0;
 /// Waits until `store` has all its spares again (the refill runs while the
 /// log is quiet); returns the seconds waited.
 async fn settle(store: &Store, spares: SparesOpt) -> f64 {
-    let want = u64::from(spares.per_zone) * ZONES as u64;
+    let want = u64::from(spares.per_zone) * store.config().zones.len() as u64;
     let t = Instant::now();
     if store.stats().spares_ready < want {
         eprintln!("  waiting for the spares' refill ...");
@@ -147,14 +161,26 @@ fn pct(v: &[f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
-/// Zones (directories) the suite's service stripes over.
-const ZONES: usize = 5;
+/// Data pages per stripe of the suite's service: 4 data + 1 parity pages
+/// over five zones (directories).
+pub const DATA_SHARDS: usize = 4;
 
-fn config(dir: &Path) -> Config {
-    // Four data pages and one parity page per stripe, five zones.
-    let zones: Vec<PathBuf> = (0..ZONES).map(|z| dir.join(format!("zone{z}"))).collect();
+/// Data pages per stripe of the wide geometry the suite also measures
+/// large records on: 8 data + 1 parity pages over nine zones, so parity
+/// is 1/9 of the bytes written instead of 1/5.
+pub const WIDE_DATA_SHARDS: usize = 8;
+
+/// Zones of the suite's geometry.
+const ZONES: usize = DATA_SHARDS + 1;
+
+/// The suite's service over `dir`: `data_shards` data pages and one parity
+/// page per stripe, one zone per page.
+fn config(dir: &Path, data_shards: usize) -> Config {
+    let zones: Vec<PathBuf> = (0..=data_shards)
+        .map(|z| dir.join(format!("zone{z}")))
+        .collect();
     let mut c = Config::with_zones(zones);
-    c.data_shards = 4;
+    c.data_shards = data_shards;
     c.parity_shards = 1;
     c.page_bytes = 256 << 10;
     c.segment_bytes = 256 << 20;
@@ -168,6 +194,51 @@ fn config(dir: &Path) -> Config {
 /// Raw sequential write bandwidth: 1 MiB writes, fdatasync every 8 MiB.
 pub fn disk_seq_write(dir: &Path, mib: usize) -> Result<f64, String> {
     raw_write(dir, Some(mib), None)
+}
+
+/// Removes `dir` (a stopped service's files) and waits until the disk has
+/// discarded the freed blocks. A file system mounted with `discard` (this
+/// VM's is) trims them after the deletion commits, and a raw write or load
+/// point that overlaps tens of GiB of trims measures a fraction of the
+/// disk. So this commits the deletion (an fsync of the parent directory),
+/// then polls the discarded-sector counters in `/proc/diskstats` until
+/// they have not moved for a second, for at most a minute. Without that
+/// file it only commits. Returns the seconds spent.
+fn remove_and_settle(dir: &Path) -> Result<f64, String> {
+    let t = Instant::now();
+    std::fs::remove_dir_all(dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
+    if let Some(parent) = dir.parent() {
+        std::fs::File::open(parent)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| format!("committing the removal of {}: {e}", dir.display()))?;
+    }
+    // Field 14 after the device name: sectors discarded (Linux 4.18+).
+    let discarded = || -> Option<u64> {
+        let text = std::fs::read_to_string("/proc/diskstats").ok()?;
+        Some(
+            text.lines()
+                .filter_map(|l| l.split_whitespace().nth(16)?.parse::<u64>().ok())
+                .sum(),
+        )
+    };
+    let Some(mut last) = discarded() else {
+        return Ok(t.elapsed().as_secs_f64());
+    };
+    let mut still = Instant::now();
+    while still.elapsed() < Duration::from_secs(1) && t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = discarded().unwrap_or(last);
+        if now != last {
+            last = now;
+            still = Instant::now();
+        }
+    }
+    let waited = t.elapsed().as_secs_f64();
+    eprintln!(
+        "  removed {} and waited {waited:.1} s for the disk's trims",
+        dir.display()
+    );
+    Ok(waited)
 }
 
 /// [`disk_seq_write`] for `secs` seconds instead of a fixed size: the disk
@@ -305,7 +376,7 @@ pub fn fsync_round_floor(
 }
 
 async fn start(dir: &Path) -> Result<(Arc<Store>, Running), String> {
-    start_with(config(dir)).await
+    start_with(config(dir, DATA_SHARDS)).await
 }
 
 /// Spare segments for a run (`prepared_segments`): how many per zone, the
@@ -322,9 +393,10 @@ pub struct SparesOpt {
 }
 
 impl SparesOpt {
-    /// The suite's configuration over `dir` with these spares.
-    fn config(&self, dir: &Path) -> Config {
-        let mut c = config(dir);
+    /// The suite's configuration over `dir` with these spares and
+    /// `data_shards` data pages per stripe.
+    fn config(&self, dir: &Path, data_shards: usize) -> Config {
+        let mut c = config(dir, data_shards);
         c.prepared_segments = self.per_zone;
         c.prepare_mib_s = self.mib_s;
         c
@@ -342,7 +414,7 @@ async fn start_prepared(
     if spares.per_zone > 0 {
         eprintln!(
             "opening with {} spare segments of {} MiB (the open writes those not on disk yet) ...",
-            spares.per_zone as usize * ZONES,
+            spares.per_zone as usize * cfg.zones.len(),
             cfg.segment_bytes >> 20
         );
     }
@@ -603,7 +675,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
         wait: true,
     };
     rt.block_on(async {
-        let (store, running, spares_open_secs) = start_prepared(spares.config(&dir), spares).await?;
+        let (store, running, spares_open_secs) = start_prepared(spares.config(&dir, DATA_SHARDS), spares).await?;
         let mut spares_refill_secs = 0.0;
         let addr = running.tcp.to_string();
         let mut clients = Vec::new();
@@ -666,14 +738,14 @@ pub fn run(quick: bool) -> Result<Results, String> {
         for round in 0..2 {
             if round == 1 {
                 eprintln!("growing the log for the second recovery point ...");
-                let (store, running, _) = start_prepared(spares.config(&dir), SparesOpt { wait: false, ..spares }).await?;
+                let (store, running, _) = start_prepared(spares.config(&dir, DATA_SHARDS), SparesOpt { wait: false, ..spares }).await?;
                 let addr = running.tcp.to_string();
                 closed_loop(&addr, "grow", 64, 4, 1, 65536, secs * 2.0).await?;
                 // All spares on disk, so the reopen only adopts them.
                 spares_refill_secs += settle(&store, spares).await;
                 stop(store, running).await;
             }
-            let cfg = spares.config(&dir);
+            let cfg = spares.config(&dir, DATA_SHARDS);
             let t = Instant::now();
             let store = tokio::task::spawn_blocking(move || Store::open(cfg))
                 .await
@@ -691,6 +763,9 @@ pub fn run(quick: bool) -> Result<Results, String> {
                 .await
                 .map_err(|e| e.to_string())?;
         }
+        // The main log (tens of GiB after the second recovery point) is
+        // done with: free the disk for the two services below.
+        remove_and_settle(&dir)?;
         // The same batched and half-load runs without spares.
         let fresh_dir = tmp.path().join("fresh");
         let (store, running) = start(&fresh_dir).await?;
@@ -702,6 +777,25 @@ pub fn run(quick: bool) -> Result<Results, String> {
         let mut fresh_half = open_loop(&addr, 64, best.batch, 1024, peak / 2.0, secs).await?;
         fresh_half.label = "open loop at the same rate, no spares".into();
         let fresh_stages = store.stages().since(&stages_before).summary();
+        stop(store, running).await;
+        remove_and_settle(&fresh_dir)?;
+        // Large records over wide stripes, on their own fresh service with
+        // spares. No raw write of its own: right after the open writes its
+        // 9 GiB of spares, a raw write to a new file on this VM's disk ran
+        // at a fifth of its rate minutes before (371 and 369 MiB/s in two
+        // runs), while this point, seconds later, wrote 1.5 GB/s over the
+        // spares. So it is compared with the raw write next to the main
+        // 64 KiB run.
+        let wide_dir = tmp.path().join("wide");
+        let (store, running, _) =
+            start_prepared(spares.config(&wide_dir, WIDE_DATA_SHARDS), spares).await?;
+        let addr = running.tcp.to_string();
+        eprintln!("record size 65536, {WIDE_DATA_SHARDS} data + 1 parity pages per stripe ...");
+        let before = store.stats();
+        let wide_point = closed_loop(&addr, "64 clients x 4 in flight, wide stripes", 64, 4, 1, 65536, secs).await?;
+        let after = store.stats();
+        let wide_amp = (after.bytes_written - before.bytes_written) as f64
+            / (after.append_bytes - before.append_bytes).max(1) as f64;
         stop(store, running).await;
         Ok(Results {
             append_tps_1k: peak,
@@ -717,7 +811,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
             disk_seq_write_mib_s: disk,
             disk_adjacent_mib_s: adjacent,
             write_amplification_64k: amp,
-            geometry: format!("4 data + 1 parity pages per stripe, 5 zones (directories on one disk), 256 KiB pages, 256 MiB segments, {SUITE_SPARES} spare segments per zone, fsync on"),
+            geometry: format!("{DATA_SHARDS} data + 1 parity pages per stripe, {ZONES} zones (directories on one disk), 256 KiB pages, 256 MiB segments, {SUITE_SPARES} spare segments per zone, fsync on"),
             round_floor,
             spares,
             spares_open_secs,
@@ -726,6 +820,11 @@ pub fn run(quick: bool) -> Result<Results, String> {
                 batched,
                 half_load: fresh_half,
                 half_load_stages: fresh_stages,
+            },
+            wide: WideStripes {
+                geometry: format!("{WIDE_DATA_SHARDS} data + 1 parity pages per stripe, {} zones, otherwise as the suite", WIDE_DATA_SHARDS + 1),
+                point: wide_point,
+                write_amplification: wide_amp,
             },
         })
     })
@@ -800,7 +899,7 @@ impl std::str::FromStr for PointSpec {
 }
 
 /// Service settings a probe can change from their defaults.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct ProbeSettings {
     /// `realtime_priority` of the writer and fsync helpers (0: ordinary
     /// threads).
@@ -811,6 +910,9 @@ pub struct ProbeSettings {
     /// fsync every file of a round (`flush_once_per_device = false`)
     /// instead of writing prepared segments back and flushing once.
     pub fsync_each_file: bool,
+    /// Data pages per stripe (one parity page, one zone per page);
+    /// [`DATA_SHARDS`] is the suite's.
+    pub data_shards: usize,
     /// Seconds of the same load run first and not measured: a fresh
     /// store's first seconds fault its memory in, and its first segments
     /// (a new store's end-write segments) are not from spares.
@@ -832,7 +934,7 @@ pub fn probe(
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
     let dir = tmp.path().join("svc");
     rt.block_on(async {
-        let mut cfg = spares.config(&dir);
+        let mut cfg = spares.config(&dir, settings.data_shards);
         cfg.realtime_priority = settings.realtime_priority;
         cfg.disable_transparent_huge_pages = !settings.keep_thp;
         cfg.flush_once_per_device = !settings.fsync_each_file;

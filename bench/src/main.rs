@@ -126,6 +126,11 @@ struct Args {
     /// by former data segments when the load fills a segment).
     #[arg(long, default_value_t = 0.0)]
     warmup: f64,
+    /// Log suite with `--point`: data pages per stripe, with one parity
+    /// page and one zone (directory) per page. The suite uses 4; it also
+    /// measures 64 KiB records with 8.
+    #[arg(long, default_value_t = melddb_bench::logsvc::DATA_SHARDS)]
+    data_shards: usize,
 }
 
 fn main() {
@@ -895,6 +900,17 @@ fn log_suite(args: &Args) -> Result<(), String> {
         100.0 * big / r.disk_adjacent_mib_s.max(1e-9),
         100.0 * device / r.disk_adjacent_mib_s.max(1e-9)
     );
+    let w = &r.wide;
+    let wide_device = w.point.mib_s * w.write_amplification;
+    println!(
+        "64 KiB records on wide stripes ({}): {:.1} MiB/s payload = {:.0}% of the adjacent raw write above; device bytes per payload byte {:.2} ({:.1} MiB/s = {:.0}%)",
+        w.geometry,
+        w.point.mib_s,
+        100.0 * w.point.mib_s / r.disk_adjacent_mib_s.max(1e-9),
+        w.write_amplification,
+        wide_device,
+        100.0 * wide_device / r.disk_adjacent_mib_s.max(1e-9)
+    );
     for ((mib, s), read) in r.recovery.iter().zip(&r.recovery_read_mib) {
         println!("recovery: {s:.3} s for {mib:.0} MiB of log data (read {read:.0} MiB)");
     }
@@ -982,6 +998,14 @@ fn log_suite(args: &Args) -> Result<(), String> {
         big / r.disk_adjacent_mib_s.max(1e-9),
     );
     put("write_amplification_64k", r.write_amplification_64k);
+    // The same records over 8 data + 1 parity pages per stripe.
+    put("log_write_mib_s_64k_wide", w.point.mib_s);
+    put("log_device_mib_s_64k_wide", wide_device);
+    put(
+        "log_over_adjacent_disk_64k_wide",
+        w.point.mib_s / r.disk_adjacent_mib_s.max(1e-9),
+    );
+    put("write_amplification_64k_wide", w.write_amplification);
     if let Some((mib, s)) = r.recovery.last() {
         put("recovery_s_per_gib", s / (mib / 1024.0).max(1e-9));
     }
@@ -1028,6 +1052,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         keep_thp: args.keep_thp,
         fsync_each_file: args.fsync_each_file,
         warmup_secs: args.warmup,
+        data_shards: args.data_shards,
     };
     let r = melddb_bench::logsvc::probe(spec, args.secs, spares, settings)?;
     let p = &r.point;
