@@ -207,10 +207,23 @@ pub fn disk_seq_write(dir: &Path, mib: usize) -> Result<f64, String> {
 fn remove_and_settle(dir: &Path) -> Result<f64, String> {
     let t = Instant::now();
     std::fs::remove_dir_all(dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
-    if let Some(parent) = dir.parent() {
+    settle_trims(dir)?;
+    let waited = t.elapsed().as_secs_f64();
+    eprintln!(
+        "  removed {} and waited {waited:.1} s for the disk's trims",
+        dir.display()
+    );
+    Ok(waited)
+}
+
+/// The wait of [`remove_and_settle`], after `removed` (a file or a
+/// directory) was deleted.
+fn settle_trims(removed: &Path) -> Result<(), String> {
+    let t = Instant::now();
+    if let Some(parent) = removed.parent() {
         std::fs::File::open(parent)
             .and_then(|d| d.sync_all())
-            .map_err(|e| format!("committing the removal of {}: {e}", dir.display()))?;
+            .map_err(|e| format!("committing the removal of {}: {e}", removed.display()))?;
     }
     // Field 14 after the device name: sectors discarded (Linux 4.18+).
     let discarded = || -> Option<u64> {
@@ -222,7 +235,7 @@ fn remove_and_settle(dir: &Path) -> Result<f64, String> {
         )
     };
     let Some(mut last) = discarded() else {
-        return Ok(t.elapsed().as_secs_f64());
+        return Ok(());
     };
     let mut still = Instant::now();
     while still.elapsed() < Duration::from_secs(1) && t.elapsed() < Duration::from_secs(60) {
@@ -233,12 +246,7 @@ fn remove_and_settle(dir: &Path) -> Result<f64, String> {
             still = Instant::now();
         }
     }
-    let waited = t.elapsed().as_secs_f64();
-    eprintln!(
-        "  removed {} and waited {waited:.1} s for the disk's trims",
-        dir.display()
-    );
-    Ok(waited)
+    Ok(())
 }
 
 /// [`disk_seq_write`] for `secs` seconds instead of a fixed size: the disk
@@ -263,7 +271,9 @@ fn raw_write(dir: &Path, mib: Option<usize>, secs: Option<Duration>) -> Result<f
     f.sync_data().map_err(|e| e.to_string())?;
     let s = t.elapsed().as_secs_f64();
     drop(f);
+    // The load point after this must not meet the trims of this file.
     let _ = std::fs::remove_file(&path);
+    settle_trims(&path)?;
     Ok(written as f64 / s)
 }
 
