@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use melddb_log::config::END_WRITE_COPIES;
 use melddb_log::latency::StagesSummary;
-use melddb_log::{Client, Config, Running, Store};
+use melddb_log::{Client, Config, Running, Stats, Store};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -145,6 +145,13 @@ async fn settle(store: &Store, spares: SparesOpt) -> f64 {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     t.elapsed().as_secs_f64()
+}
+
+/// Device bytes the service wrote per payload byte appended between two
+/// readings of its counters.
+fn write_amplification(before: &Stats, after: &Stats) -> f64 {
+    (after.bytes_written - before.bytes_written) as f64
+        / (after.append_bytes - before.append_bytes).max(1) as f64
 }
 
 /// Sorts latencies once, for [`pct`].
@@ -731,9 +738,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
             let before = store.stats();
             let p = closed_loop(&addr, "64 clients x 4 in flight", 64, 4, 1, s, secs).await?;
             if s == 65536 {
-                let after = store.stats();
-                amp = (after.bytes_written - before.bytes_written) as f64
-                    / (after.append_bytes - before.append_bytes).max(1) as f64;
+                amp = write_amplification(&before, &store.stats());
             }
             sizes.push(p);
         }
@@ -803,9 +808,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
         eprintln!("record size 65536, {WIDE_DATA_SHARDS} data + 1 parity pages per stripe ...");
         let before = store.stats();
         let wide_point = closed_loop(&addr, "64 clients x 4 in flight, wide stripes", 64, 4, 1, 65536, secs).await?;
-        let after = store.stats();
-        let wide_amp = (after.bytes_written - before.bytes_written) as f64
-            / (after.append_bytes - before.append_bytes).max(1) as f64;
+        let wide_amp = write_amplification(&before, &store.stats());
         stop(store, running).await;
         Ok(Results {
             append_tps_1k: peak,
