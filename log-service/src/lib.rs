@@ -31,6 +31,7 @@ mod spares;
 pub mod store;
 pub mod stripe;
 mod syncpool;
+mod tcp_frames;
 mod thp;
 mod writer;
 

@@ -27,6 +27,7 @@ use crate::config::Rights;
 use crate::error::StoreError;
 use crate::protocol::{self, Code, Request, Response};
 use crate::store::Store;
+use crate::tcp_frames::{FrameDecoder, Incoming};
 
 /// Network counters.
 #[derive(Debug, Default)]
@@ -151,24 +152,41 @@ pub async fn start_on(store: Arc<Store>, tcp: &str, http: &str) -> std::io::Resu
 
 async fn tcp_conn(ctx: Arc<Ctx>, sock: TcpStream) {
     let _ = sock.set_nodelay(true);
-    let codec = || {
+    let max = ctx.store.config().limits.max_frame_bytes as usize;
+    let (r, w) = sock.into_split();
+    let frames = FramedRead::new(r, FrameDecoder::new(max)).map(|f| match f {
+        Ok(Incoming::Frame(b)) => Ok(b),
+        // Named by its header: only that request fails.
+        Ok(Incoming::Oversized { corr, len, limit }) => Err(Refused {
+            corr,
+            response: Response::Error {
+                code: Code::TooLarge,
+                a: len,
+                b: limit,
+                message: format!(
+                    "frame of {len} bytes exceeds the service's limits.max_frame_bytes {limit}; \
+                     the request was not executed; split the batch or raise the limit"
+                ),
+            },
+            close: false,
+        }),
+        Err(e) => Err(Refused::closing(
+            if e.kind() == std::io::ErrorKind::InvalidData {
+                Code::TooLarge
+            } else {
+                Code::BadFrame
+            },
+            e.to_string(),
+        )),
+    });
+    let mut sink = FramedWrite::new(
+        w,
         LengthDelimitedCodec::builder()
             .little_endian()
             .length_field_type::<u32>()
-            .max_frame_length(ctx.store.config().limits.max_frame_bytes as usize)
-            .new_codec()
-    };
-    let (r, w) = sock.into_split();
-    let frames = FramedRead::new(r, codec()).map(|f| {
-        f.map(|b| b.freeze()).map_err(|e| {
-            if e.to_string().contains("frame size too big") {
-                (Code::TooLarge, e.to_string())
-            } else {
-                (Code::BadFrame, e.to_string())
-            }
-        })
-    });
-    let mut sink = FramedWrite::new(w, codec());
+            .max_frame_length(max)
+            .new_codec(),
+    );
     let (tx, mut rx) = mpsc::channel::<Bytes>(ctx.store.config().limits.max_in_flight * 2);
     let writer = tokio::spawn(async move {
         while let Some(f) = rx.recv().await {
@@ -195,6 +213,26 @@ fn send_now(tx: &mpsc::Sender<Bytes>, corr: u64, r: &Response) {
     let _ = tx.try_send(protocol::encode_response(corr, r));
 }
 
+/// A frame refused before it was decoded, and the error frame that says so.
+struct Refused {
+    /// The request it answers (0: none could be read).
+    corr: u64,
+    response: Response,
+    /// Whether the byte stream is out of step, so the connection must end.
+    close: bool,
+}
+
+impl Refused {
+    /// A refusal that ends the connection.
+    fn closing(code: Code, message: String) -> Refused {
+        Refused {
+            corr: 0,
+            response: protocol::error(code, message),
+            close: true,
+        }
+    }
+}
+
 /// Serves one connection's frames; answers go to `tx`.
 async fn serve_frames<S>(
     ctx: Arc<Ctx>,
@@ -202,7 +240,7 @@ async fn serve_frames<S>(
     tx: mpsc::Sender<Bytes>,
     mut rights: Option<Rights>,
 ) where
-    S: Stream<Item = Result<Bytes, (Code, String)>> + Unpin,
+    S: Stream<Item = Result<Bytes, Refused>> + Unpin,
 {
     let Ok(conn_permit) = ctx.conns.clone().try_acquire_owned() else {
         ctx.metrics
@@ -233,12 +271,16 @@ async fn serve_frames<S>(
         };
         let frame = match frame {
             None => break,
-            Some(Err((code, msg))) => {
+            Some(Err(refused)) => {
                 ctx.metrics.error_frames.fetch_add(1, Ordering::Relaxed);
                 let _ = tx
-                    .send(protocol::encode_response(0, &protocol::error(code, msg)))
+                    .send(protocol::encode_response(refused.corr, &refused.response))
                     .await;
-                break; // the byte stream is out of step; close
+                // Out of step, or not yet entitled to more answers.
+                if refused.close || rights.is_none() {
+                    break;
+                }
+                continue;
             }
             Some(Ok(f)) => f,
         };
@@ -804,12 +846,12 @@ async fn ws_conn(ctx: Arc<Ctx>, socket: WebSocket, rights: Option<Rights>) {
     let frames = stream.filter_map(|m| async move {
         match m {
             Ok(Message::Binary(b)) => Some(Ok(b)),
-            Ok(Message::Text(_)) => Some(Err((
+            Ok(Message::Text(_)) => Some(Err(Refused::closing(
                 Code::BadFrame,
                 "text messages are not frames; send binary".to_string(),
             ))),
             Ok(_) => None, // ping, pong, close are handled by the library
-            Err(e) => Some(Err((Code::BadFrame, e.to_string()))),
+            Err(e) => Some(Err(Refused::closing(Code::BadFrame, e.to_string()))),
         }
     });
     let frames = Box::pin(frames);

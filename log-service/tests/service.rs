@@ -378,8 +378,77 @@ async fn malformed_oversized_and_unauthorized_frames_are_refused_and_the_service
     send_frame(&mut s, &protocol::encode_request(7, &Request::Ping)).await;
     assert_eq!(recv_frame(&mut s).await.unwrap(), (7, Response::Pong));
 
-    // Oversized length prefix: refused before allocation, connection closed.
+    // An oversized frame of this protocol: refused under its own
+    // correlation id before it is read whole, and the connection goes on.
+    let limit = (1u64 << 20) + 1024;
+    let big = protocol::encode_request(
+        8,
+        &Request::Append {
+            log: "orders".into(),
+            client: 1,
+            request: 1,
+            bytes: Bytes::from(vec![5u8; 2 << 20]),
+        },
+    );
+    assert!(big.len() as u64 > limit);
+    s.write_all(&(big.len() as u32).to_le_bytes())
+        .await
+        .unwrap();
+    s.write_all(&big[..10]).await.unwrap();
+    // Answered from the header alone, while the rest is still unsent.
+    match recv_frame(&mut s).await.unwrap() {
+        (
+            8,
+            Response::Error {
+                code,
+                a,
+                b,
+                message,
+            },
+        ) => {
+            assert_eq!(code, Code::TooLarge);
+            assert_eq!((a, b), (big.len() as u64, limit));
+            assert!(message.contains("max_frame_bytes"), "{message}");
+        }
+        other => panic!("expected TooLarge for request 8, got {other:?}"),
+    }
+    s.write_all(&big[10..]).await.unwrap();
+    send_frame(&mut s, &protocol::encode_request(9, &Request::Ping)).await;
+    assert_eq!(recv_frame(&mut s).await.unwrap(), (9, Response::Pong));
+    // Nothing of it was executed: the reader may not append anyway, so
+    // check the log's bounds did not move.
+    send_frame(
+        &mut s,
+        &protocol::encode_request(
+            10,
+            &Request::Bounds {
+                log: "orders".into(),
+            },
+        ),
+    )
+    .await;
+    assert_eq!(
+        recv_frame(&mut s).await.unwrap(),
+        (10, Response::Bounds { first: 0, tail: 0 })
+    );
+
+    // An oversized length prefix whose frame is not this protocol's:
+    // refused before allocation, connection closed.
     s.write_all(&u32::MAX.to_le_bytes()).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+    assert_eq!(
+        code_of(&recv_frame(&mut s).await.unwrap().1),
+        Some(Code::TooLarge)
+    );
+    assert!(recv_frame(&mut s).await.is_none());
+
+    // Before Hello, an oversized frame ends the connection as any other
+    // frame would.
+    let mut s = raw_connect(&addr).await;
+    s.write_all(&(big.len() as u32).to_le_bytes())
+        .await
+        .unwrap();
+    s.write_all(&big[..10]).await.unwrap();
     assert_eq!(
         code_of(&recv_frame(&mut s).await.unwrap().1),
         Some(Code::TooLarge)
@@ -661,6 +730,66 @@ async fn an_append_larger_than_a_frame_fails_at_once_and_the_connection_lives() 
     // Nothing was appended, and the same client goes on working.
     assert_eq!(c.append("big", "after").await.unwrap(), 1);
     assert_eq!(c.read("big", 1).await.unwrap(), Bytes::from("after"));
+    stop(store, running).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_over_the_services_frame_limit_fails_at_once_and_other_requests_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let limit = cfg.limits.max_frame_bytes as u64;
+    let (store, running) = start(cfg).await;
+    let addr = running.tcp.to_string();
+    // The client's own limit (64 MiB) is above the service's (1 MiB):
+    // the frame goes out and the service refuses it. A retry would sleep
+    // the backoff first, so the time taken shows whether one happened.
+    let backoff = Duration::from_secs(10);
+    let c = Client::connect_with(
+        &addr,
+        ClientOptions {
+            backoff,
+            ..ClientOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let big = Bytes::from(vec![3u8; 2 << 20]);
+    let small: Vec<_> = (0..20)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move { c.append("mixed", format!("small {i}")).await })
+        })
+        .collect();
+    let e = tokio::time::timeout(Duration::from_secs(30), c.append("mixed", big))
+        .await
+        .expect("a refused frame must not be retried for ever")
+        .unwrap_err();
+    match &e {
+        ClientError::Server { code, a, b, .. } => {
+            assert_eq!(*code, Code::TooLarge, "{e}");
+            assert!(*a > *b && *b == limit, "{e}");
+        }
+        other => panic!("expected the service's TooLarge, got {other}"),
+    }
+    // Every request sharing the connection went through.
+    let mut positions = Vec::new();
+    for t in small {
+        positions.push(
+            t.await
+                .unwrap()
+                .expect("a small append on the same connection"),
+        );
+    }
+    positions.sort_unstable();
+    assert_eq!(positions, (0..20).collect::<Vec<_>>());
+    assert!(
+        started.elapsed() < backoff,
+        "refused without a retry: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(c.bounds("mixed").await.unwrap(), (0, 20));
+    assert_eq!(c.append("mixed", "after").await.unwrap(), 20);
     stop(store, running).await;
 }
 
