@@ -263,6 +263,16 @@ fn io_err(e: io::Error) -> String {
 /// How far ahead of its data a window segment is zero-filled.
 const ZERO_CHUNK: u64 = 4 << 20;
 
+/// The largest write whose write-back the writer starts at once
+/// ([`crate::flush::start_write_back`]). Small batches gain: their round
+/// shrinks to about the device flush (measured: the fsync round's mean
+/// 0.17-0.22 ms against 0.30-0.34, the client p99 at 150K appends/s lower
+/// in five of six pairs). Large ones do not: the device is busy anyway,
+/// and submitting megabytes of write-back on the writer thread, the one
+/// that limits throughput there, cost batches of 64 records 1-4% and
+/// raised their p99 in two pairs, and left 64 KiB records unchanged.
+const EARLY_WRITE_BACK_MAX: usize = 256 << 10;
+
 /// Zero-fills `st` up to at least `upto` (in `ZERO_CHUNK` steps, never past
 /// `limit` unless the data itself goes further).
 /// Returns the bytes of zeros written (they reach the disk too, and count
@@ -1121,6 +1131,10 @@ impl Writer {
                 .faults
                 .write_at(&st.file, buf, st.len)
                 .map_err(|e| StoreError::WriteFailed(format!("segment {seg}: {e}")))?;
+            if self.shared.config.fsync && buf.len() <= EARLY_WRITE_BACK_MAX {
+                // Its I/O overlaps the round in flight (see the function).
+                crate::flush::start_write_back(&st.file, st.len, buf.len() as u64);
+            }
             st.len += buf.len() as u64;
             st.zeroed = st.zeroed.max(st.len);
             self.shared
