@@ -145,8 +145,10 @@ mod tests {
         use std::os::fd::AsRawFd;
         // The same number on every architecture (the unified table).
         const SYS_CACHESTAT: libc::c_long = 451;
-        let range = [0u64, 0]; // offset, length (0: to the end)
-                               // nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted
+        // struct cachestat_range: offset, length (0: to the end of the file).
+        let range = [0u64, 0];
+        // struct cachestat: nr_cache, nr_dirty, nr_writeback, nr_evicted,
+        // nr_recently_evicted.
         let mut stat = [0u64; 5];
         // SAFETY: both pointers are to live arrays of the layout the call
         // expects, and the descriptor is open.
