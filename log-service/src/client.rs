@@ -20,6 +20,7 @@ use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
 use crate::locks::lock;
 use crate::protocol::{self, Code, Request, Response};
+use crate::tcp_frames::{FrameDecoder, Incoming};
 
 /// A client operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -130,7 +131,7 @@ impl Conn {
                 .new_codec()
         };
         let (r, w) = sock.into_split();
-        let mut read = FramedRead::new(r, codec());
+        let mut read = FramedRead::new(r, FrameDecoder::new(opts.max_frame_bytes));
         let mut write = FramedWrite::new(w, codec());
         let (tx, mut rx) = mpsc::channel::<Bytes>(1024);
         let waiters: Waiters = Arc::default();
@@ -157,13 +158,45 @@ impl Conn {
             let alive = alive.clone();
             tokio::spawn(async move {
                 while let Some(Ok(f)) = read.next().await {
-                    let Ok((corr, resp)) = protocol::decode_response(&f.freeze()) else {
+                    let f = match f {
+                        Incoming::Frame(f) => f,
+                        Incoming::Oversized { corr, len, limit } => {
+                            // Only the request it answers fails; the
+                            // decoder skips the frame and reads on.
+                            let resp = Response::Error {
+                                code: Code::TooLarge,
+                                a: len,
+                                b: limit,
+                                message: format!(
+                                    "an answer of {len} bytes exceeds ClientOptions::max_frame_bytes {limit}; \
+                                     raise it to read this"
+                                ),
+                            };
+                            if let Some(w) = lock(&waiters).remove(&corr) {
+                                let _ = w.send(resp);
+                            } else if let Some(s) = lock(&streams).remove(&corr) {
+                                // The subscription cannot go past this
+                                // entry; ending its stream makes the next
+                                // call resubscribe and meet it again.
+                                let _ = s.send(resp);
+                            }
+                            continue;
+                        }
+                    };
+                    let Ok((corr, resp)) = protocol::decode_response(&f) else {
                         break;
                     };
                     if let Some(w) = lock(&waiters).remove(&corr) {
                         let _ = w.send(resp);
-                    } else if let Some(s) = lock(&streams).get(&corr) {
-                        let _ = s.send(resp);
+                        continue;
+                    }
+                    let mut subs = lock(&streams);
+                    if let Some(s) = subs.get(&corr) {
+                        if s.send(resp).is_err() {
+                            // Its subscription is gone (dropped, or ended by
+                            // an error): stop routing to it.
+                            subs.remove(&corr);
+                        }
                     } else if corr == 0 {
                         // A connection-level error (busy, bad frame): fail
                         // everyone waiting.
@@ -502,12 +535,18 @@ impl Subscription {
                     b,
                     message,
                 }) => {
+                    // The service ends a subscription it reports an error
+                    // on, and an entry too large to receive ends it here:
+                    // the next call starts afresh from `next` (and meets
+                    // the same error if its cause is still there) rather
+                    // than waiting on a stream nobody feeds.
+                    self.rx = None;
                     return Err(ClientError::Server {
                         code,
                         a,
                         b,
                         message,
-                    })
+                    });
                 }
                 Some(other) => {
                     return Err(ClientError::Protocol(format!("subscription got {other:?}")))

@@ -1,15 +1,17 @@
-//! The service's reading side of TCP framing: each frame is its length as
-//! a little-endian `u32`, then that many bytes (see [`crate::protocol`]).
+//! The reading side of TCP framing, for the service and the client: each
+//! frame is its length as a little-endian `u32`, then that many bytes (see
+//! [`crate::protocol`]).
 //!
-//! A frame longer than `max_frame_bytes` is refused without allocating it,
-//! like a stock length-delimited codec would, but not by closing the
+//! A frame longer than the reader's limit is refused without allocating
+//! it, like a stock length-delimited codec would, but not by closing the
 //! connection: the decoder reads the frame's header (version, type and
-//! correlation id, the first ten bytes), reports the frame so the server
-//! can answer that request with a `TooLarge` error, and then discards the
-//! frame's bytes as they arrive. Closing instead would fail every other
-//! request in flight on the connection, and a client that retries on a
-//! lost connection would resend the same frame until it gave up; an error
-//! under the request's own id fails just that request, for good.
+//! correlation id, the first ten bytes; requests and answers share it),
+//! reports the frame so that one request can fail with `TooLarge`, and
+//! then discards the frame's bytes as they arrive. Closing instead would
+//! fail every other request in flight on the connection, and a client that
+//! retries on a lost connection would send the same request again and
+//! again until it gave up; an error under the request's own id fails just
+//! that request, for good.
 //!
 //! A frame whose header is not this protocol's (an unknown version byte)
 //! still closes the connection: its length is then no evidence of where

@@ -793,6 +793,84 @@ async fn an_append_over_the_services_frame_limit_fails_at_once_and_other_request
     stop(store, running).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_over_the_clients_frame_limit_fails_that_request_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, running) = start(config(dir.path())).await;
+    let addr = running.tcp.to_string();
+    let writer = Client::connect(&addr).await.unwrap();
+    let big = Bytes::from(vec![4u8; 200 << 10]);
+    assert_eq!(writer.append("wide", big.clone()).await.unwrap(), 0);
+    assert_eq!(writer.append("wide", "small").await.unwrap(), 1);
+    // A reader whose frame limit (64 KiB) is below the entry. A retry
+    // would sleep the backoff first.
+    let backoff = Duration::from_secs(10);
+    let limit = 64usize << 10;
+    let reader = Client::connect_with(
+        &addr,
+        ClientOptions {
+            max_frame_bytes: limit,
+            backoff,
+            ..ClientOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let small = {
+        let r = reader.clone();
+        tokio::spawn(async move { r.read("wide", 1).await })
+    };
+    let e = tokio::time::timeout(Duration::from_secs(30), reader.read("wide", 0))
+        .await
+        .expect("an answer too large to receive must not be retried for ever")
+        .unwrap_err();
+    match &e {
+        ClientError::Server {
+            code,
+            a,
+            b,
+            message,
+        } => {
+            assert_eq!(*code, Code::TooLarge, "{e}");
+            assert!(*a > big.len() as u64 && *b == limit as u64, "{e}");
+            assert!(message.contains("ClientOptions::max_frame_bytes"), "{e}");
+        }
+        other => panic!("expected TooLarge for the answer, got {other}"),
+    }
+    assert_eq!(small.await.unwrap().unwrap(), Bytes::from("small"));
+    assert_eq!(reader.read("wide", 1).await.unwrap(), Bytes::from("small"));
+    // A subscription stops at the entry it cannot receive, every time it
+    // is asked, and one from past it works.
+    let mut sub = reader.subscribe("wide", 0);
+    for _ in 0..2 {
+        let e = tokio::time::timeout(Duration::from_secs(30), sub.next())
+            .await
+            .expect("the subscription must report, not hang")
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClientError::Server {
+                    code: Code::TooLarge,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+    let mut sub = reader.subscribe("wide", 1);
+    assert_eq!(sub.next().await.unwrap(), (1, Bytes::from("small")));
+    assert!(
+        started.elapsed() < backoff,
+        "no retry: {:?}",
+        started.elapsed()
+    );
+    // A client with room for it reads it.
+    assert_eq!(writer.read("wide", 0).await.unwrap(), big);
+    stop(store, running).await;
+}
+
 #[test]
 fn the_log_trait_reports_an_oversized_entry_as_entry_too_large() {
     let dir = tempfile::tempdir().unwrap();
