@@ -123,16 +123,16 @@ impl Conn {
     async fn open(addr: &str, opts: &ClientOptions) -> Result<Conn, String> {
         let sock = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
         let _ = sock.set_nodelay(true);
-        let codec = || {
+        let (r, w) = sock.into_split();
+        let mut read = FramedRead::new(r, FrameDecoder::new(opts.max_frame_bytes));
+        let mut write = FramedWrite::new(
+            w,
             LengthDelimitedCodec::builder()
                 .little_endian()
                 .length_field_type::<u32>()
                 .max_frame_length(opts.max_frame_bytes)
-                .new_codec()
-        };
-        let (r, w) = sock.into_split();
-        let mut read = FramedRead::new(r, FrameDecoder::new(opts.max_frame_bytes));
-        let mut write = FramedWrite::new(w, codec());
+                .new_codec(),
+        );
         let (tx, mut rx) = mpsc::channel::<Bytes>(1024);
         let waiters: Waiters = Arc::default();
         let streams: Streams = Arc::default();
@@ -158,12 +158,17 @@ impl Conn {
             let alive = alive.clone();
             tokio::spawn(async move {
                 while let Some(Ok(f)) = read.next().await {
-                    let f = match f {
-                        Incoming::Frame(f) => f,
-                        Incoming::Oversized { corr, len, limit } => {
-                            // Only the request it answers fails; the
-                            // decoder skips the frame and reads on.
-                            let resp = Response::Error {
+                    let (corr, resp) = match f {
+                        Incoming::Frame(f) => match protocol::decode_response(&f) {
+                            Ok(answer) => answer,
+                            Err(_) => break,
+                        },
+                        // The decoder skips the frame and reads on; only
+                        // the request it answers fails (a subscription
+                        // ends on it, see `Subscription::next`).
+                        Incoming::Oversized { corr, len, limit } => (
+                            corr,
+                            Response::Error {
                                 code: Code::TooLarge,
                                 a: len,
                                 b: limit,
@@ -171,20 +176,8 @@ impl Conn {
                                     "an answer of {len} bytes exceeds ClientOptions::max_frame_bytes {limit}; \
                                      raise it to read this"
                                 ),
-                            };
-                            if let Some(w) = lock(&waiters).remove(&corr) {
-                                let _ = w.send(resp);
-                            } else if let Some(s) = lock(&streams).remove(&corr) {
-                                // The subscription cannot go past this
-                                // entry; ending its stream makes the next
-                                // call resubscribe and meet it again.
-                                let _ = s.send(resp);
-                            }
-                            continue;
-                        }
-                    };
-                    let Ok((corr, resp)) = protocol::decode_response(&f) else {
-                        break;
+                            },
+                        ),
                     };
                     if let Some(w) = lock(&waiters).remove(&corr) {
                         let _ = w.send(resp);

@@ -265,12 +265,11 @@ const ZERO_CHUNK: u64 = 4 << 20;
 
 /// The largest write whose write-back the writer starts at once
 /// ([`crate::flush::start_write_back`]). Small batches gain: their round
-/// shrinks to about the device flush (measured: the fsync round's mean
-/// 0.17-0.22 ms against 0.30-0.34, the client p99 at 150K appends/s lower
-/// in five of six pairs). Large ones do not: the device is busy anyway,
-/// and submitting megabytes of write-back on the writer thread, the one
-/// that limits throughput there, cost batches of 64 records 1-4% and
-/// raised their p99 in two pairs, and left 64 KiB records unchanged.
+/// shrinks to about the device flush. Large ones do not: the device is
+/// busy anyway, and submitting megabytes of write-back on the writer
+/// thread, the one that limits throughput there, cost batches of 64
+/// records 1-4%. The measurements are in docs/benchmarks.md (eighteenth
+/// session).
 const EARLY_WRITE_BACK_MAX: usize = 256 << 10;
 
 /// Zero-fills `st` up to at least `upto` (in `ZERO_CHUNK` steps, never past
