@@ -630,6 +630,14 @@ async fn websocket_speaks_the_same_frames_and_http_serves_tools() {
         code_of(&reply(ws.next().await.unwrap().unwrap()).1),
         Some(Code::BadFrame)
     );
+    match ws.next().await.unwrap().unwrap() {
+        Message::Close(Some(c)) => assert_eq!(
+            c.code,
+            tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode::Unsupported,
+            "{c:?}"
+        ),
+        other => panic!("expected a close frame, got {other:?}"),
+    }
 
     // HTTP, spoken by hand.
     let http = |method: &str, path: &str, body: &[u8]| {
@@ -683,6 +691,84 @@ async fn websocket_speaks_the_same_frames_and_http_serves_tools() {
         body.contains(&format!("melddb_log_batch_write_seconds_count {batches}")),
         "{body}"
     );
+    stop(store, running).await;
+}
+
+/// A WebSocket message over the frame limit is refused from its header:
+/// the library cannot hand over the request's correlation id, so the
+/// answer is a connection-level TooLarge error frame (with the size and
+/// the limit) and a close frame with code 1009, not a generic BadFrame.
+/// The service goes on serving other connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_message_over_the_limit_gets_too_large_and_close_1009() {
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    use tokio_tungstenite::tungstenite::Message;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let limit = cfg.limits.max_frame_bytes as u64;
+    let (store, running) = start(cfg).await;
+    let url = format!("ws://{}/v1/ws", running.http);
+    let (mut ws, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+    let big = Request::Append {
+        log: "web".into(),
+        client: 5,
+        request: 1,
+        bytes: Bytes::from(vec![7u8; 2 << 20]),
+    };
+    let frame = protocol::encode_request(9, &big);
+    let size = frame.len() as u64;
+    // The service may close before the whole message is sent.
+    let _ = ws.send(Message::Binary(frame)).await;
+    let mut error = None;
+    let mut close = None;
+    while let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
+        match m {
+            Message::Binary(b) => error = Some(protocol::decode_response(&b).unwrap()),
+            Message::Close(c) => {
+                close = c;
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    match error {
+        Some((
+            0,
+            Response::Error {
+                code,
+                a,
+                b,
+                message,
+            },
+        )) => {
+            assert_eq!(code, Code::TooLarge, "{message}");
+            assert_eq!((a, b), (size, limit), "{message}");
+            assert!(message.contains("max_frame_bytes"), "{message}");
+        }
+        other => panic!("expected a connection-level TooLarge, got {other:?}"),
+    }
+    let close = close.expect("a close frame");
+    assert_eq!(close.code, CloseCode::Size, "{close:?}");
+    assert!(close.reason.len() <= 123, "{close:?}");
+
+    // Unharmed: a new connection appends.
+    let (mut ws, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+    let small = Request::Append {
+        log: "web".into(),
+        client: 5,
+        request: 2,
+        bytes: Bytes::from_static(b"small"),
+    };
+    ws.send(Message::Binary(protocol::encode_request(1, &small)))
+        .await
+        .unwrap();
+    match ws.next().await.unwrap().unwrap() {
+        Message::Binary(b) => assert_eq!(
+            protocol::decode_response(&b).unwrap(),
+            (1, Response::Appended { pos: 0 })
+        ),
+        other => panic!("{other:?}"),
+    }
     stop(store, running).await;
 }
 
