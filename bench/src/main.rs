@@ -858,7 +858,12 @@ fn log_suite(args: &Args) -> Result<(), String> {
         .clients
         .iter()
         .chain(&r.sizes)
-        .chain([&r.half_load, &r.half_target_load, &r.reads])
+        .chain([
+            &r.half_load,
+            &r.half_target_first,
+            &r.half_target_load,
+            &r.reads,
+        ])
         .chain([&r.fresh_files.batched, &r.fresh_files.half_load])
         .collect();
     for p in &all {
@@ -964,6 +969,10 @@ fn log_suite(args: &Args) -> Result<(), String> {
     put("append_p99_ms_half_load", r.half_load.p99_ms);
     put("append_p50_ms_half_load", r.half_load.p50_ms);
     put("append_p99_ms_half_target", r.half_target_load.p99_ms);
+    put(
+        "append_p99_ms_half_target_first_run",
+        r.half_target_first.p99_ms,
+    );
     put("append_p999_ms_half_target", r.half_target_load.p999_ms);
     put("append_max_ms_half_target", r.half_target_load.max_ms);
     put("append_p50_ms_half_target", r.half_target_load.p50_ms);
