@@ -1043,11 +1043,14 @@ fn spares_become_data_segments_and_leftovers_are_cleaned_up() {
     cfg.prepared_segments = 2;
     let seg_bytes = cfg.segment_bytes;
     let store = Arc::new(Store::open(cfg.clone()).unwrap());
-    // The open wrote two spares per zone, and the first window's six data
-    // segments (ordered and unordered) took six of them: those files are
-    // full size from the start, the three end-write segments are not.
+    // The open wrote two spares per zone, and the first window's nine
+    // segments took all six, in the order they were made: the three
+    // end-write segments first (so a new store's rounds write them back
+    // instead of fsyncing growing files), then three of the six data
+    // segments. Those files are full size from the start, the rest not.
     let segs = store.segments_blocking();
     assert_eq!(segs.len(), 9, "{segs:?}");
+    let mut full = 0;
     for s in &segs {
         let path = dir
             .path()
@@ -1055,11 +1058,11 @@ fn spares_become_data_segments_and_leftovers_are_cleaned_up() {
             .join(format!("seg-{:016}.dat", s.id));
         let len = std::fs::metadata(&path).unwrap().len();
         if s.class == class::END_WRITE {
-            assert!(len < seg_bytes, "end-write segment {} is {len} bytes", s.id);
-        } else {
-            assert_eq!(len, seg_bytes, "data segment {} was not a spare", s.id);
+            assert_eq!(len, seg_bytes, "end-write segment {} was not a spare", s.id);
         }
+        full += usize::from(len == seg_bytes);
     }
+    assert_eq!(full, 6, "{segs:?}");
     assert_eq!(store.stats().segments_prepared, 6);
     // The refill brings every zone back to two while nothing is appended.
     wait_for_spares(&store, 6);
@@ -1284,10 +1287,9 @@ fn a_rolled_back_spare_segment_is_fsynced_from_then_on() {
         append(&store, &mut model, i);
     }
     // Each batch writes a root stripe's three pages (one per data
-    // segment, all spares) and three end-writes (end-write segments of a
-    // new store are not spares).
+    // segment) and three end-writes, all six to segments made from spares.
     let before = store.stats();
-    assert_eq!(before.write_backs, 3 * 20, "{before:?}");
+    assert_eq!(before.write_backs, 6 * 20, "{before:?}");
     // The batch's second write fails: the first segment it wrote is cut
     // back, the batch fails.
     faults.fail_write_after(1, false);
@@ -1299,7 +1301,7 @@ fn a_rolled_back_spare_segment_is_fsynced_from_then_on() {
         append(&store, &mut model, i);
     }
     let after = store.stats();
-    assert_eq!(after.write_backs - failed.write_backs, 2 * 20, "{after:?}");
+    assert_eq!(after.write_backs - failed.write_backs, 5 * 20, "{after:?}");
     check(&store, &model);
     drop(store);
     check(&Store::open(cfg).unwrap(), &model);
