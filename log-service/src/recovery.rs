@@ -115,17 +115,23 @@ impl<'a> Cursor<'a> {
 /// - a segment whose last page is its seal marker takes no more writes, so
 ///   nothing after that can be data: its zero tail (a spare sealed early
 ///   keeps one) is not read;
-/// - any other segment (data or end-write, still open) looks `near` bytes
-///   on (two pages and more): a page torn away by a crash hides at most
-///   the pages of the round after it, which lie there. Its tail can be a
-///   whole spare's zeros, and reading those at every start made recovery
-///   cost the window's size. Stray bytes further on can only be an
-///   unacknowledged batch's torn pages or damage to unused space, which
-///   the segment's next pages overwrite. Acknowledged data pages are found
-///   by their end-writes instead ([`recover`] rebuilds a segment when a
-///   live stripe has a page at or past the end of its data), and an
-///   acknowledged end-write is in all three end-write copies, so a copy
-///   that lost a header to damage does not lose it.
+/// - a data segment still open looks `near` bytes on (two pages and more):
+///   a page torn away hides at most the page after it there. Its tail can
+///   be a whole spare's zeros, and reading those at every start made
+///   recovery cost the window's size. Stray bytes further on can only be
+///   an unacknowledged batch's torn pages or damage to unused space, which
+///   the segment's next pages overwrite; acknowledged pages are found by
+///   their end-writes instead ([`recover`] rebuilds a segment when a live
+///   stripe has a page at or past the end of its data);
+/// - any other segment (end-write, or without a class yet) reads its
+///   whole tail. Nothing cross-checks end-writes the way end-writes check
+///   data pages, and two batches' end-writes can be longer than `near`
+///   (a batch holds up to 16K records), so a crash can leave an
+///   unacknowledged end-write page beyond any fixed stretch; left there,
+///   it would be read as live once new pages reached exactly its offset.
+///   Any stray bytes rebuild the segment instead. Its tail is a spare's
+///   zeros (end-write segments are made from spares), so an open reads up
+///   to a segment per end-write copy.
 ///
 /// A page that runs past the end of the file is a torn-tail candidate; a
 /// page that fails its checksum is counted and kept; an unreadable header
@@ -217,7 +223,11 @@ pub(crate) fn scan(path: &Path, file: &File, near: u64) -> std::io::Result<Scan>
         // "runs past the end", and live pages may follow it).
         s.cut = Some((at, data_end(file, len, at, &mut s.read)?));
         s.len = at;
-    } else if off < len && !sealed && data_end(file, len.min(off + near), off, &mut s.read)? > off {
+    } else if off < len && !sealed && {
+        let data = matches!(s.class(), class::UNORDERED | class::ORDERED);
+        let end = if data { len.min(off + near) } else { len };
+        data_end(file, end, off, &mut s.read)? > off
+    } {
         tracing::warn!(path = %path.display(), offset = off, "data after a zeroed page header; segment will be rebuilt");
         s.damaged_at = Some(off);
         s.len = len;
@@ -841,9 +851,10 @@ mod tests {
         };
         let tail = 64 << 20;
         for (marker, sealed, most, least) in [
-            // Open, of any class: `NEAR` bytes of it.
-            (None, false, NEAR + (1 << 20), NEAR),
-            (Some(class::END_WRITE), false, NEAR + (1 << 20), NEAR),
+            // No class yet (or end-write): the whole tail.
+            (None, false, u64::MAX, tail as u64),
+            (Some(class::END_WRITE), false, u64::MAX, tail as u64),
+            // An open data segment: `NEAR` bytes of it.
             (Some(class::ORDERED), false, NEAR + (1 << 20), NEAR),
             (Some(class::UNORDERED), false, NEAR + (1 << 20), NEAR),
             // Sealed: none of it.
@@ -882,13 +893,10 @@ mod tests {
         let (_d3, path3, data3) = segment(&pages, 8 << 20);
         poke(&path3, data3 + 2 * NEAR, b"stray");
         assert_eq!(scan_of(&path3).damaged_at, None);
-        // A segment without a class (or an end-write one) looks as far.
+        // A segment without a class reads its whole tail.
         let (_d4, path4, data4) = segment(&pages[1..], 8 << 20);
-        poke(&path4, data4 + NEAR / 2, b"stray");
+        poke(&path4, data4 + (6 << 20), b"stray");
         assert_eq!(scan_of(&path4).damaged_at, Some(data4));
-        let (_d6, path6, data6) = segment(&pages[1..], 8 << 20);
-        poke(&path6, data6 + 2 * NEAR, b"stray");
-        assert_eq!(scan_of(&path6).damaged_at, None);
         // After the seal nothing is written, so bytes there are not data.
         let mut sealed = pages.clone();
         sealed.push(page::class_marker(class::SEALED));

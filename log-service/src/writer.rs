@@ -377,8 +377,9 @@ impl Writer {
         // round must fdatasync it (the file system journals the new size)
         // instead of writing it back and flushing the device once, which
         // measured about a third more latency at 150K appends/s until the
-        // window first slid. Recovery reads only a little past the end of
-        // an open segment's data, so a spare's zeros cost no reads.
+        // window first slid. The price: an open reads an open end-write
+        // segment's whole zero tail (see `recovery::scan`), as it already
+        // did for later end-write segments, which are former data segments.
         let spare = self
             .spares
             .as_ref()
