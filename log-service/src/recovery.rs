@@ -129,9 +129,9 @@ impl<'a> Cursor<'a> {
 ///   (a batch holds up to 16K records), so a crash can leave an
 ///   unacknowledged end-write page beyond any fixed stretch; left there,
 ///   it would be read as live once new pages reached exactly its offset.
-///   Any stray bytes rebuild the segment instead. Its tail is a spare's
-///   zeros (end-write segments are made from spares), so an open reads up
-///   to a segment per end-write copy.
+///   Any stray bytes rebuild the segment instead. With spares its tail
+///   is a spare's zeros (every segment is made from one when one is
+///   ready), so an open reads up to a segment per end-write copy.
 ///
 /// A page that runs past the end of the file is a torn-tail candidate; a
 /// page that fails its checksum is counted and kept; an unreadable header

@@ -909,7 +909,8 @@ async fn ws_conn(ctx: Arc<Ctx>, socket: WebSocket, rights: Option<Rights>) {
                 Code::BadFrame,
                 "text messages are not frames; send binary".to_string(),
             ),
-            Ok(_) => return std::future::ready(None), // ping, pong, close: the library's
+            // Ping, pong and close are answered by the library.
+            Ok(_) => return std::future::ready(None),
             Err(e) => ws_read_refusal(e),
         };
         if let Ok(mut w) = why.lock() {
