@@ -16,11 +16,11 @@ use futures_util::{SinkExt, StreamExt};
 use melddb::{Entry, LogError, LogPos};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
+use tokio_util::codec::{FramedRead, FramedWrite};
 
 use crate::locks::lock;
 use crate::protocol::{self, Code, Request, Response};
-use crate::tcp_frames::{FrameDecoder, Incoming};
+use crate::tcp_frames::{self, FrameDecoder, Incoming};
 
 /// A client operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -125,14 +125,7 @@ impl Conn {
         let _ = sock.set_nodelay(true);
         let (r, w) = sock.into_split();
         let mut read = FramedRead::new(r, FrameDecoder::new(opts.max_frame_bytes));
-        let mut write = FramedWrite::new(
-            w,
-            LengthDelimitedCodec::builder()
-                .little_endian()
-                .length_field_type::<u32>()
-                .max_frame_length(opts.max_frame_bytes)
-                .new_codec(),
-        );
+        let mut write = FramedWrite::new(w, tcp_frames::encoder(opts.max_frame_bytes));
         let (tx, mut rx) = mpsc::channel::<Bytes>(1024);
         let waiters: Waiters = Arc::default();
         let streams: Streams = Arc::default();
@@ -168,15 +161,14 @@ impl Conn {
                         // ends on it, see `Subscription::next`).
                         Incoming::Oversized { corr, len, limit } => (
                             corr,
-                            Response::Error {
-                                code: Code::TooLarge,
-                                a: len,
-                                b: limit,
-                                message: format!(
+                            protocol::too_large(
+                                len,
+                                limit,
+                                format!(
                                     "an answer of {len} bytes exceeds ClientOptions::max_frame_bytes {limit}; \
                                      raise it to read this"
                                 ),
-                            },
+                            ),
                         ),
                     };
                     if let Some(w) = lock(&waiters).remove(&corr) {

@@ -551,6 +551,17 @@ pub fn store_error(e: &StoreError) -> Response {
     }
 }
 
+/// The error frame for a frame over a reader's limit: error 7 with the
+/// frame's length and the limit, as `StoreError::TooLarge` reports a record.
+pub(crate) fn too_large(len: u64, limit: u64, message: String) -> Response {
+    Response::Error {
+        code: Code::TooLarge,
+        a: len,
+        b: limit,
+        message,
+    }
+}
+
 /// An error frame.
 pub fn error(code: Code, message: impl Into<String>) -> Response {
     Response::Error {

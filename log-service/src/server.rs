@@ -21,13 +21,13 @@ use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{broadcast, mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
-use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
+use tokio_util::codec::{FramedRead, FramedWrite};
 
 use crate::config::Rights;
 use crate::error::StoreError;
 use crate::protocol::{self, Code, Request, Response};
 use crate::store::Store;
-use crate::tcp_frames::{FrameDecoder, Incoming};
+use crate::tcp_frames::{self, FrameDecoder, Incoming};
 
 /// Network counters.
 #[derive(Debug, Default)]
@@ -159,15 +159,14 @@ async fn tcp_conn(ctx: Arc<Ctx>, sock: TcpStream) {
         // Named by its header: only that request fails.
         Ok(Incoming::Oversized { corr, len, limit }) => Err(Refused {
             corr,
-            response: Response::Error {
-                code: Code::TooLarge,
-                a: len,
-                b: limit,
-                message: format!(
+            response: protocol::too_large(
+                len,
+                limit,
+                format!(
                     "frame of {len} bytes exceeds the service's limits.max_frame_bytes {limit}; \
                      the request was not executed; split the batch or raise the limit"
                 ),
-            },
+            ),
             close: false,
         }),
         Err(e) => Err(Refused::closing(
@@ -179,14 +178,7 @@ async fn tcp_conn(ctx: Arc<Ctx>, sock: TcpStream) {
             e.to_string(),
         )),
     });
-    let mut sink = FramedWrite::new(
-        w,
-        LengthDelimitedCodec::builder()
-            .little_endian()
-            .length_field_type::<u32>()
-            .max_frame_length(max)
-            .new_codec(),
-    );
+    let mut sink = FramedWrite::new(w, tcp_frames::encoder(max));
     let (tx, mut rx) = mpsc::channel::<Bytes>(ctx.store.config().limits.max_in_flight * 2);
     let writer = tokio::spawn(async move {
         while let Some(f) = rx.recv().await {
@@ -225,9 +217,14 @@ struct Refused {
 impl Refused {
     /// A refusal that ends the connection.
     fn closing(code: Code, message: String) -> Refused {
+        Refused::ending(protocol::error(code, message))
+    }
+
+    /// A refusal that ends the connection, answered with `response`.
+    fn ending(response: Response) -> Refused {
         Refused {
             corr: 0,
-            response: protocol::error(code, message),
+            response,
             close: true,
         }
     }
@@ -847,9 +844,13 @@ const WS_REFUSAL_LINGER: std::time::Duration = std::time::Duration::from_millis(
 
 /// A refused WebSocket message: the error frame (connection-level, so
 /// correlation id 0) and the close frame that ends the connection.
-fn ws_refusal(close: u16, code: Code, message: String) -> (Refused, CloseFrame) {
+fn ws_refusal(close: u16, response: Response) -> (Refused, CloseFrame) {
     // A close reason is at most 123 bytes; the error frame has the whole text.
-    let mut reason = message.clone();
+    let mut reason = match &response {
+        Response::Error { message, .. } => message.clone(),
+        // Refusals are error frames; anything else has no text to give.
+        _ => String::new(),
+    };
     if reason.len() > 123 {
         let mut cut = 120;
         while !reason.is_char_boundary(cut) {
@@ -859,7 +860,7 @@ fn ws_refusal(close: u16, code: Code, message: String) -> (Refused, CloseFrame) 
         reason.push_str("...");
     }
     (
-        Refused::closing(code, message),
+        Refused::ending(response),
         CloseFrame {
             code: close,
             reason: reason.into(),
@@ -879,20 +880,22 @@ fn ws_read_refusal(e: axum::Error) -> (Refused, CloseFrame) {
         max_size,
     })) = inner.downcast_ref::<tungstenite::Error>()
     {
-        let (mut refused, close) = ws_refusal(
+        return ws_refusal(
             close_code::SIZE,
-            Code::TooLarge,
-            format!(
-                "message of {size} bytes exceeds the service's limits.max_frame_bytes {max_size}; \
-                 the connection ends; split the batch or raise the limit"
+            protocol::too_large(
+                *size as u64,
+                *max_size as u64,
+                format!(
+                    "message of {size} bytes exceeds the service's limits.max_frame_bytes {max_size}; \
+                     the connection ends; split the batch or raise the limit"
+                ),
             ),
         );
-        if let Response::Error { a, b, .. } = &mut refused.response {
-            (*a, *b) = (*size as u64, *max_size as u64);
-        }
-        return (refused, close);
     }
-    ws_refusal(close_code::PROTOCOL, Code::BadFrame, inner.to_string())
+    ws_refusal(
+        close_code::PROTOCOL,
+        protocol::error(Code::BadFrame, inner.to_string()),
+    )
 }
 
 async fn ws_conn(ctx: Arc<Ctx>, socket: WebSocket, rights: Option<Rights>) {
@@ -906,8 +909,7 @@ async fn ws_conn(ctx: Arc<Ctx>, socket: WebSocket, rights: Option<Rights>) {
             Ok(Message::Binary(b)) => return std::future::ready(Some(Ok(b))),
             Ok(Message::Text(_)) => ws_refusal(
                 close_code::UNSUPPORTED,
-                Code::BadFrame,
-                "text messages are not frames; send binary".to_string(),
+                protocol::error(Code::BadFrame, "text messages are not frames; send binary"),
             ),
             // Ping, pong and close are answered by the library.
             Ok(_) => return std::future::ready(None),

@@ -1,6 +1,7 @@
-//! The reading side of TCP framing, for the service and the client: each
-//! frame is its length as a little-endian `u32`, then that many bytes (see
-//! [`crate::protocol`]).
+//! TCP framing for the service and the client: each frame is its length
+//! as a little-endian `u32`, then that many bytes (see
+//! [`crate::protocol`]). Writing uses a stock codec ([`encoder`]); reading
+//! uses [`FrameDecoder`].
 //!
 //! A frame longer than the reader's limit is refused without allocating
 //! it, like a stock length-delimited codec would, but not by closing the
@@ -20,7 +21,7 @@
 use std::io;
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio_util::codec::Decoder;
+use tokio_util::codec::{Decoder, LengthDelimitedCodec};
 
 use crate::protocol::VERSION;
 
@@ -29,6 +30,16 @@ const PREFIX: usize = 4;
 /// Bytes of a frame's header read from an oversized frame: version, type
 /// and correlation id.
 const HEADER: usize = 1 + 1 + 8;
+
+/// The codec that writes frames of at most `max` bytes (a longer one
+/// fails its write).
+pub(crate) fn encoder(max: usize) -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .little_endian()
+        .length_field_type::<u32>()
+        .max_frame_length(max)
+        .new_codec()
+}
 
 /// What the decoder yields.
 #[derive(Debug, PartialEq, Eq)]
