@@ -34,7 +34,13 @@ impl IntentionSets {
             if !int.owns(n) {
                 return;
             }
-            walk(n.left(), int, s);
+            // The owned flags say which children belong to the intention,
+            // so the walk never loads a snapshot node just to learn that it
+            // is not the intention's (those are cold: a quarter of this
+            // validator's time went to such loads, docs/benchmarks.md).
+            if n.flag(crate::node::LEFT_OWNED) {
+                walk(n.left(), int, s);
+            }
             if n.altered() {
                 s.writes.push(n.key.clone());
             } else if n.depends_on() {
@@ -43,7 +49,9 @@ impl IntentionSets {
             if let Some(rs) = n.ranges() {
                 s.ranges.extend(rs.iter().cloned());
             }
-            walk(n.right(), int, s);
+            if n.flag(crate::node::RIGHT_OWNED) {
+                walk(n.right(), int, s);
+            }
         }
         walk(&int.root, int, &mut s);
         s.ranges.extend(int.header_ranges.iter().cloned());
