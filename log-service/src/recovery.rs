@@ -136,7 +136,17 @@ impl<'a> Cursor<'a> {
 /// A page that runs past the end of the file is a torn-tail candidate; a
 /// page that fails its checksum is counted and kept; an unreadable header
 /// is damage: the scan stops there and the segment is marked for repair.
-pub(crate) fn scan(path: &Path, file: &File, near: u64) -> std::io::Result<Scan> {
+///
+/// An end-write that passes its checksum but describes a stripe no segment
+/// of at most `limit` bytes can hold ([`plausible`]) counts as a corrupt
+/// page too.
+pub(crate) fn scan(
+    path: &Path,
+    file: &File,
+    seg: u64,
+    near: u64,
+    limit: u64,
+) -> std::io::Result<Scan> {
     let len = file.metadata()?.len();
     let mut cur = Cursor::new(file, len);
     let mut s = Scan::default();
@@ -175,7 +185,9 @@ pub(crate) fn scan(path: &Path, file: &File, near: u64) -> std::io::Result<Scan>
             match page::decode(page) {
                 Ok((h, body)) => match h.kind {
                     Kind::EndWrite => match stripe::decode_end_write(body) {
-                        Ok(ew) if ew.stripe.seq == h.stripe => s.ews.push((off, ew)),
+                        Ok(ew) if ew.stripe.seq == h.stripe && plausible(&ew, seg, limit) => {
+                            s.ews.push((off, ew))
+                        }
                         _ => s.corrupt += 1,
                     },
                     Kind::Class => {
@@ -236,6 +248,34 @@ pub(crate) fn scan(path: &Path, file: &File, near: u64) -> std::io::Result<Scan>
     Ok(s)
 }
 
+/// Whether an end-write found in segment `seg` that passed its checksum
+/// describes a stripe this store can have written: `seg` is one of the
+/// record's own copy set (the end-write segments from its `ew_base` on),
+/// and the stripe's k + m pages are on as many different segments, each
+/// page inside a segment of at most `limit` bytes. A checksum does
+/// not make a record true (a bug, or a disk that returns another block's
+/// bytes, can produce one that passes), and everything after recovery
+/// trusts these references: repair builds a segment's image in memory up
+/// to the furthest page offset, so one hostile offset was an allocation of
+/// that size (the `log_recover` fuzz target found a 159 GB one). A record that
+/// fails counts as damage, like a checksum failure, and another copy of it
+/// is used.
+fn plausible(ew: &EndWrite, seg: u64, limit: u64) -> bool {
+    let own_set = seg
+        .checked_sub(ew.ew_base)
+        .is_some_and(|d| d < crate::config::END_WRITE_COPIES as u64);
+    let r = &ew.stripe;
+    let page = HEADER as u64 + r.shard_len as u64;
+    let fits = r
+        .pages
+        .iter()
+        .all(|&(_, off)| off.checked_add(page).is_some_and(|end| end <= limit));
+    let mut segs: Vec<u64> = r.pages.iter().map(|p| p.0).collect();
+    segs.sort_unstable();
+    segs.dedup();
+    own_set && fits && segs.len() == r.pages.len()
+}
+
 /// One past the last non-zero byte of the file in `from..to` (`from`
 /// itself when there is none), read backwards in blocks.
 fn data_end(file: &File, to: u64, from: u64, read: &mut u64) -> std::io::Result<u64> {
@@ -287,26 +327,26 @@ const SCANNERS: usize = 8;
 
 /// Opens and scans every segment, on up to [`SCANNERS`] threads; results in
 /// the order given.
-fn scan_all(found: &[(u64, std::path::PathBuf)], near: u64) -> Vec<Scanned> {
+fn scan_all(found: &[(u64, std::path::PathBuf)], near: u64, limit: u64) -> Vec<Scanned> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
-    let one = |path: &Path| -> Scanned {
+    let one = |seg: u64, path: &Path| -> Scanned {
         let file = segment::open(path, false)?;
-        let s = scan(path, &file, near)?;
+        let s = scan(path, &file, seg, near, limit)?;
         Ok((file, s))
     };
     let threads = SCANNERS.min(found.len());
     if threads <= 1 {
-        return found.iter().map(|(_, p)| one(p)).collect();
+        return found.iter().map(|(id, p)| one(*id, p)).collect();
     }
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<Scanned>>> = Mutex::new(found.iter().map(|_| None).collect());
     let work = || loop {
         let i = next.fetch_add(1, Ordering::Relaxed);
-        let Some((_, path)) = found.get(i) else {
+        let Some((id, path)) = found.get(i) else {
             break;
         };
-        let r = one(path);
+        let r = one(*id, path);
         results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
     };
     std::thread::scope(|sc| {
@@ -378,7 +418,13 @@ pub(crate) fn recover(
             found.push((id, entry.path()));
         }
     }
-    let scanned = scan_all(&found, near);
+    // No page lies past the end of a segment: the configured size, or a
+    // longer file's (written under a larger `segment_bytes`).
+    let mut limit = config.segment_bytes;
+    for (_, path) in &found {
+        limit = limit.max(std::fs::metadata(path).map_err(io(path))?.len());
+    }
+    let scanned = scan_all(&found, near, limit);
     let mut segs: BTreeMap<u64, SegState> = BTreeMap::new();
     let mut copies: BTreeMap<u64, EndWrite> = BTreeMap::new();
     for ((id, path), r) in found.iter().zip(scanned) {
@@ -783,7 +829,7 @@ mod tests {
 
     fn scan_of(path: &Path) -> Scan {
         let file = File::open(path).expect("open");
-        scan(path, &file, NEAR).expect("scan")
+        scan(path, &file, 0, NEAR, u64::MAX).expect("scan")
     }
 
     fn poke(path: &Path, at: u64, bytes: &[u8]) {

@@ -624,6 +624,79 @@ fn a_last_batch_whose_pages_did_not_reach_the_disk_is_dropped_whole() {
     assert_eq!(&store.read("b", 20).unwrap()[..], b"after");
 }
 
+/// Rewrites the first end-write page found in the segment files with
+/// `edit` applied to its record and a correct checksum: a copy that looks
+/// intact but says something no segment can hold.
+fn rewrite_first_end_write(dir: &Path, edit: impl FnOnce(&mut melddb_log::stripe::EndWrite)) {
+    use melddb_log::stripe::{decode_end_write, encode_end_write};
+    for f in seg_files(dir) {
+        let mut bytes = std::fs::read(&f).unwrap();
+        let mut off = 0usize;
+        while let Ok(h) = page::header(&bytes[off..]) {
+            let len = h.page_len() as usize;
+            if h.kind == page::Kind::EndWrite {
+                let (_, body) = page::decode(&bytes[off..off + len]).unwrap();
+                let mut ew = decode_end_write(body).unwrap();
+                edit(&mut ew);
+                let body = encode_end_write(&ew);
+                assert_eq!(body.len(), len - page::HEADER, "fixed-width fields only");
+                let again = page::encode(&h, &body);
+                bytes[off..off + len].copy_from_slice(&again);
+                std::fs::write(&f, &bytes).unwrap();
+                return;
+            }
+            off += len;
+        }
+    }
+    panic!("no end-write page found");
+}
+
+#[test]
+fn an_end_write_copy_that_passes_its_checksum_but_cannot_be_true_is_damage() {
+    // Found by the `log_recover` fuzz target: a sealed end-write whose page
+    // offset lay 159 GB into a segment made repair build an image of that
+    // size. Each edit below makes one copy impossible; the other two copies
+    // must be used and every record read back.
+    type Edit = fn(&mut melddb_log::stripe::EndWrite);
+    let edits: [(&str, Edit); 4] = [
+        ("page offset past any segment", |ew| {
+            ew.stripe.pages[0].1 = 1 << 40
+        }),
+        ("shard longer than a segment", |ew| {
+            ew.stripe.shard_len = u32::MAX
+        }),
+        ("two pages on one segment", |ew| {
+            ew.stripe.pages[1].0 = ew.stripe.pages[0].0
+        }),
+        // Also found by the fuzz target: recovery added the copy set's
+        // size to this base and overflowed.
+        ("a copy set that does not hold the copy", |ew| {
+            ew.ew_base = u64::MAX - 1
+        }),
+    ];
+    for (what, edit) in edits {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = small_config(dir.path());
+        let store = Arc::new(Store::open(cfg.clone()).unwrap());
+        let mut model = Model::new();
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        append_burst(&store, &mut model, &mut rng, 40);
+        drop(store);
+        rewrite_first_end_write(dir.path(), edit);
+        let store = Arc::new(Store::open(cfg.clone()).unwrap());
+        assert!(
+            store.recovery().corrupt_pages >= 1,
+            "{what}: the copy counts as damage: {:?}",
+            store.recovery()
+        );
+        check(&store, &model);
+        append_burst(&store, &mut model, &mut rng, 10);
+        drop(store);
+        let store = Store::open(cfg).unwrap();
+        check(&store, &model);
+    }
+}
+
 /// Appends `n` records (seed `seed`, segments of `segment_bytes`), closes,
 /// lets `damage` change segment 3 (an ordered-window segment: marker, then
 /// pages; it gets the file's bytes and the end of its data), reopens and
