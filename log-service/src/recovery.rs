@@ -137,15 +137,14 @@ impl<'a> Cursor<'a> {
 /// page that fails its checksum is counted and kept; an unreadable header
 /// is damage: the scan stops there and the segment is marked for repair.
 ///
-/// An end-write that passes its checksum but describes a stripe no segment
-/// of at most `limit` bytes can hold ([`plausible`]) counts as a corrupt
-/// page too.
+/// An end-write that passes its checksum but describes a stripe this store
+/// cannot have written ([`plausible`]) counts as a corrupt page too.
 pub(crate) fn scan(
     path: &Path,
     file: &File,
     seg: u64,
     near: u64,
-    limit: u64,
+    bounds: Bounds,
 ) -> std::io::Result<Scan> {
     let len = file.metadata()?.len();
     let mut cur = Cursor::new(file, len);
@@ -185,7 +184,7 @@ pub(crate) fn scan(
             match page::decode(page) {
                 Ok((h, body)) => match h.kind {
                     Kind::EndWrite => match stripe::decode_end_write(body) {
-                        Ok(ew) if ew.stripe.seq == h.stripe && plausible(&ew, seg, limit) => {
+                        Ok(ew) if ew.stripe.seq == h.stripe && plausible(&ew, seg, bounds) => {
                             s.ews.push((off, ew))
                         }
                         _ => s.corrupt += 1,
@@ -248,32 +247,56 @@ pub(crate) fn scan(
     Ok(s)
 }
 
+/// What recovery knows before its scan that bounds every true stripe
+/// reference.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// No page ends further into its segment than this: the configured
+    /// segment size, or a longer file's (written under a larger one).
+    pub(crate) segment_len: u64,
+    /// The highest segment id with a file.
+    pub(crate) last_segment: u64,
+}
+
 /// Whether an end-write found in segment `seg` that passed its checksum
-/// describes a stripe this store can have written: `seg` is one of the
-/// record's own copy set (the end-write segments from its `ew_base` on),
-/// and the stripe's k + m pages are on as many different segments, each
-/// page inside a segment of at most `limit` bytes. A checksum does
-/// not make a record true (a bug, or a disk that returns another block's
-/// bytes, can produce one that passes), and everything after recovery
-/// trusts these references: repair builds a segment's image in memory up
-/// to the furthest page offset, so one hostile offset was an allocation of
-/// that size (the `log_recover` fuzz target found a 159 GB one). A record that
-/// fails counts as damage, like a checksum failure, and another copy of it
-/// is used.
-fn plausible(ew: &EndWrite, seg: u64, limit: u64) -> bool {
-    let own_set = seg
-        .checked_sub(ew.ew_base)
-        .is_some_and(|d| d < crate::config::END_WRITE_COPIES as u64);
+/// describes a stripe this store can have written:
+/// - `seg` is in the record's own copy set (the end-write segments from
+///   its `ew_base` on);
+/// - the stripe's k + m pages are on consecutive segments in shard order,
+///   as a window places them, the last no further past the highest
+///   segment on disk than a window reaches (three end-write segments and
+///   two stripe widths; a segment above the last file is one whose file
+///   was lost);
+/// - every page lies inside a segment of `bounds.segment_len` bytes.
+///
+/// A checksum does not make a record true (a bug, or a disk that returns
+/// another block's bytes, can produce one that passes), and everything
+/// after recovery trusts these references: repair builds a segment's
+/// image in memory up to the furthest page offset (the `log_recover` fuzz
+/// target found an offset 159 GB in), and a page on a segment that never
+/// existed made the open fail for want of a rebuild. A record that fails
+/// counts as damage, like a checksum failure, and another copy is used.
+fn plausible(ew: &EndWrite, seg: u64, bounds: Bounds) -> bool {
+    let copies = crate::config::END_WRITE_COPIES as u64;
+    let own_set = seg.checked_sub(ew.ew_base).is_some_and(|d| d < copies);
     let r = &ew.stripe;
-    let page = HEADER as u64 + r.shard_len as u64;
-    let fits = r
+    let Some(&(first, _)) = r.pages.first() else {
+        return false;
+    };
+    let in_order = r
         .pages
         .iter()
-        .all(|&(_, off)| off.checked_add(page).is_some_and(|end| end <= limit));
-    let mut segs: Vec<u64> = r.pages.iter().map(|p| p.0).collect();
-    segs.sort_unstable();
-    segs.dedup();
-    own_set && fits && segs.len() == r.pages.len()
+        .enumerate()
+        .all(|(i, p)| first.checked_add(i as u64) == Some(p.0));
+    let width = r.pages.len() as u64;
+    let reach = bounds.last_segment.saturating_add(copies + 2 * width);
+    let near_disk = first.saturating_add(width - 1) <= reach;
+    let page = HEADER as u64 + r.shard_len as u64;
+    let fits = r.pages.iter().all(|&(_, off)| {
+        off.checked_add(page)
+            .is_some_and(|end| end <= bounds.segment_len)
+    });
+    own_set && in_order && near_disk && fits
 }
 
 /// One past the last non-zero byte of the file in `from..to` (`from`
@@ -327,12 +350,12 @@ const SCANNERS: usize = 8;
 
 /// Opens and scans every segment, on up to [`SCANNERS`] threads; results in
 /// the order given.
-fn scan_all(found: &[(u64, std::path::PathBuf)], near: u64, limit: u64) -> Vec<Scanned> {
+fn scan_all(found: &[(u64, std::path::PathBuf)], near: u64, bounds: Bounds) -> Vec<Scanned> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
     let one = |seg: u64, path: &Path| -> Scanned {
         let file = segment::open(path, false)?;
-        let s = scan(path, &file, seg, near, limit)?;
+        let s = scan(path, &file, seg, near, bounds)?;
         Ok((file, s))
     };
     let threads = SCANNERS.min(found.len());
@@ -418,13 +441,16 @@ pub(crate) fn recover(
             found.push((id, entry.path()));
         }
     }
-    // No page lies past the end of a segment: the configured size, or a
-    // longer file's (written under a larger `segment_bytes`).
-    let mut limit = config.segment_bytes;
-    for (_, path) in &found {
-        limit = limit.max(std::fs::metadata(path).map_err(io(path))?.len());
+    let mut bounds = Bounds {
+        segment_len: config.segment_bytes,
+        last_segment: 0,
+    };
+    for (id, path) in &found {
+        let len = std::fs::metadata(path).map_err(io(path))?.len();
+        bounds.segment_len = bounds.segment_len.max(len);
+        bounds.last_segment = bounds.last_segment.max(*id);
     }
-    let scanned = scan_all(&found, near, limit);
+    let scanned = scan_all(&found, near, bounds);
     let mut segs: BTreeMap<u64, SegState> = BTreeMap::new();
     let mut copies: BTreeMap<u64, EndWrite> = BTreeMap::new();
     for ((id, path), r) in found.iter().zip(scanned) {
@@ -829,7 +855,11 @@ mod tests {
 
     fn scan_of(path: &Path) -> Scan {
         let file = File::open(path).expect("open");
-        scan(path, &file, 0, NEAR, u64::MAX).expect("scan")
+        let bounds = Bounds {
+            segment_len: u64::MAX,
+            last_segment: u64::MAX,
+        };
+        scan(path, &file, 0, NEAR, bounds).expect("scan")
     }
 
     fn poke(path: &Path, at: u64, bytes: &[u8]) {

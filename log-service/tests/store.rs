@@ -658,7 +658,7 @@ fn an_end_write_copy_that_passes_its_checksum_but_cannot_be_true_is_damage() {
     // size. Each edit below makes one copy impossible; the other two copies
     // must be used and every record read back.
     type Edit = fn(&mut melddb_log::stripe::EndWrite);
-    let edits: [(&str, Edit); 4] = [
+    let edits: [(&str, Edit); 6] = [
         ("page offset past any segment", |ew| {
             ew.stripe.pages[0].1 = 1 << 40
         }),
@@ -672,6 +672,14 @@ fn an_end_write_copy_that_passes_its_checksum_but_cannot_be_true_is_damage() {
         // size to this base and overflowed.
         ("a copy set that does not hold the copy", |ew| {
             ew.ew_base = u64::MAX - 1
+        }),
+        ("pages on segments that never existed", |ew| {
+            for (i, p) in ew.stripe.pages.iter_mut().enumerate() {
+                p.0 = (1 << 40) + i as u64;
+            }
+        }),
+        ("pages out of their window's order", |ew| {
+            ew.stripe.pages.swap(0, 1)
         }),
     ];
     for (what, edit) in edits {
