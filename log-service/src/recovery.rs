@@ -615,13 +615,28 @@ pub(crate) fn recover(
             }
         }
     }
-    for (name, lm) in &meta.logs {
+    for (name, lm) in meta.logs.iter_mut() {
         let l = logs.get_mut(name).expect("inserted above");
         if l.tail() < lm.tail_floor {
             if l.locs.is_empty() && l.first >= lm.first {
                 // Trimmed empty: nothing to read, but the tail must not
-                // fall back.
+                // fall back. (Or every copy of the records' end-writes
+                // was lost, which looks the same; see the warning.) The
+                // metadata written below records the new first position,
+                // so that every later open agrees with this one: before,
+                // an append acknowledged after this point made the next
+                // open fail ("jumps from position ... to ..."), since it
+                // counted from the old first position again.
+                if lm.first < lm.tail_floor {
+                    tracing::warn!(
+                        log = %name,
+                        from = lm.first,
+                        to = lm.tail_floor,
+                        "no records left of positions the metadata calls live; taking them as trimmed (a later trim's metadata was lost, or every copy of their end-writes was)"
+                    );
+                }
                 l.first = lm.tail_floor;
+                lm.first = lm.tail_floor;
             } else {
                 return Err(OpenError::Unrecoverable {
                     stripe: 0,

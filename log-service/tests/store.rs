@@ -705,6 +705,46 @@ fn an_end_write_copy_that_passes_its_checksum_but_cannot_be_true_is_damage() {
     }
 }
 
+#[test]
+fn a_log_taken_as_trimmed_at_recovery_stays_so_across_later_opens() {
+    // Found by the `log_recover` fuzz target. The metadata of a trimmed
+    // log says which positions are live; when no record of them is left
+    // (every end-write copy lost, or a newer trim's metadata lost),
+    // recovery takes them as trimmed. It did not write that down, so once
+    // an append was acknowledged on top, the next open counted from the
+    // old first position again and refused to open.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = small_config(dir.path());
+    let store = Store::open(cfg.clone()).unwrap();
+    for i in 0..10u8 {
+        store.append_blocking("a", 0, 0, vec![i; 50]).unwrap();
+    }
+    store.trim_blocking("a", 3).unwrap();
+    drop(store);
+    // Every end-write copy is on segments 0, 1 and 2 (the first era).
+    for (z, seg) in [(0, 0), (1, 1), (2, 2)] {
+        std::fs::remove_file(
+            dir.path()
+                .join(format!("zone{z}"))
+                .join(format!("seg-{seg:016}.dat")),
+        )
+        .unwrap();
+    }
+    let store = Store::open(cfg.clone()).unwrap();
+    assert_eq!(store.bounds("a"), (10, 10), "positions are never reused");
+    assert_eq!(
+        store.append_blocking("a", 0, 0, b"after".to_vec()).unwrap(),
+        10
+    );
+    drop(store);
+    let store = Store::open(cfg.clone()).expect("the store opens again");
+    assert_eq!(store.bounds("a"), (10, 11));
+    assert_eq!(&store.read("a", 10).unwrap()[..], b"after");
+    drop(store);
+    let store = Store::open(cfg).expect("and again");
+    assert_eq!(store.bounds("a"), (10, 11));
+}
+
 /// Appends `n` records (seed `seed`, segments of `segment_bytes`), closes,
 /// lets `damage` change segment 3 (an ordered-window segment: marker, then
 /// pages; it gets the file's bytes and the end of its data), reopens and
