@@ -23,13 +23,25 @@ struct Fixture {
 }
 
 /// Both directories live under one per-process directory in the system's
-/// temporary directory, made afresh when the process starts (libFuzzer
-/// exits without dropping statics, so nothing removes it at the end; it
-/// holds about a megabyte).
+/// temporary directory, made afresh when the process starts. libFuzzer
+/// exits without dropping statics, so nothing removes it at the end;
+/// instead each process removes those of processes that no longer run
+/// (about a megabyte each).
 static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
-    let root = std::env::temp_dir()
-        .join("melddb-log-fuzz")
-        .join(std::process::id().to_string());
+    let parent = std::env::temp_dir().join("melddb-log-fuzz");
+    if let Ok(entries) = std::fs::read_dir(&parent) {
+        for e in entries.flatten() {
+            let gone = e
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+                .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists());
+            if gone {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let root = parent.join(std::process::id().to_string());
     let _ = std::fs::remove_dir_all(&root);
     let base_dir = root.join("base");
     std::fs::create_dir_all(&base_dir).expect("create the fuzz base dir");
