@@ -24,6 +24,7 @@ pub mod page;
 pub mod protocol;
 mod recovery;
 mod request_ids;
+pub mod samples;
 mod sched;
 pub mod segment;
 pub mod server;
