@@ -247,6 +247,45 @@ pub(crate) fn scan(
     Ok(s)
 }
 
+/// One end-write per stripe from the copies found (up to three, the same
+/// bytes when written): the version most copies agree on, ties going to
+/// the copy on the lowest segment. Copies that disagree with it count as
+/// corrupt pages. Before, the first copy found won, whatever the other two
+/// said, and which one was first depended on the order a directory listed
+/// its files: one copy that passed its checksum but differed (a wrong
+/// record checksum or position) made a record unreadable or the open fail
+/// while two good copies were on disk.
+fn choose_copies(
+    all: BTreeMap<u64, Vec<(u64, EndWrite)>>,
+    report: &mut RecoveryReport,
+) -> BTreeMap<u64, EndWrite> {
+    let mut out = BTreeMap::new();
+    for (seq, mut found) in all {
+        found.sort_by_key(|(seg, _)| *seg);
+        let votes = |ew: &EndWrite| found.iter().filter(|(_, o)| o == ew).count();
+        let mut best = 0;
+        let mut best_votes = 0;
+        for (i, (_, ew)) in found.iter().enumerate() {
+            let v = votes(ew);
+            if v > best_votes {
+                (best, best_votes) = (i, v);
+            }
+        }
+        let outvoted = found.len() - best_votes;
+        if outvoted > 0 {
+            tracing::warn!(
+                stripe = seq,
+                copies = found.len(),
+                agreeing = best_votes,
+                "end-write copies disagree; taking the one most copies agree on"
+            );
+            report.corrupt_pages += outvoted as u64;
+        }
+        out.insert(seq, found.swap_remove(best).1);
+    }
+    out
+}
+
 /// What recovery knows before its scan that bounds every true stripe
 /// reference.
 #[derive(Debug, Clone, Copy)]
@@ -452,7 +491,8 @@ pub(crate) fn recover(
     }
     let scanned = scan_all(&found, near, bounds);
     let mut segs: BTreeMap<u64, SegState> = BTreeMap::new();
-    let mut copies: BTreeMap<u64, EndWrite> = BTreeMap::new();
+    // Every plausible copy of every end-write, with the segment it is on.
+    let mut all_copies: BTreeMap<u64, Vec<(u64, EndWrite)>> = BTreeMap::new();
     for ((id, path), r) in found.iter().zip(scanned) {
         let (file, s) = r.map_err(io(path))?;
         let id = *id;
@@ -467,7 +507,7 @@ pub(crate) fn recover(
         for (off, ew) in s.ews {
             max_seq = max_seq.max(ew.stripe.seq);
             ew_pages.push((off, ew.stripe.seq));
-            copies.entry(ew.stripe.seq).or_insert(ew);
+            all_copies.entry(ew.stripe.seq).or_default().push((id, ew));
         }
         let file = Arc::new(file);
         shared.files_mut().insert(id, file.clone());
@@ -490,6 +530,8 @@ pub(crate) fn recover(
             },
         );
     }
+
+    let mut copies = choose_copies(all_copies, &mut report);
 
     // Stripes recovery or a failed batch discarded are never trusted, even
     // though their end-writes may still be on disk.

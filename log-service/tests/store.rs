@@ -624,10 +624,10 @@ fn a_last_batch_whose_pages_did_not_reach_the_disk_is_dropped_whole() {
     assert_eq!(&store.read("b", 20).unwrap()[..], b"after");
 }
 
-/// Rewrites the first end-write page found in the segment files with
-/// `edit` applied to its record and a correct checksum: a copy that looks
-/// intact but says something no segment can hold.
-fn rewrite_first_end_write(dir: &Path, edit: impl FnOnce(&mut melddb_log::stripe::EndWrite)) {
+/// Rewrites the first end-write page found in the segment files that
+/// `edit` applies to (returns true for) with its record edited and a
+/// correct checksum: one copy that looks intact but says something else.
+fn rewrite_first_end_write(dir: &Path, edit: impl Fn(&mut melddb_log::stripe::EndWrite) -> bool) {
     use melddb_log::stripe::{decode_end_write, encode_end_write};
     for f in seg_files(dir) {
         let mut bytes = std::fs::read(&f).unwrap();
@@ -637,7 +637,10 @@ fn rewrite_first_end_write(dir: &Path, edit: impl FnOnce(&mut melddb_log::stripe
             if h.kind == page::Kind::EndWrite {
                 let (_, body) = page::decode(&bytes[off..off + len]).unwrap();
                 let mut ew = decode_end_write(body).unwrap();
-                edit(&mut ew);
+                if !edit(&mut ew) {
+                    off += len;
+                    continue;
+                }
                 let body = encode_end_write(&ew);
                 assert_eq!(body.len(), len - page::HEADER, "fixed-width fields only");
                 let again = page::encode(&h, &body);
@@ -655,31 +658,45 @@ fn rewrite_first_end_write(dir: &Path, edit: impl FnOnce(&mut melddb_log::stripe
 fn an_end_write_copy_that_passes_its_checksum_but_cannot_be_true_is_damage() {
     // Found by the `log_recover` fuzz target: a sealed end-write whose page
     // offset lay 159 GB into a segment made repair build an image of that
-    // size. Each edit below makes one copy impossible; the other two copies
-    // must be used and every record read back.
-    type Edit = fn(&mut melddb_log::stripe::EndWrite);
-    let edits: [(&str, Edit); 6] = [
+    // size. Each edit below makes one copy impossible or different from
+    // the other two; those two must be used and every record read back.
+    type Edit = fn(&mut melddb_log::stripe::EndWrite) -> bool;
+    let edits: [(&str, Edit); 8] = [
         ("page offset past any segment", |ew| {
-            ew.stripe.pages[0].1 = 1 << 40
+            ew.stripe.pages[0].1 = 1 << 40;
+            true
         }),
         ("shard longer than a segment", |ew| {
-            ew.stripe.shard_len = u32::MAX
+            ew.stripe.shard_len = u32::MAX;
+            true
         }),
         ("two pages on one segment", |ew| {
-            ew.stripe.pages[1].0 = ew.stripe.pages[0].0
+            ew.stripe.pages[1].0 = ew.stripe.pages[0].0;
+            true
         }),
         // Also found by the fuzz target: recovery added the copy set's
         // size to this base and overflowed.
         ("a copy set that does not hold the copy", |ew| {
-            ew.ew_base = u64::MAX - 1
+            ew.ew_base = u64::MAX - 1;
+            true
         }),
         ("pages on segments that never existed", |ew| {
             for (i, p) in ew.stripe.pages.iter_mut().enumerate() {
                 p.0 = (1 << 40) + i as u64;
             }
+            true
         }),
         ("pages out of their window's order", |ew| {
-            ew.stripe.pages.swap(0, 1)
+            ew.stripe.pages.swap(0, 1);
+            true
+        }),
+        // Plausible, but not what the other two copies say: the copies
+        // most of them agree on win.
+        ("a record's checksum", |ew| {
+            ew.entries.first_mut().map(|e| e.crc ^= 0xffff).is_some()
+        }),
+        ("a record's position", |ew| {
+            ew.entries.first_mut().map(|e| e.pos += 1000).is_some()
         }),
     ];
     for (what, edit) in edits {
