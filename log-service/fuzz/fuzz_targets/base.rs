@@ -17,6 +17,8 @@ pub struct Base {
     pub pages: Vec<Vec<(usize, usize)>>,
     /// The logs and their bounds when the base was closed.
     pub logs: Vec<(&'static str, (u64, u64))>,
+    /// Every record appended, by log and position (trimmed ones too).
+    pub records: std::collections::BTreeMap<(&'static str, u64), Vec<u8>>,
 }
 
 /// The configuration used for the base and for every fuzzed open.
@@ -77,15 +79,17 @@ fn page_map(bytes: &[u8]) -> Vec<(usize, usize)> {
 pub fn build(dir: &Path) -> Base {
     let store = Store::open(config(dir)).expect("base store opens");
     let sizes = [1usize, 40, 300, 3000, 9000, 120, 7, 20_000, 64, 2];
+    let mut records = std::collections::BTreeMap::new();
     for i in 0..60u64 {
         let log = if i % 3 == 0 { "b" } else { "a" };
         let len = sizes[(i as usize) % sizes.len()];
         // Half the appends carry request ids, so recovery rebuilds the
         // idempotency table too.
         let (client, request) = if i % 2 == 0 { (9, i + 1) } else { (0, 0) };
-        store
+        let pos = store
             .append_blocking(log, client, request, record(i, len))
             .expect("base append");
+        records.insert((log, pos), record(i, len));
     }
     store.trim_blocking("a", 5).expect("base trim");
     let logs = vec![("a", store.bounds("a")), ("b", store.bounds("b"))];
@@ -93,5 +97,10 @@ pub fn build(dir: &Path) -> Base {
     let mut files = Vec::new();
     files_under(dir, dir, &mut files);
     let pages = files.iter().map(|(_, b)| page_map(b)).collect();
-    Base { files, pages, logs }
+    Base {
+        files,
+        pages,
+        logs,
+        records,
+    }
 }
