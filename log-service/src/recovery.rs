@@ -136,16 +136,7 @@ impl<'a> Cursor<'a> {
 /// A page that runs past the end of the file is a torn-tail candidate; a
 /// page that fails its checksum is counted and kept; an unreadable header
 /// is damage: the scan stops there and the segment is marked for repair.
-///
-/// An end-write that passes its checksum but describes a stripe this store
-/// cannot have written ([`plausible`]) counts as a corrupt page too.
-pub(crate) fn scan(
-    path: &Path,
-    file: &File,
-    seg: u64,
-    near: u64,
-    bounds: Bounds,
-) -> std::io::Result<Scan> {
+pub(crate) fn scan(path: &Path, file: &File, near: u64) -> std::io::Result<Scan> {
     let len = file.metadata()?.len();
     let mut cur = Cursor::new(file, len);
     let mut s = Scan::default();
@@ -184,9 +175,7 @@ pub(crate) fn scan(
             match page::decode(page) {
                 Ok((h, body)) => match h.kind {
                     Kind::EndWrite => match stripe::decode_end_write(body) {
-                        Ok(ew) if ew.stripe.seq == h.stripe && plausible(&ew, seg, bounds) => {
-                            s.ews.push((off, ew))
-                        }
+                        Ok(ew) if ew.stripe.seq == h.stripe => s.ews.push((off, ew)),
                         _ => s.corrupt += 1,
                     },
                     Kind::Class => {
@@ -286,8 +275,7 @@ fn choose_copies(
     out
 }
 
-/// What recovery knows before its scan that bounds every true stripe
-/// reference.
+/// What the scans found that bounds every true stripe reference.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Bounds {
     /// No page ends further into its segment than this: the configured
@@ -389,26 +377,26 @@ const SCANNERS: usize = 8;
 
 /// Opens and scans every segment, on up to [`SCANNERS`] threads; results in
 /// the order given.
-fn scan_all(found: &[(u64, std::path::PathBuf)], near: u64, bounds: Bounds) -> Vec<Scanned> {
+fn scan_all(found: &[(u64, std::path::PathBuf)], near: u64) -> Vec<Scanned> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
-    let one = |seg: u64, path: &Path| -> Scanned {
+    let one = |path: &Path| -> Scanned {
         let file = segment::open(path, false)?;
-        let s = scan(path, &file, seg, near, bounds)?;
+        let s = scan(path, &file, near)?;
         Ok((file, s))
     };
     let threads = SCANNERS.min(found.len());
     if threads <= 1 {
-        return found.iter().map(|(id, p)| one(*id, p)).collect();
+        return found.iter().map(|(_, p)| one(p)).collect();
     }
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<Scanned>>> = Mutex::new(found.iter().map(|_| None).collect());
     let work = || loop {
         let i = next.fetch_add(1, Ordering::Relaxed);
-        let Some((id, path)) = found.get(i) else {
+        let Some((_, path)) = found.get(i) else {
             break;
         };
-        let r = one(*id, path);
+        let r = one(path);
         results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
     };
     std::thread::scope(|sc| {
@@ -480,16 +468,20 @@ pub(crate) fn recover(
             found.push((id, entry.path()));
         }
     }
+    let scanned = scan_all(&found, near);
+    // An end-write that passes its checksum but describes a stripe this
+    // store cannot have written ([`plausible`]) counts as a corrupt page;
+    // what it can have written is bounded by every segment the scans saw.
     let mut bounds = Bounds {
         segment_len: config.segment_bytes,
         last_segment: 0,
     };
-    for (id, path) in &found {
-        let len = std::fs::metadata(path).map_err(io(path))?.len();
-        bounds.segment_len = bounds.segment_len.max(len);
+    for ((id, _), r) in found.iter().zip(&scanned) {
+        if let Ok((_, s)) = r {
+            bounds.segment_len = bounds.segment_len.max(s.zeroed);
+        }
         bounds.last_segment = bounds.last_segment.max(*id);
     }
-    let scanned = scan_all(&found, near, bounds);
     let mut segs: BTreeMap<u64, SegState> = BTreeMap::new();
     // Every plausible copy of every end-write, with the segment it is on.
     let mut all_copies: BTreeMap<u64, Vec<(u64, EndWrite)>> = BTreeMap::new();
@@ -500,11 +492,15 @@ pub(crate) fn recover(
         report.bytes += s.len;
         report.bytes_read += s.read;
         report.corrupt_pages += s.corrupt;
-        report.end_writes += s.ews.len() as u64;
         let class = s.class();
         let mut max_seq = 0;
         let mut ew_pages = Vec::with_capacity(s.ews.len());
         for (off, ew) in s.ews {
+            if !plausible(&ew, id, bounds) {
+                report.corrupt_pages += 1;
+                continue;
+            }
+            report.end_writes += 1;
             max_seq = max_seq.max(ew.stripe.seq);
             ew_pages.push((off, ew.stripe.seq));
             all_copies.entry(ew.stripe.seq).or_default().push((id, ew));
@@ -876,6 +872,45 @@ mod tests {
     use crate::page::Header;
     use std::io::Write;
 
+    #[test]
+    fn an_end_write_is_plausible_only_where_this_store_can_have_written_it() {
+        // A record of the copy set 10..13 for a stripe on segments 1, 2, 3.
+        let good = crate::samples::end_write();
+        let bounds = Bounds {
+            segment_len: 1 << 20,
+            last_segment: 13,
+        };
+        for seg in 10..13 {
+            assert!(plausible(&good, seg, bounds), "found on segment {seg}");
+        }
+        assert!(!plausible(&good, 9, bounds), "below its copy set");
+        assert!(!plausible(&good, 13, bounds), "above its copy set");
+        type Edit = fn(&mut EndWrite);
+        let cases: [(&str, Edit); 6] = [
+            ("page offset past any segment", |e| {
+                e.stripe.pages[0].1 = 1 << 40
+            }),
+            ("shard longer than a segment", |e| {
+                e.stripe.shard_len = u32::MAX
+            }),
+            ("two pages on one segment", |e| {
+                e.stripe.pages[1].0 = e.stripe.pages[0].0
+            }),
+            ("pages out of order", |e| e.stripe.pages.swap(0, 1)),
+            ("pages beyond a window's reach", |e| {
+                for (i, p) in e.stripe.pages.iter_mut().enumerate() {
+                    p.0 = 100 + i as u64;
+                }
+            }),
+            ("a copy-set base near 2^64", |e| e.ew_base = u64::MAX - 1),
+        ];
+        for (what, edit) in cases {
+            let mut bad = good.clone();
+            edit(&mut bad);
+            assert!(!plausible(&bad, 10, bounds), "{what}");
+        }
+    }
+
     /// How far past an open data segment's data the tests' scans look.
     const NEAR: u64 = 1 << 20;
 
@@ -912,11 +947,7 @@ mod tests {
 
     fn scan_of(path: &Path) -> Scan {
         let file = File::open(path).expect("open");
-        let bounds = Bounds {
-            segment_len: u64::MAX,
-            last_segment: u64::MAX,
-        };
-        scan(path, &file, 0, NEAR, bounds).expect("scan")
+        scan(path, &file, NEAR).expect("scan")
     }
 
     fn poke(path: &Path, at: u64, bytes: &[u8]) {
