@@ -71,6 +71,20 @@ impl<T> Chunked<T> {
         self.len += 1;
     }
 
+    /// The index of the first entry for which `pred` is false, the entries
+    /// being partitioned by it (every true one first), as for a slice.
+    pub(crate) fn partition_point(&self, mut pred: impl FnMut(&T) -> bool) -> usize {
+        let (mut lo, mut hi) = (0, self.len);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.get(mid) {
+                Some(v) if pred(v) => lo = mid + 1,
+                _ => hi = mid,
+            }
+        }
+        lo
+    }
+
     /// Drops the first `n` entries (all of them if there are fewer).
     pub(crate) fn drop_front(&mut self, n: usize) {
         let n = n.min(self.len);
@@ -138,6 +152,33 @@ mod tests {
             }
             for (i, v) in model.iter().enumerate() {
                 prop_assert_eq!(ours.get(i), Some(v));
+            }
+        }
+
+        /// Bisection finds the same split as a slice's, across chunk
+        /// boundaries and after drops from the front.
+        #[test]
+        fn partition_point_agrees_with_a_slice(
+            mut values in proptest::collection::vec(any::<u16>(), 0..3 * CHUNK),
+            dropped in 0usize..CHUNK + 7,
+            probes in proptest::collection::vec(any::<u16>(), 1..20),
+        ) {
+            values.sort_unstable();
+            let mut ours = Chunked::default();
+            for &v in &values {
+                ours.push_back(v);
+            }
+            ours.drop_front(dropped);
+            let model = &values[dropped.min(values.len())..];
+            for x in probes {
+                prop_assert_eq!(
+                    ours.partition_point(|v| *v < x),
+                    model.partition_point(|v| *v < x)
+                );
+                prop_assert_eq!(
+                    ours.partition_point(|v| *v <= x),
+                    model.partition_point(|v| *v <= x)
+                );
             }
         }
     }

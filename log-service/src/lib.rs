@@ -26,6 +26,7 @@ mod recovery;
 mod request_ids;
 pub mod samples;
 mod sched;
+pub mod scrub;
 pub mod segment;
 pub mod server;
 mod spares;

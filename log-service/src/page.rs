@@ -132,6 +132,16 @@ pub fn seal(out: &mut [u8], start: usize) {
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// The checksum stored in a page's header (0 for fewer than 8 bytes). Two
+/// pages that pass their checksums and store the same one hold the same
+/// bytes, barring a collision.
+pub fn stored_crc(page: &[u8]) -> u32 {
+    match page.get(4..8) {
+        Some(&[a, b, c, d]) => u32::from_le_bytes([a, b, c, d]),
+        _ => 0,
+    }
+}
+
 /// Why a page was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bad {

@@ -21,7 +21,7 @@ use crate::segment;
 use crate::store::{Loc, LogIndex, RecoveryReport, Shared};
 use crate::stripe::{self, EndWrite};
 use crate::syncpool::SyncPool;
-use crate::writer::{Cmd, SegState, Writer};
+use crate::writer::{Cmd, LiveEndWrite, SegState, Writer};
 
 /// Batches the writer may have on disk unacknowledged at a crash: one
 /// whose fsync round was running and the one written meanwhile.
@@ -35,7 +35,8 @@ pub(crate) struct Scan {
     /// File length (the data plus its zero-filled space).
     pub zeroed: u64,
     pub markers: Vec<(u64, u8)>,
-    pub ews: Vec<(u64, EndWrite)>,
+    /// End-writes: offset, record, and the page's stored checksum.
+    pub ews: Vec<(u64, EndWrite, u32)>,
     pub corrupt: u64,
     pub damaged_at: Option<u64>,
     /// A torn-tail candidate: where it starts and where the data ends.
@@ -175,7 +176,9 @@ pub(crate) fn scan(path: &Path, file: &File, near: u64) -> std::io::Result<Scan>
             match page::decode(page) {
                 Ok((h, body)) => match h.kind {
                     Kind::EndWrite => match stripe::decode_end_write(body) {
-                        Ok(ew) if ew.stripe.seq == h.stripe => s.ews.push((off, ew)),
+                        Ok(ew) if ew.stripe.seq == h.stripe => {
+                            s.ews.push((off, ew, page::stored_crc(page)))
+                        }
                         _ => s.corrupt += 1,
                     },
                     Kind::Class => {
@@ -245,17 +248,17 @@ pub(crate) fn scan(path: &Path, file: &File, near: u64) -> std::io::Result<Scan>
 /// record checksum or position) made a record unreadable or the open fail
 /// while two good copies were on disk.
 fn choose_copies(
-    all: BTreeMap<u64, Vec<(u64, EndWrite)>>,
+    all: BTreeMap<u64, Vec<Copy>>,
     report: &mut RecoveryReport,
-) -> BTreeMap<u64, EndWrite> {
+) -> BTreeMap<u64, Copy> {
     let mut out = BTreeMap::new();
     for (seq, mut found) in all {
-        found.sort_by_key(|(seg, _)| *seg);
-        let votes = |ew: &EndWrite| found.iter().filter(|(_, o)| o == ew).count();
+        found.sort_by_key(|c| c.seg);
+        let votes = |ew: &EndWrite| found.iter().filter(|o| &o.ew == ew).count();
         let mut best = 0;
         let mut best_votes = 0;
-        for (i, (_, ew)) in found.iter().enumerate() {
-            let v = votes(ew);
+        for (i, c) in found.iter().enumerate() {
+            let v = votes(&c.ew);
             if v > best_votes {
                 (best, best_votes) = (i, v);
             }
@@ -270,9 +273,18 @@ fn choose_copies(
             );
             report.corrupt_pages += outvoted as u64;
         }
-        out.insert(seq, found.swap_remove(best).1);
+        out.insert(seq, found.swap_remove(best));
     }
     out
+}
+
+/// One copy of an end-write found on disk.
+struct Copy {
+    /// The segment it is on.
+    seg: u64,
+    ew: EndWrite,
+    /// Its page's stored checksum.
+    page_crc: u32,
 }
 
 /// What the scans found that bounds every true stripe reference.
@@ -484,7 +496,7 @@ pub(crate) fn recover(
     }
     let mut segs: BTreeMap<u64, SegState> = BTreeMap::new();
     // Every plausible copy of every end-write, with the segment it is on.
-    let mut all_copies: BTreeMap<u64, Vec<(u64, EndWrite)>> = BTreeMap::new();
+    let mut all_copies: BTreeMap<u64, Vec<Copy>> = BTreeMap::new();
     for ((id, path), r) in found.iter().zip(scanned) {
         let (file, s) = r.map_err(io(path))?;
         let id = *id;
@@ -495,7 +507,7 @@ pub(crate) fn recover(
         let class = s.class();
         let mut max_seq = 0;
         let mut ew_pages = Vec::with_capacity(s.ews.len());
-        for (off, ew) in s.ews {
+        for (off, ew, page_crc) in s.ews {
             if !plausible(&ew, id, bounds) {
                 report.corrupt_pages += 1;
                 continue;
@@ -503,7 +515,11 @@ pub(crate) fn recover(
             report.end_writes += 1;
             max_seq = max_seq.max(ew.stripe.seq);
             ew_pages.push((off, ew.stripe.seq));
-            all_copies.entry(ew.stripe.seq).or_default().push((id, ew));
+            all_copies.entry(ew.stripe.seq).or_default().push(Copy {
+                seg: id,
+                ew,
+                page_crc,
+            });
         }
         let file = Arc::new(file);
         shared.files_mut().insert(id, file.clone());
@@ -527,7 +543,10 @@ pub(crate) fn recover(
         );
     }
 
-    let mut copies = choose_copies(all_copies, &mut report);
+    let chosen = choose_copies(all_copies, &mut report);
+    // Which bytes the chosen copies are, for repair (kept by the writer).
+    let page_crcs: BTreeMap<u64, u32> = chosen.iter().map(|(&s, c)| (s, c.page_crc)).collect();
+    let mut copies: BTreeMap<u64, EndWrite> = chosen.into_iter().map(|(s, c)| (s, c.ew)).collect();
 
     // Stripes recovery or a failed batch discarded are never trusted, even
     // though their end-writes may still be on disk.
@@ -715,7 +734,13 @@ pub(crate) fn recover(
         meta,
         ews: copies
             .values()
-            .map(|ew| (ew.stripe.seq, ew.ew_base))
+            .map(|ew| {
+                let live = LiveEndWrite {
+                    base: ew.ew_base,
+                    page_crc: page_crcs.get(&ew.stripe.seq).copied().unwrap_or(0),
+                };
+                (ew.stripe.seq, live)
+            })
             .collect(),
         request_ids,
         failed: None,
@@ -839,8 +864,8 @@ pub(crate) fn recover(
                 }
             }
         }
-        for &base in writer.ews.values() {
-            for seg in base..base + crate::config::END_WRITE_COPIES as u64 {
+        for live in writer.ews.values() {
+            for seg in live.base..live.base + crate::config::END_WRITE_COPIES as u64 {
                 if !writer.segs.contains_key(&seg) {
                     wanted.push(seg);
                 }

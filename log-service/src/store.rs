@@ -23,6 +23,7 @@ use crate::config::Config;
 use crate::error::{OpenError, StoreError};
 use crate::locks;
 use crate::page::{self, Kind};
+pub use crate::scrub::ScrubReport;
 use crate::segment::Faults;
 use crate::stripe::{self, RootEntry, StripeRef};
 pub use crate::writer::SegmentInfo;
@@ -231,21 +232,6 @@ pub struct Stats {
     pub logs: Vec<(String, u64, u64)>,
 }
 
-/// What a scrub found.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct ScrubReport {
-    /// Stripes read.
-    pub stripes: u64,
-    /// Pages that failed their check.
-    pub bad_pages: u64,
-    /// Segments rebuilt.
-    pub repaired: Vec<u64>,
-    /// Stripes that could not be rebuilt.
-    pub unrecoverable: Vec<u64>,
-    /// Segments whose rebuild failed, and why.
-    pub failed: Vec<(u64, String)>,
-}
-
 /// Validates a log name.
 pub fn check_log_name(name: &str) -> Result<(), StoreError> {
     let ok = !name.is_empty()
@@ -262,8 +248,8 @@ pub fn check_log_name(name: &str) -> Result<(), StoreError> {
 
 /// The striped, parity-protected log store. Cheap to share behind an `Arc`.
 pub struct Store {
-    shared: Arc<Shared>,
-    tx: mpsc::Sender<Cmd>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) tx: mpsc::Sender<Cmd>,
     writer: Mutex<Option<JoinHandle<()>>>,
     report: RecoveryReport,
 }
@@ -499,7 +485,7 @@ impl Store {
     /// and, for a record that spans several, its fragment stripes, each
     /// read through `stripe_of`. Checks the structure, not the record's
     /// checksum.
-    fn record_from(
+    pub(crate) fn record_from(
         &self,
         root: &StripeRef,
         loc: &Loc,
@@ -629,7 +615,7 @@ impl Store {
         })
     }
 
-    fn stripe(&self, r: &StripeRef) -> Result<Arc<Parsed>, StoreError> {
+    pub(crate) fn stripe(&self, r: &StripeRef) -> Result<Arc<Parsed>, StoreError> {
         if let Some(c) = self.shared.cache().as_mut() {
             if let Some(p) = c.get(&r.seq) {
                 return Ok(p.clone());
@@ -687,41 +673,13 @@ impl Store {
             .subscribe()
     }
 
-    /// Reads every page of every complete stripe, checks it, and rebuilds
-    /// every segment holding a bad or missing page. Blocking; run it off
-    /// the async threads.
+    /// Reads every page of every live stripe and every copy of every
+    /// live end-write, checks pages against their checksums, stripes
+    /// against their parity and end-write copies against the version
+    /// written, and rebuilds every segment holding something bad
+    /// ([`crate::scrub`]). Blocking; run it off the async threads.
     pub fn scrub_blocking(&self) -> ScrubReport {
-        let refs: Vec<StripeRef> = self.shared.index().stripes.values().cloned().collect();
-        let mut report = ScrubReport::default();
-        let mut bad_segs = std::collections::BTreeSet::new();
-        for r in &refs {
-            report.stripes += 1;
-            let all = (0..r.pages.len()).collect::<Vec<_>>();
-            match read_stripe(&self.shared, r, Some(&all)) {
-                Ok((_, bad)) => {
-                    report.bad_pages += bad.len() as u64;
-                    bad_segs.extend(bad);
-                }
-                Err(_) => report.unrecoverable.push(r.seq),
-            }
-        }
-        for &seg in &bad_segs {
-            let (reply, rx) = oneshot::channel();
-            if self
-                .tx
-                .blocking_send(Cmd::RepairNow { seg, reply })
-                .is_err()
-            {
-                report.failed.push((seg, "the writer has stopped".into()));
-                continue;
-            }
-            match rx.blocking_recv() {
-                Ok(Ok(())) => report.repaired.push(seg),
-                Ok(Err(why)) => report.failed.push((seg, why)),
-                Err(_) => report.failed.push((seg, "the writer has stopped".into())),
-            }
-        }
-        report
+        crate::scrub::run(self)
     }
 
     /// Waits until every command sent before it has been handled.
@@ -839,7 +797,7 @@ fn read_range(shared: &Shared, r: &StripeRef, offset: u32, len: u32) -> Option<V
 
 /// A stripe's payload as what it carries: a root stripe's entries, or a
 /// fragment's bytes.
-fn parse_payload(r: &StripeRef, payload: Vec<u8>) -> Result<Parsed, StoreError> {
+pub(crate) fn parse_payload(r: &StripeRef, payload: Vec<u8>) -> Result<Parsed, StoreError> {
     Ok(match r.kind {
         Kind::Ordered => {
             Parsed::Root(

@@ -419,6 +419,16 @@ pub fn encode_pages_into(
     Ok(body_len)
 }
 
+/// Whether a stripe's parity pages are what its data pages encode to:
+/// every page can pass its own checksum while one of them holds other
+/// bytes than were written, and only this comparison shows it before a
+/// read needs parity. `shards` are all `k + m` page bodies.
+pub fn parity_agrees(shards: &[Vec<u8>], k: usize, m: usize) -> Result<bool, String> {
+    let rs = ReedSolomon::new(k, m).map_err(|e| format!("shard counts {k}+{m}: {e}"))?;
+    rs.verify(shards)
+        .map_err(|e| format!("{} pages for a {k}+{m} stripe: {e}", shards.len()))
+}
+
 /// Rebuilds every shard from the ones that survived (`None` = lost or
 /// corrupt). Fails when fewer than `k` survive.
 pub fn rebuild(

@@ -69,8 +69,26 @@ pub(crate) enum Cmd {
     /// ended (sent by the fsync helpers; stale ones are ignored).
     Synced(u64),
     Segments(oneshot::Sender<Vec<SegmentInfo>>),
+    /// Where every copy of every live end-write should be (scrub).
+    EndWriteCopies(oneshot::Sender<Vec<EndWriteCopies>>),
     Shutdown,
 }
+
+/// The copies of one live end-write, for a scrub to read off the writer
+/// thread.
+pub(crate) struct EndWriteCopies {
+    /// The stripe.
+    pub seq: u64,
+    /// The stored checksum every good copy has ([`LiveEndWrite`]).
+    pub page_crc: u32,
+    /// Each segment of the copy set, with the copy when the writer knows
+    /// of one there (`None`: the copy is lost, say behind damage the scan
+    /// stopped at).
+    pub places: Vec<(u64, Option<CopyAt>)>,
+}
+
+/// Where one end-write copy is: its offset, and the segment's file.
+pub(crate) type CopyAt = (u64, Arc<File>);
 
 /// One segment file as the writer sees it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -147,7 +165,7 @@ pub(crate) struct InFlight {
     pending: Vec<Pending>,
     /// Payload bytes of `pending`.
     payload: usize,
-    ews: Vec<EndWrite>,
+    ews: Vec<Written>,
     first_seq: u64,
     /// Segment lengths before the batch, for a roll back.
     lens_before: BTreeMap<u64, u64>,
@@ -178,6 +196,25 @@ impl InFlight {
     }
 }
 
+/// An end-write the writer has written, with its page's checksum.
+pub(crate) struct Written {
+    ew: EndWrite,
+    page_crc: u32,
+}
+
+/// What the writer keeps of a live stripe's end-write.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LiveEndWrite {
+    /// The first of the three segments holding a copy.
+    pub base: u64,
+    /// The checksum stored in the page every good copy is (the one
+    /// written, or the one recovery's vote chose). It names those exact
+    /// bytes, so repair copies no other version: a copy recovery outvoted
+    /// still passes its own checksum, and copied into a rebuilt segment
+    /// it would win the next open's vote.
+    pub page_crc: u32,
+}
+
 /// The reply channel of one append.
 type Reply = oneshot::Sender<Result<u64, StoreError>>;
 
@@ -206,10 +243,10 @@ pub(crate) struct Writer {
     pub base: u64,
     pub next_seq: u64,
     pub meta: Meta,
-    /// Live stripes' end-writes: stripe number to the first of the three
-    /// segments holding the record (repair re-reads a surviving copy; the
-    /// records themselves are not kept in memory).
-    pub ews: BTreeMap<u64, u64>,
+    /// Live stripes' end-writes: stripe number to where the three copies
+    /// are and which bytes they hold (repair re-reads a surviving copy;
+    /// the records themselves are not kept in memory).
+    pub ews: BTreeMap<u64, LiveEndWrite>,
     /// The last `dedup_window` request ids, for idempotent appends.
     pub request_ids: RequestIds,
     /// Set when a failed batch could not be rolled back: the store then
@@ -528,6 +565,9 @@ impl Writer {
                             })
                             .collect(),
                     );
+                }
+                Cmd::EndWriteCopies(reply) => {
+                    let _ = reply.send(self.end_write_copies());
                 }
                 Cmd::Synced(seq) => {
                     if self.inflight.as_ref().is_some_and(|f| f.first_seq == seq) {
@@ -872,7 +912,7 @@ impl Writer {
         &mut self,
         pending: &[Pending],
         first_seq: u64,
-    ) -> Result<Vec<EndWrite>, StoreError> {
+    ) -> Result<Vec<Written>, StoreError> {
         let cap =
             self.shared.config.data_shards * (self.shared.config.page_bytes as usize - HEADER);
         let mut fragments: Vec<(u64, &[u8])> = Vec::new();
@@ -935,7 +975,7 @@ impl Writer {
         kind: Kind,
         stripes: Vec<(u64, Body<'_>)>,
         batch_seq: u64,
-    ) -> Result<Vec<EndWrite>, StoreError> {
+    ) -> Result<Vec<Written>, StoreError> {
         let k = self.shared.config.data_shards;
         let half = self.shared.config.segment_bytes / 2;
         let mut out = Vec::new();
@@ -961,7 +1001,7 @@ impl Writer {
         kind: Kind,
         group: Vec<(u64, Body<'_>)>,
         batch_seq: u64,
-    ) -> Result<Vec<EndWrite>, StoreError> {
+    ) -> Result<Vec<Written>, StoreError> {
         let (k, m) = (
             self.shared.config.data_shards,
             self.shared.config.parity_shards,
@@ -1064,8 +1104,9 @@ impl Writer {
             };
             let p = ew_page(&ew);
             ew_total += p.len() as u64;
+            let page_crc = page::stored_crc(&p);
             bodies.push(p);
-            ews.push(ew);
+            ews.push(Written { ew, page_crc });
         }
         debug_assert!(ew_total <= approx);
         let ew_window = self.window(Kind::EndWrite);
@@ -1077,8 +1118,8 @@ impl Writer {
                 .ok_or_else(|| vanished("end-write segment"))?;
             let mut off = st.len;
             let mut buf = Vec::with_capacity(ew_total as usize);
-            for (p, ew) in bodies.iter().zip(&ews) {
-                st.ew_pages.push((off, ew.stripe.seq));
+            for (p, w) in bodies.iter().zip(&ews) {
+                st.ew_pages.push((off, w.ew.stripe.seq));
                 off += p.len() as u64;
                 buf.extend_from_slice(p);
             }
@@ -1216,12 +1257,12 @@ impl Writer {
     fn publish(
         &mut self,
         mut pending: Vec<Pending>,
-        ews: Vec<EndWrite>,
+        ews: Vec<Written>,
         batch_seq: u64,
     ) -> Vec<Pending> {
         {
             let mut idx = self.shared.index_mut();
-            for ew in &ews {
+            for Written { ew, .. } in &ews {
                 for (i, e) in ew.entries.iter().enumerate() {
                     let l = idx
                         .logs
@@ -1240,8 +1281,12 @@ impl Writer {
                 idx.stripes.insert(ew.stripe.seq, ew.stripe.clone());
             }
         }
-        for ew in ews {
-            self.ews.insert(ew.stripe.seq, ew.ew_base);
+        for w in ews {
+            let live = LiveEndWrite {
+                base: w.ew.ew_base,
+                page_crc: w.page_crc,
+            };
+            self.ews.insert(w.ew.stripe.seq, live);
         }
         let c = &self.shared.counters;
         c.batches.fetch_add(1, Ordering::Relaxed);
@@ -1370,6 +1415,42 @@ impl Writer {
         idx.stripes = idx.stripes.split_off(&floor);
     }
 
+    /// Where each live end-write's three copies are.
+    fn end_write_copies(&self) -> Vec<EndWriteCopies> {
+        let mut found: HashMap<u64, Vec<(u64, u64, Arc<File>)>> = HashMap::new();
+        for (&seg, st) in &self.segs {
+            for &(off, seq) in &st.ew_pages {
+                let in_set = self
+                    .ews
+                    .get(&seq)
+                    .is_some_and(|l| (l.base..l.base + END_WRITE_COPIES as u64).contains(&seg));
+                if in_set {
+                    found
+                        .entry(seq)
+                        .or_default()
+                        .push((seg, off, st.file.clone()));
+                }
+            }
+        }
+        self.ews
+            .iter()
+            .map(|(&seq, live)| {
+                let here = found.remove(&seq).unwrap_or_default();
+                let places = (live.base..live.base + END_WRITE_COPIES as u64)
+                    .map(|seg| {
+                        let at = here.iter().find(|c| c.0 == seg).map(|c| (c.1, c.2.clone()));
+                        (seg, at)
+                    })
+                    .collect();
+                EndWriteCopies {
+                    seq,
+                    page_crc: live.page_crc,
+                    places,
+                }
+            })
+            .collect()
+    }
+
     /// Rebuilds segment `seg` beside the old file and renames it over:
     /// every stripe page from parity (byte-identical), markers and
     /// end-writes where they were, pads in unaccounted gaps; if part of the
@@ -1421,7 +1502,7 @@ impl Writer {
             None => (None, true, Vec::new(), Vec::new(), self.target_class(seg)),
         };
         let in_era = |base: u64| base <= seg && seg < base + END_WRITE_COPIES as u64;
-        let era_ews = self.ews.values().any(|&base| in_era(base));
+        let era_ews = self.ews.values().any(|live| in_era(live.base));
         // Where the surviving end-write copies are: this segment's own
         // pages first (if it is only partly damaged), then the others of
         // each copy set.
@@ -1438,11 +1519,13 @@ impl Writer {
             m
         };
         let ew_copy = |seq: u64| -> Option<Vec<u8>> {
+            let crc = self.ews.get(&seq)?.page_crc;
             let mut places = copies.get(&seq)?.clone();
             places.sort_by_key(|&(s, _)| s != seg);
-            places
-                .into_iter()
-                .find_map(|(s, off)| read_ew_page(&self.segs.get(&s)?.file, off, seq))
+            places.into_iter().find_map(|(s, off)| {
+                read_ew_page(&self.segs.get(&s)?.file, off, seq)
+                    .filter(|p| page::stored_crc(p) == crc)
+            })
         };
         if known_len.is_none() && refs.is_empty() && !era_ews {
             return Err(format!("segment {seg} holds nothing live; not rebuilt"));
@@ -1499,8 +1582,8 @@ impl Writer {
             file.extend_from_slice(&page::class_marker(cls));
             new_markers.push((off, cls));
             let have: BTreeSet<u64> = ew_pages.iter().map(|&(_, s)| s).collect();
-            for (&seq, &base) in &self.ews {
-                if in_era(base) && !have.contains(&seq) {
+            for (&seq, live) in &self.ews {
+                if in_era(live.base) && !have.contains(&seq) {
                     if let Some(page) = ew_copy(seq) {
                         new_ew.push((file.len() as u64, seq));
                         file.extend_from_slice(&page);
@@ -1565,7 +1648,7 @@ impl Writer {
 }
 
 /// Reads the end-write page of stripe `seq` at `off`, if it is intact.
-fn read_ew_page(file: &File, off: u64, seq: u64) -> Option<Vec<u8>> {
+pub(crate) fn read_ew_page(file: &File, off: u64, seq: u64) -> Option<Vec<u8>> {
     use std::os::unix::fs::FileExt;
     let mut head = [0u8; HEADER];
     file.read_exact_at(&mut head, off).ok()?;

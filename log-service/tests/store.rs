@@ -627,22 +627,60 @@ fn a_last_batch_whose_pages_did_not_reach_the_disk_is_dropped_whole() {
 /// Walks the pages of the segment files in order and lets `edit` change
 /// the first one it accepts (returns true for), then seals that page again
 /// so it passes its own checksum whatever it now says.
-fn edit_first_page(dir: &Path, what: &str, mut edit: impl FnMut(&page::Header, &mut [u8]) -> bool) {
-    for f in seg_files(dir) {
-        let mut bytes = std::fs::read(&f).unwrap();
+fn edit_first_page(dir: &Path, what: &str, edit: impl FnMut(&page::Header, &mut [u8]) -> bool) {
+    edit_first_page_in(&seg_files(dir), what, true, edit);
+}
+
+/// [`edit_first_page`] over `files`; `reseal` false leaves the page
+/// failing its checksum (unless the edit changed nothing). Returns the
+/// file edited.
+fn edit_first_page_in(
+    files: &[PathBuf],
+    what: &str,
+    reseal: bool,
+    mut edit: impl FnMut(&page::Header, &mut [u8]) -> bool,
+) -> PathBuf {
+    for f in files {
+        let mut bytes = std::fs::read(f).unwrap();
         let mut off = 0usize;
         while let Ok(h) = page::header(&bytes[off..]) {
             let len = h.page_len() as usize;
             let page_bytes = &mut bytes[off..off + len];
             if edit(&h, page_bytes) {
-                page::seal(page_bytes, 0);
-                std::fs::write(&f, &bytes).unwrap();
-                return;
+                if reseal {
+                    page::seal(page_bytes, 0);
+                }
+                std::fs::write(f, &bytes).unwrap();
+                return f.clone();
             }
             off += len;
         }
     }
     panic!("no {what} page found");
+}
+
+/// The file of segment `seg` of a [`small_config`] store.
+fn seg_path(dir: &Path, seg: u64) -> PathBuf {
+    dir.join(format!("zone{}", seg % 3))
+        .join(format!("seg-{seg:016}.dat"))
+}
+
+/// The segment file holding page `shard` of stripe `seq`.
+fn file_of_page(dir: &Path, seq: u64, shard: u8) -> PathBuf {
+    let mut found = None;
+    for f in seg_files(dir) {
+        let bytes = std::fs::read(&f).unwrap();
+        let mut off = 0usize;
+        while let Ok(h) = page::header(&bytes[off..]) {
+            let data = matches!(h.kind, page::Kind::Ordered | page::Kind::Unordered);
+            if data && h.stripe == seq && h.shard == shard {
+                assert!(found.is_none(), "one page {shard} of stripe {seq}");
+                found = Some(f.clone());
+            }
+            off += h.page_len() as usize;
+        }
+    }
+    found.unwrap_or_else(|| panic!("no page {shard} of stripe {seq}"))
 }
 
 /// Rewrites the first end-write record that `edit` applies to (returns
@@ -782,7 +820,9 @@ fn a_log_taken_as_trimmed_at_recovery_stays_so_across_later_opens() {
 /// Changes the middle byte of the body of the first data page of `kind`
 /// (shard `shard`, at least 256 bytes) and seals the page again, so it
 /// passes its own checksum but holds other bytes than were written.
-fn falsify_first_page(dir: &Path, kind: page::Kind, shard: u8) {
+/// Returns the page's stripe.
+fn falsify_first_page(dir: &Path, kind: page::Kind, shard: u8) -> u64 {
+    let mut seq = 0;
     edit_first_page(dir, "data", |h, bytes| {
         if h.kind != kind || h.shard != shard || h.body_len < 256 {
             return false;
@@ -790,8 +830,138 @@ fn falsify_first_page(dir: &Path, kind: page::Kind, shard: u8) {
         // The middle of the body: record bytes, not a root stripe's entry
         // headers (which no read uses alone).
         bytes[page::HEADER + h.body_len as usize / 2] ^= 0x5a;
+        seq = h.stripe;
         true
     });
+    seq
+}
+
+#[test]
+fn a_scrub_finds_a_page_that_lies_under_a_valid_checksum_before_parity_is_needed() {
+    // Every page passes its own checksum, so only the stripe's parity
+    // shows that one holds other bytes than were written. A scrub that
+    // checked checksums alone left it there; once another page of the
+    // stripe was lost, its rebuild used the lie and the records were
+    // gone. The scrub must find the page (parity says one is wrong, the
+    // records' checksums say which), rebuild it, and leave the stripe
+    // able to lose any other page.
+    let cases = [
+        (page::Kind::Ordered, 0u8, 2u8),
+        (page::Kind::Unordered, 1, 2),
+        // The parity page itself (small_config: 2 data + 1 parity).
+        (page::Kind::Ordered, 2, 0),
+        (page::Kind::Unordered, 2, 1),
+    ];
+    for (kind, shard, then_lose) in cases {
+        let what = format!("{kind:?} page {shard}, then page {then_lose} lost");
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = small_config(dir.path());
+        let store = Arc::new(Store::open(cfg.clone()).unwrap());
+        let mut model = Model::new();
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        append_burst(&store, &mut model, &mut rng, 60);
+        drop(store);
+        let seq = falsify_first_page(dir.path(), kind, shard);
+        let liar = file_of_page(dir.path(), seq, shard);
+        let store = Store::open(cfg.clone()).unwrap();
+        let report = store.scrub_blocking();
+        assert_eq!(report.parity_mismatches, 1, "{what}: {report:?}");
+        assert_eq!(report.bad_pages, 1, "{what}: {report:?}");
+        assert!(report.unrecoverable.is_empty(), "{what}: {report:?}");
+        let liar_seg = liar
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| {
+                n.strip_prefix("seg-")?
+                    .strip_suffix(".dat")?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap();
+        assert_eq!(report.repaired, vec![liar_seg], "{what}: {report:?}");
+        let again = store.scrub_blocking();
+        assert_eq!(
+            (again.parity_mismatches, again.bad_pages),
+            (0, 0),
+            "{what}: {again:?}"
+        );
+        drop(store);
+        // Now lose another page of that stripe: its rebuild needs the page
+        // that lied.
+        std::fs::remove_file(file_of_page(dir.path(), seq, then_lose)).unwrap();
+        let store = Store::open(cfg).unwrap();
+        check(&store, &model);
+        let last = store.scrub_blocking();
+        assert_eq!(
+            (last.parity_mismatches, last.bad_pages),
+            (0, 0),
+            "{what}: {last:?}"
+        );
+    }
+}
+
+#[test]
+fn a_scrub_rebuilds_end_write_copies_from_the_version_written() {
+    // Scrub read no end-write copy, so a lost or outvoted one stayed until
+    // the next open, and repair copied the first intact copy it found,
+    // even one recovery had outvoted: rebuilt next to the lie, a second
+    // wrong copy won the next open's vote and a record became unreadable.
+    use melddb_log::stripe::{decode_end_write, encode_end_write};
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = small_config(dir.path());
+    let store = Arc::new(Store::open(cfg.clone()).unwrap());
+    let mut model = Model::new();
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    append_burst(&store, &mut model, &mut rng, 40);
+    drop(store);
+    // A root stripe's end-write on segment 0, the first of the first
+    // copy set (segments 0, 1 and 2): its record checksum is changed and
+    // the page sealed again.
+    let mut seq = 0;
+    edit_first_page_in(&[seg_path(dir.path(), 0)], "end-write", true, |h, bytes| {
+        if h.kind != page::Kind::EndWrite {
+            return false;
+        }
+        let mut ew = decode_end_write(&bytes[page::HEADER..]).unwrap();
+        if ew.ew_base != 0 || ew.entries.is_empty() {
+            return false;
+        }
+        ew.entries[0].crc ^= 0xffff;
+        bytes[page::HEADER..].copy_from_slice(&encode_end_write(&ew));
+        seq = h.stripe;
+        true
+    });
+    let store = Store::open(cfg.clone()).unwrap();
+    assert_eq!(store.recovery().corrupt_pages, 1, "the lie is outvoted");
+    check(&store, &model);
+    // The copy on segment 1 is then damaged (fails its checksum).
+    edit_first_page_in(
+        &[seg_path(dir.path(), 1)],
+        "end-write",
+        false,
+        |h, bytes| {
+            if h.kind != page::Kind::EndWrite || h.stripe != seq {
+                return false;
+            }
+            bytes[page::HEADER] ^= 0xff;
+            true
+        },
+    );
+    let report = store.scrub_blocking();
+    assert_eq!(report.bad_end_write_copies, 2, "{report:?}");
+    assert!(report.end_writes > 0, "{report:?}");
+    assert_eq!(report.repaired, vec![0, 1], "{report:?}");
+    assert_eq!(store.scrub_blocking().bad_end_write_copies, 0);
+    check(&store, &model);
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    assert_eq!(
+        store.recovery().corrupt_pages,
+        0,
+        "every copy is the one written: {:?}",
+        store.recovery()
+    );
+    check(&store, &model);
 }
 
 #[test]
