@@ -78,7 +78,24 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            let scrub = store.scrub_blocking();
+            // Progress on stderr (the report is JSON on stdout): a line
+            // every two seconds on a long scrub.
+            let started = std::time::Instant::now();
+            let mut shown = started;
+            let scrub = store.scrub_with_progress(&mut |p| {
+                if shown.elapsed().as_secs_f64() >= 2.0 {
+                    shown = std::time::Instant::now();
+                    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+                    eprintln!(
+                        "scrub: {}/{} stripes, {:.0}/{:.0} MiB, {:.0} MiB/s",
+                        p.stripes_done,
+                        p.stripes,
+                        mib(p.bytes_done),
+                        mib(p.bytes),
+                        mib(p.bytes_done) / started.elapsed().as_secs_f64()
+                    );
+                }
+            });
             let bad = !scrub.unrecoverable.is_empty();
             let out = serde_json::json!({
                 "recovery": store.recovery(),

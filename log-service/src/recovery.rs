@@ -875,10 +875,12 @@ pub(crate) fn recover(
     wanted.sort_unstable();
     wanted.dedup();
     for seg in wanted {
-        writer.repair(seg).map_err(|why| OpenError::Unrecoverable {
-            stripe: 0,
-            why: format!("rebuilding segment {seg}: {why}"),
-        })?;
+        writer
+            .repair(seg, &[])
+            .map_err(|why| OpenError::Unrecoverable {
+                stripe: 0,
+                why: format!("rebuilding segment {seg}: {why}"),
+            })?;
         report.repaired_segments.push(seg);
     }
     report.segments = writer.segs.len();

@@ -7,7 +7,7 @@
 //! lost: without a scrub that checks them, a second fault is the first
 //! time anyone learns the redundancy was gone.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -44,21 +44,46 @@ pub struct ScrubReport {
     pub failed: Vec<(u64, String)>,
 }
 
-/// Runs a scrub of `store` (blocking; see [`Store::scrub_blocking`]).
-pub(crate) fn run(store: &Store) -> ScrubReport {
+/// How far a scrub has got, for a caller that shows progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// Stripes checked so far.
+    pub stripes_done: u64,
+    /// Live stripes when the scrub started.
+    pub stripes: u64,
+    /// Page bytes of the stripes checked so far.
+    pub bytes_done: u64,
+    /// Page bytes of every live stripe.
+    pub bytes: u64,
+}
+
+/// Runs a scrub of `store` (blocking; see [`Store::scrub_blocking`]),
+/// calling `progress` after every stripe.
+pub(crate) fn run(store: &Store, progress: &mut dyn FnMut(Progress)) -> ScrubReport {
     let refs: Vec<StripeRef> = store.shared.index().stripes.values().cloned().collect();
+    let page_bytes =
+        |r: &StripeRef| r.pages.len() as u64 * (page::HEADER as u64 + r.shard_len as u64);
+    let mut at = Progress {
+        stripes_done: 0,
+        stripes: refs.len() as u64,
+        bytes_done: 0,
+        bytes: refs.iter().map(page_bytes).sum(),
+    };
     let mut report = ScrubReport::default();
-    let mut bad_segs = BTreeSet::new();
+    let mut bad_segs = BadSegments::new();
     for r in &refs {
         report.stripes += 1;
         check_stripe(store, r, &mut report, &mut bad_segs);
+        at.stripes_done += 1;
+        at.bytes_done += page_bytes(r);
+        progress(at);
     }
     check_end_writes(store, &mut report, &mut bad_segs);
-    for &seg in &bad_segs {
+    for (seg, liars) in bad_segs {
         let (reply, rx) = oneshot::channel();
         if store
             .tx
-            .blocking_send(Cmd::RepairNow { seg, reply })
+            .blocking_send(Cmd::RepairNow { seg, liars, reply })
             .is_err()
         {
             report.failed.push((seg, "the writer has stopped".into()));
@@ -73,6 +98,10 @@ pub(crate) fn run(store: &Store) -> ScrubReport {
     report
 }
 
+/// Segments to rebuild, each with the stripes whose page there lies under
+/// a valid checksum (every other intact page is kept as it is).
+type BadSegments = BTreeMap<u64, Vec<u64>>;
+
 /// Reads all of `r`'s pages; a missing or bad page marks its segment, and
 /// a full set that disagrees with its parity is resolved to the one page
 /// whose replacement makes every record on the stripe match its checksum.
@@ -80,7 +109,7 @@ fn check_stripe(
     store: &Store,
     r: &StripeRef,
     report: &mut ScrubReport,
-    bad_segs: &mut BTreeSet<u64>,
+    bad_segs: &mut BadSegments,
 ) {
     let (k, m) = (r.k as usize, r.m as usize);
     let shards: Vec<Option<Vec<u8>>> = (0..r.pages.len())
@@ -97,7 +126,9 @@ fn check_stripe(
             .counters
             .pages_rebuilt
             .fetch_add(lost.len() as u64, Ordering::Relaxed);
-        bad_segs.extend(lost);
+        for seg in lost {
+            bad_segs.entry(seg).or_default();
+        }
         if stripe::payload(shards, k, m, r.payload_len as usize).is_err() {
             report.unrecoverable.push(r.seq);
         }
@@ -133,7 +164,7 @@ fn check_stripe(
                 .counters
                 .pages_rebuilt
                 .fetch_add(1, Ordering::Relaxed);
-            bad_segs.insert(seg);
+            bad_segs.entry(seg).or_default().push(r.seq);
         }
         None => {
             tracing::error!(
@@ -230,7 +261,7 @@ fn records_on(store: &Store, r: &StripeRef) -> Vec<(String, u64, Loc)> {
 
 /// Reads every copy of every live end-write; a copy that is missing,
 /// fails its checksum or holds another version marks its segment.
-fn check_end_writes(store: &Store, report: &mut ScrubReport, bad_segs: &mut BTreeSet<u64>) {
+fn check_end_writes(store: &Store, report: &mut ScrubReport, bad_segs: &mut BadSegments) {
     let (reply, rx) = oneshot::channel();
     if store.tx.blocking_send(Cmd::EndWriteCopies(reply)).is_err() {
         return;
@@ -251,7 +282,7 @@ fn check_end_writes(store: &Store, report: &mut ScrubReport, bad_segs: &mut BTre
                     "scrub: an end-write copy is missing or not the version written; segment will be rebuilt"
                 );
                 report.bad_end_write_copies += 1;
-                bad_segs.insert(seg);
+                bad_segs.entry(seg).or_default();
             }
         }
     }

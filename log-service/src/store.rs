@@ -601,7 +601,10 @@ impl Store {
                         }
                         // Best effort, as for a page that fails its own
                         // checksum: a full queue leaves it to a scrub.
-                        let _ = self.tx.try_send(Cmd::Repair(seg));
+                        let _ = self.tx.try_send(Cmd::Repair {
+                            seg,
+                            liars: vec![s.seq],
+                        });
                         return got.map(Arc::from);
                     }
                 }
@@ -624,7 +627,10 @@ impl Store {
         let (payload, bad) = read_stripe(&self.shared, r, None)?;
         for seg in bad {
             // Best effort: a full queue means a scrub will find it later.
-            let _ = self.tx.try_send(Cmd::Repair(seg));
+            let _ = self.tx.try_send(Cmd::Repair {
+                seg,
+                liars: Vec::new(),
+            });
         }
         let parsed = Arc::new(parse_payload(r, payload)?);
         if let Some(c) = self.shared.cache().as_mut() {
@@ -679,7 +685,16 @@ impl Store {
     /// written, and rebuilds every segment holding something bad
     /// ([`crate::scrub`]). Blocking; run it off the async threads.
     pub fn scrub_blocking(&self) -> ScrubReport {
-        crate::scrub::run(self)
+        crate::scrub::run(self, &mut |_| {})
+    }
+
+    /// [`Store::scrub_blocking`], calling `progress` after every stripe
+    /// (the `check` command prints it).
+    pub fn scrub_with_progress(
+        &self,
+        progress: &mut dyn FnMut(crate::scrub::Progress),
+    ) -> ScrubReport {
+        crate::scrub::run(self, progress)
     }
 
     /// Waits until every command sent before it has been handled.

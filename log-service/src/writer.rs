@@ -58,10 +58,15 @@ pub(crate) enum Cmd {
         reply: oneshot::Sender<Result<(), StoreError>>,
     },
     /// A reader found a bad page in this segment.
-    Repair(u64),
+    Repair {
+        seg: u64,
+        /// Stripes whose page here passes its checksum but lies.
+        liars: Vec<u64>,
+    },
     /// Repair and report.
     RepairNow {
         seg: u64,
+        liars: Vec<u64>,
         reply: oneshot::Sender<Result<(), String>>,
     },
     Barrier(oneshot::Sender<()>),
@@ -541,13 +546,13 @@ impl Writer {
                 Cmd::Trim { log, pos, reply } => {
                     let _ = reply.send(self.trim(&log, pos));
                 }
-                Cmd::Repair(seg) => {
-                    if let Err(e) = self.repair(seg) {
+                Cmd::Repair { seg, liars } => {
+                    if let Err(e) = self.repair(seg, &liars) {
                         tracing::error!(segment = seg, error = %e, "segment repair failed");
                     }
                 }
-                Cmd::RepairNow { seg, reply } => {
-                    let _ = reply.send(self.repair(seg));
+                Cmd::RepairNow { seg, liars, reply } => {
+                    let _ = reply.send(self.repair(seg, &liars));
                 }
                 Cmd::Barrier(reply) => {
                     let _ = reply.send(());
@@ -1452,11 +1457,20 @@ impl Writer {
     }
 
     /// Rebuilds segment `seg` beside the old file and renames it over:
-    /// every stripe page from parity (byte-identical), markers and
+    /// every stripe page that reads intact as it is, unless its stripe is
+    /// in `liars` (a page found to pass its checksum with other bytes than
+    /// written), the others from parity (byte-identical); markers and
     /// end-writes where they were, pads in unaccounted gaps; if part of the
     /// file was unaccounted for, the end-writes it held are appended again
     /// (they are found in the other two copies).
-    pub fn repair(&mut self, seg: u64) -> Result<(), String> {
+    ///
+    /// Intact pages are kept rather than rebuilt because a rebuild trusts
+    /// every other page of the stripe: with a lying page elsewhere in it,
+    /// the rebuilt page would be wrong too (sealed with a good checksum),
+    /// and two faults in a one-parity stripe cannot be undone. A scrub
+    /// that found lying pages on two segments sharing stripes used to
+    /// repair the first segment from the second's lie.
+    pub fn repair(&mut self, seg: u64, liars: &[u64]) -> Result<(), String> {
         let refs: Vec<StripeRef> = {
             let idx = self.shared.index();
             idx.stripes
@@ -1471,15 +1485,22 @@ impl Writer {
                 continue;
             };
             let (k, m) = (r.k as usize, r.m as usize);
-            let mut shards: Vec<Option<Vec<u8>>> = vec![None; k + m];
-            // Read every other page; parity decides.
-            for (i, slot) in shards.iter_mut().enumerate() {
-                if i != j {
-                    *slot = crate::store::read_page(&self.shared, r, i);
+            let own = crate::store::read_page(&self.shared, r, j);
+            let body = match own {
+                Some(body) if !liars.contains(&r.seq) => body,
+                _ => {
+                    let mut shards: Vec<Option<Vec<u8>>> = vec![None; k + m];
+                    // Read every other page; parity decides.
+                    for (i, slot) in shards.iter_mut().enumerate() {
+                        if i != j {
+                            *slot = crate::store::read_page(&self.shared, r, i);
+                        }
+                    }
+                    let mut all = stripe::rebuild(shards, k, m)
+                        .map_err(|e| format!("stripe {}: {e}", r.seq))?;
+                    all.swap_remove(j)
                 }
-            }
-            let all =
-                stripe::rebuild(shards, k, m).map_err(|e| format!("stripe {}: {e}", r.seq))?;
+            };
             let h = Header {
                 kind: r.kind,
                 shard: j as u8,
@@ -1489,7 +1510,7 @@ impl Writer {
                 stripe: r.seq,
                 payload_len: r.payload_len,
             };
-            pieces.push((r.pages[j].1, page::encode(&h, &all[j])));
+            pieces.push((r.pages[j].1, page::encode(&h, &body)));
         }
         let (known_len, damaged, markers, ew_pages, cls) = match self.segs.get(&seg) {
             Some(s) => (

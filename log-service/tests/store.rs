@@ -901,6 +901,83 @@ fn a_scrub_finds_a_page_that_lies_under_a_valid_checksum_before_parity_is_needed
 }
 
 #[test]
+fn repairing_one_lying_page_does_not_copy_another_stripes_lie() {
+    // Two root stripes on the same three segments, each with one page that
+    // lies under a valid checksum, on different segments. Repair used to
+    // rebuild every stripe page of a segment from the stripe's other
+    // pages, so rebuilding the first liar's segment rebuilt the second
+    // stripe's good page there from the second liar: two wrong pages in a
+    // one-parity stripe, its records gone. Intact pages are now kept
+    // unless they are the ones found to lie.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = small_config(dir.path());
+    let store = Arc::new(Store::open(cfg.clone()).unwrap());
+    let mut model = Model::new();
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    append_burst(&store, &mut model, &mut rng, 60);
+    drop(store);
+    // Root stripes by their pages' segments, with bodies long enough.
+    let mut by_place: BTreeMap<(PathBuf, PathBuf), Vec<u64>> = BTreeMap::new();
+    let mut long = std::collections::BTreeSet::new();
+    let mut places: BTreeMap<(u64, u8), PathBuf> = BTreeMap::new();
+    for f in seg_files(dir.path()) {
+        let bytes = std::fs::read(&f).unwrap();
+        let mut off = 0usize;
+        while let Ok(h) = page::header(&bytes[off..]) {
+            if h.kind == page::Kind::Ordered {
+                places.insert((h.stripe, h.shard), f.clone());
+                if h.body_len >= 256 && h.shard < 2 {
+                    long.insert((h.stripe, h.shard));
+                }
+            }
+            off += h.page_len() as usize;
+        }
+    }
+    for (&(seq, shard), f) in &places {
+        if shard == 0 {
+            if let Some(g) = places.get(&(seq, 1)) {
+                by_place
+                    .entry((f.clone(), g.clone()))
+                    .or_default()
+                    .push(seq);
+            }
+        }
+    }
+    let (y, z) = by_place
+        .values()
+        .find_map(|seqs| {
+            let y = seqs.iter().find(|&&s| long.contains(&(s, 0)))?;
+            let z = seqs.iter().find(|&&s| s != *y && long.contains(&(s, 1)))?;
+            Some((*y, *z))
+        })
+        .expect("two root stripes on the same segments");
+    for (seq, shard) in [(y, 0u8), (z, 1u8)] {
+        edit_first_page(dir.path(), "data", |h, bytes| {
+            if h.kind != page::Kind::Ordered || h.stripe != seq || h.shard != shard {
+                return false;
+            }
+            bytes[page::HEADER + h.body_len as usize / 2] ^= 0x5a;
+            true
+        });
+    }
+    let store = Store::open(cfg.clone()).unwrap();
+    let report = store.scrub_blocking();
+    assert_eq!(report.parity_mismatches, 2, "{report:?}");
+    assert_eq!(report.repaired.len(), 2, "{report:?}");
+    assert!(report.unrecoverable.is_empty(), "{report:?}");
+    let again = store.scrub_blocking();
+    assert_eq!(
+        (again.parity_mismatches, again.bad_pages),
+        (0, 0),
+        "{again:?}"
+    );
+    check(&store, &model);
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    check(&store, &model);
+}
+
+#[test]
 fn a_scrub_rebuilds_end_write_copies_from_the_version_written() {
     // Scrub read no end-write copy, so a lost or outvoted one stayed until
     // the next open, and repair copied the first intact copy it found,

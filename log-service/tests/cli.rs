@@ -1,0 +1,125 @@
+//! `melddb-log check`: recovery and a scrub from the command line, a JSON
+//! report on stdout, and an exit status a script can act on.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use melddb_log::page;
+use melddb_log::{Config, Store};
+
+fn zones(dir: &Path) -> Vec<PathBuf> {
+    (0..3).map(|z| dir.join(format!("zone{z}"))).collect()
+}
+
+fn check(config: &Path) -> (i32, serde_json::Value) {
+    let out = Command::new(env!("CARGO_BIN_EXE_melddb-log"))
+        .args(["check", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "error")
+        .output()
+        .expect("run melddb-log check");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json = serde_json::from_str(&stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code().unwrap_or(-1), json)
+}
+
+/// Changes one byte of the first parity page long enough and seals it
+/// again: it passes its checksum and disagrees with its stripe.
+fn falsify_a_parity_page(dir: &Path) {
+    for z in zones(dir) {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&z)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "dat"))
+            .collect();
+        files.sort();
+        for f in files {
+            let mut bytes = std::fs::read(&f).unwrap();
+            let mut off = 0usize;
+            while let Ok(h) = page::header(&bytes[off..]) {
+                let len = h.page_len() as usize;
+                if h.kind == page::Kind::Ordered && h.shard == h.k && h.body_len >= 64 {
+                    bytes[off + page::HEADER + 10] ^= 0x81;
+                    page::seal(&mut bytes[off..off + len], 0);
+                    std::fs::write(&f, &bytes).unwrap();
+                    return;
+                }
+                off += len;
+            }
+        }
+    }
+    panic!("no parity page found");
+}
+
+#[test]
+fn check_finds_and_repairs_a_lying_parity_page_and_reports_it_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::with_zones(zones(dir.path()));
+    cfg.page_bytes = 4096;
+    cfg.segment_bytes = 64 << 10;
+    cfg.max_record_bytes = 16 << 10;
+    let store = Store::open(cfg).unwrap();
+    let records: Vec<Vec<u8>> = (0..40u32)
+        .map(|i| (0..200 + i * 37).map(|b| (b ^ i) as u8).collect())
+        .collect();
+    for r in &records {
+        store.append_blocking("a", 0, 0, r.clone()).unwrap();
+    }
+    drop(store);
+    falsify_a_parity_page(dir.path());
+    let config = dir.path().join("log.toml");
+    let zone_list: Vec<String> = zones(dir.path())
+        .iter()
+        .map(|z| z.display().to_string())
+        .collect();
+    std::fs::write(
+        &config,
+        format!("zones = {zone_list:?}\npage_bytes = 4096\nsegment_bytes = 65536\nmax_record_bytes = 16384\n"),
+    )
+    .unwrap();
+
+    let (code, report) = check(&config);
+    assert_eq!(code, 0, "{report}");
+    let scrub = &report["scrub"];
+    assert_eq!(scrub["parity_mismatches"], 1, "{report}");
+    assert_eq!(scrub["bad_pages"], 1, "{report}");
+    assert_eq!(
+        scrub["repaired"].as_array().map(Vec::len),
+        Some(1),
+        "{report}"
+    );
+    assert!(
+        scrub["end_writes"].as_u64().is_some_and(|n| n > 0),
+        "{report}"
+    );
+    assert_eq!(scrub["bad_end_write_copies"], 0, "{report}");
+
+    let (code, report) = check(&config);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["scrub"]["parity_mismatches"], 0, "{report}");
+    assert_eq!(report["scrub"]["bad_pages"], 0, "{report}");
+
+    let mut cfg = Config::with_zones(zones(dir.path()));
+    cfg.page_bytes = 4096;
+    cfg.segment_bytes = 64 << 10;
+    cfg.max_record_bytes = 16 << 10;
+    let store = Store::open(cfg).unwrap();
+    for (i, r) in records.iter().enumerate() {
+        assert_eq!(&store.read("a", i as u64).unwrap()[..], &r[..], "a@{i}");
+    }
+}
+
+#[test]
+fn check_exits_2_on_a_config_it_cannot_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("log.toml");
+    std::fs::write(&config, "zones = 7\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_melddb-log"))
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .expect("run melddb-log check");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error:"), "{err}");
+}
