@@ -71,6 +71,10 @@ pub struct Results {
     /// MiB each recovery read from the segment files (page headers, end-
     /// writes, markers, the zero tails of the window's segments).
     pub recovery_read_mib: Vec<f64>,
+    /// A scrub of the store just recovered at the first recovery point:
+    /// every page of every live stripe read and checked against its
+    /// checksum and its stripe's parity, every end-write copy read.
+    pub scrub: ScrubRun,
     /// Raw sequential write of the same disk (1 MiB writes, fsync every
     /// 8 MiB), MiB/s: 1 GiB (512 MiB quick) before anything else.
     pub disk_seq_write_mib_s: f64,
@@ -753,6 +757,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
         // Recovery time vs log size: reopen as is, then after growing it.
         let mut recovery = Vec::new();
         let mut recovery_read_mib = Vec::new();
+        let mut scrub_run = ScrubRun::default();
         for round in 0..2 {
             if round == 1 {
                 eprintln!("growing the log for the second recovery point ...");
@@ -777,9 +782,20 @@ pub fn run(quick: bool) -> Result<Results, String> {
             eprintln!("recovery of {mib:.0} MiB: {s:.3} s (read {read:.0} MiB)");
             recovery.push((mib, s));
             recovery_read_mib.push(read);
-            tokio::task::spawn_blocking(move || store.shutdown())
-                .await
-                .map_err(|e| e.to_string())?;
+            let scrubbed = tokio::task::spawn_blocking(move || {
+                let run = (round == 0).then(|| scrub(&store));
+                store.shutdown();
+                run
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+            if let Some(run) = scrubbed {
+                eprintln!(
+                    "scrub of {:.0} MiB of pages: {:.3} s ({:.0} MiB/s), {} bad pages",
+                    run.mib, run.secs, run.mib / run.secs.max(1e-9), run.bad_pages
+                );
+                scrub_run = run;
+            }
         }
         // The main log (tens of GiB after the second recovery point) is
         // done with: free the disk for the two services below.
@@ -824,6 +840,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
             reads: rd,
             recovery,
             recovery_read_mib,
+            scrub: scrub_run,
             disk_seq_write_mib_s: disk,
             disk_adjacent_mib_s: adjacent,
             write_amplification_64k: amp,
@@ -1054,5 +1071,34 @@ mod tests {
         ] {
             assert!(bad.parse::<PointSpec>().is_err(), "{bad:?} parsed");
         }
+    }
+}
+
+/// What one scrub read and how long it took.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ScrubRun {
+    /// MiB of stripe pages read and checked.
+    pub mib: f64,
+    /// Seconds.
+    pub secs: f64,
+    /// Live stripes.
+    pub stripes: u64,
+    /// End-writes whose three copies were read.
+    pub end_writes: u64,
+    /// Pages (and end-write copies) found bad; 0 on a healthy store.
+    pub bad_pages: u64,
+}
+
+/// Scrubs `store`, timed.
+fn scrub(store: &Store) -> ScrubRun {
+    let t = Instant::now();
+    let mut bytes = 0;
+    let report = store.scrub_with_progress(&mut |p| bytes = p.bytes_done);
+    ScrubRun {
+        mib: bytes as f64 / (1 << 20) as f64,
+        secs: t.elapsed().as_secs_f64(),
+        stripes: report.stripes,
+        end_writes: report.end_writes,
+        bad_pages: report.bad_pages + report.bad_end_write_copies,
     }
 }

@@ -920,6 +920,16 @@ fn log_suite(args: &Args) -> Result<(), String> {
     for ((mib, s), read) in r.recovery.iter().zip(&r.recovery_read_mib) {
         println!("recovery: {s:.3} s for {mib:.0} MiB of log data (read {read:.0} MiB)");
     }
+    let sc = &r.scrub;
+    println!(
+        "scrub after the first recovery: {:.3} s for {:.0} MiB of pages ({:.0} MiB/s; {} stripes against parity, {} end-writes x 3 copies), {} bad",
+        sc.secs,
+        sc.mib,
+        sc.mib / sc.secs.max(1e-9),
+        sc.stripes,
+        sc.end_writes,
+        sc.bad_pages
+    );
     println!("geometry: {}", r.geometry);
     println!(
         "spares: {} per zone, written at the open in {:.1} s; {:.1} s waited for refills between points (spares are refilled only while the log is quiet)",
@@ -1015,6 +1025,8 @@ fn log_suite(args: &Args) -> Result<(), String> {
     if let Some((mib, s)) = r.recovery.last() {
         put("recovery_s_per_gib", s / (mib / 1024.0).max(1e-9));
     }
+    put("scrub_mib_s", sc.mib / sc.secs.max(1e-9));
+    put("scrub_bad_pages", sc.bad_pages as f64);
     if let Some(dir) = &args.plots {
         plot::log_plots(dir, &r)?;
         eprintln!("plots written to {}", dir.display());
@@ -1027,6 +1039,7 @@ fn log_suite(args: &Args) -> Result<(), String> {
             "rows": all,
             "recovery": r.recovery,
             "recovery_read_mib": r.recovery_read_mib,
+            "scrub": r.scrub,
             "round_floor": r.round_floor,
         });
         write_json(path, &doc)?;
