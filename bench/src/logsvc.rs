@@ -725,7 +725,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
         spares_refill_secs += settle(&store, spares).await;
         // Twice the other points' length: this p99 is read against a
         // target, and one stall of a few milliseconds moves the p99 of a
-        // short run (docs/benchmarks.md, nineteenth session).
+        // short run (docs/benchmarks-log-history.md, nineteenth session).
         let stages_before = store.stages();
         let mut half_target_load =
             open_loop(&addr, 64, best.batch, 1024, HALF_TARGET_TPS, 2.0 * secs).await?;

@@ -54,7 +54,7 @@ pub struct Config {
     /// in place, so an fsync has no file-size change to journal. Off by
     /// default: it writes every byte twice (once as a zero), and on the
     /// benchmark disk it gave no measurable latency gain (see
-    /// docs/benchmarks.md). The on-disk format is the same either way.
+    /// docs/benchmarks-log-history.md). The on-disk format is the same either way.
     #[serde(default)]
     pub zero_fill_ahead: bool,
     /// End each fsync round with one device cache flush per device
@@ -68,7 +68,7 @@ pub struct Config {
     /// Only on ext4 and XFS zones (Linux), whose `fdatasync` of a clean
     /// file still flushes the device; elsewhere every file is fsynced. In
     /// full benchmark runs at 150K appends/s it took the median round from
-    /// 0.30-0.43 to 0.26-0.30 ms (docs/benchmarks.md).
+    /// 0.30-0.43 to 0.26-0.30 ms (docs/benchmarks-log-history.md).
     #[serde(default = "defaults::flush_once_per_device")]
     pub flush_once_per_device: bool,
     /// Spare segment files kept ready per zone: segment-sized files already
@@ -105,7 +105,7 @@ pub struct Config {
     /// store opens (`prctl(PR_SET_THP_DISABLE)`, Linux; the default). With
     /// THP the index's growth meets a 2 MiB page fault a few times a
     /// second, and each held the writer for 4–5 ms in the measurements
-    /// of docs/benchmarks.md. Set `false` to keep the system's setting,
+    /// of docs/benchmarks-log-history.md. Set `false` to keep the system's setting,
     /// for example when the store is embedded in a process that wants huge
     /// pages. `thp_disabled` in the stats says whether THP is off.
     #[serde(default = "defaults::disable_transparent_huge_pages")]

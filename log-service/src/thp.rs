@@ -5,7 +5,7 @@
 //! whole huge page at once. The index grows by about 5 MB a second at
 //! 150K appends/s, so the writer met such a fault two or three times a
 //! second, each holding it (and every append in its batch) for 4–5 ms on
-//! the machine of docs/benchmarks.md; with 4 KiB pages the same memory
+//! the machine of docs/benchmarks-log-history.md; with 4 KiB pages the same memory
 //! arrives in faults of a few microseconds each. Databases that care about
 //! tail latency commonly turn THP off for the same reason.
 
