@@ -54,7 +54,8 @@ pub struct Config {
     /// in place, so an fsync has no file-size change to journal. Off by
     /// default: it writes every byte twice (once as a zero), and on the
     /// benchmark disk it gave no measurable latency gain (see
-    /// docs/benchmarks-log-history.md). The on-disk format is the same either way.
+    /// docs/benchmarks-log-history.md). The on-disk format is the same
+    /// either way.
     #[serde(default)]
     pub zero_fill_ahead: bool,
     /// End each fsync round with one device cache flush per device
@@ -105,9 +106,9 @@ pub struct Config {
     /// store opens (`prctl(PR_SET_THP_DISABLE)`, Linux; the default). With
     /// THP the index's growth meets a 2 MiB page fault a few times a
     /// second, and each held the writer for 4–5 ms in the measurements
-    /// of docs/benchmarks-log-history.md. Set `false` to keep the system's setting,
-    /// for example when the store is embedded in a process that wants huge
-    /// pages. `thp_disabled` in the stats says whether THP is off.
+    /// of docs/benchmarks-log-history.md. Set `false` to keep the system's
+    /// setting, for example when the store is embedded in a process that
+    /// wants huge pages. `thp_disabled` in the stats says whether THP is off.
     #[serde(default = "defaults::disable_transparent_huge_pages")]
     pub disable_transparent_huge_pages: bool,
     /// Write a stripe's end-write only after its pages are fsynced (the

@@ -36,8 +36,8 @@ impl RequestIds {
     /// (this benchmark machine) such a first touch took about 2.5 ms, and
     /// a fresh service's first batches stalled for 25–70 ms while
     /// recording their ids (2 of 6 four-second light-load probes: p99
-    /// 39–51 ms against 4–6 ms; docs/benchmarks-log-history.md). Paying it here costs
-    /// the open about 65 ms with the default window.
+    /// 39–51 ms against 4–6 ms; docs/benchmarks-log-history.md). Paying it
+    /// here costs the open about 65 ms with the default window.
     pub(crate) fn new(window: usize) -> RequestIds {
         let n = window.min(PRESIZE) + 1;
         let mut positions = IdMap::with_capacity_and_hasher(n, Default::default());

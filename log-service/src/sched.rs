@@ -4,7 +4,8 @@
 //! On a busy host an ordinary writer thread can wait for a core behind
 //! the network threads and the clients; every append taken into its batch
 //! waits with it. SCHED_FIFO lets the writer and the fsync helpers run as
-//! soon as they are ready (docs/benchmarks-log-history.md has the measured effect).
+//! soon as they are ready (docs/benchmarks-log-history.md has the measured
+//! effect).
 
 use std::sync::atomic::Ordering;
 

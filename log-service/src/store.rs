@@ -624,7 +624,7 @@ impl Store {
                 return Ok(p.clone());
             }
         }
-        let (payload, bad) = read_stripe(&self.shared, r, None)?;
+        let (payload, bad) = read_stripe(&self.shared, r)?;
         for seg in bad {
             // Best effort: a full queue means a scrub will find it later.
             let _ = self.tx.try_send(Cmd::Repair {
@@ -861,19 +861,18 @@ pub(crate) fn read_page(shared: &Shared, r: &StripeRef, i: usize) -> Option<Vec<
 }
 
 /// Reads a stripe: the data pages, and parity only if a data page is bad.
-/// `check` forces the listed pages to be read and checked (scrub). Returns
-/// the payload and the segments that held bad or missing pages.
+/// Returns the payload and the segments that held bad or missing pages.
+/// (A scrub reads every page itself: [`crate::scrub`].)
 pub(crate) fn read_stripe(
     shared: &Shared,
     r: &StripeRef,
-    check: Option<&[usize]>,
 ) -> Result<(Vec<u8>, Vec<u64>), StoreError> {
     let (k, m) = (r.k as usize, r.m as usize);
     let mut shards: Vec<Option<Vec<u8>>> = vec![None; k + m];
     let mut bad = Vec::new();
     let mut missing_data = false;
     for (i, slot) in shards.iter_mut().enumerate() {
-        let wanted = i < k || missing_data || check.is_some_and(|c| c.contains(&i));
+        let wanted = i < k || missing_data;
         if !wanted {
             continue;
         }

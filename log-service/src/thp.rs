@@ -5,9 +5,9 @@
 //! whole huge page at once. The index grows by about 5 MB a second at
 //! 150K appends/s, so the writer met such a fault two or three times a
 //! second, each holding it (and every append in its batch) for 4–5 ms on
-//! the machine of docs/benchmarks-log-history.md; with 4 KiB pages the same memory
-//! arrives in faults of a few microseconds each. Databases that care about
-//! tail latency commonly turn THP off for the same reason.
+//! the machine of docs/benchmarks-log-history.md; with 4 KiB pages the same
+//! memory arrives in faults of a few microseconds each. Databases that care
+//! about tail latency commonly turn THP off for the same reason.
 
 /// Turns THP off for the whole process (`prctl(PR_SET_THP_DISABLE)`; it
 /// is per process, not per thread, and children inherit it). Memory

@@ -310,8 +310,8 @@ const ZERO_CHUNK: u64 = 4 << 20;
 /// shrinks to about the device flush. Large ones do not: the device is
 /// busy anyway, and submitting megabytes of write-back on the writer
 /// thread, the one that limits throughput there, cost batches of 64
-/// records 1-4%. The measurements are in docs/benchmarks-log-history.md (eighteenth
-/// session).
+/// records 1-4%. The measurements are in docs/benchmarks-log-history.md
+/// (eighteenth session).
 const EARLY_WRITE_BACK_MAX: usize = 256 << 10;
 
 /// Zero-fills `st` up to at least `upto` (in `ZERO_CHUNK` steps, never past
@@ -1325,8 +1325,9 @@ impl Writer {
     /// they held the last answer of a round until 29–32 µs after the
     /// round's end at the median (11–12 µs without) and 121–153 µs at the
     /// p99 (54–125), and the client's p99 at 150K appends/s was higher in
-    /// seven of eight paired probes (docs/benchmarks-log-history.md). A retry reaches
-    /// this thread only after this returns, so it finds its id either way.
+    /// seven of eight paired probes (docs/benchmarks-log-history.md). A
+    /// retry reaches this thread only after this returns, so it finds its id
+    /// either way.
     fn remember_ids(&mut self, answered: &[Pending]) {
         for p in answered {
             if p.meta.client != 0 {
