@@ -901,6 +901,38 @@ fn a_scrub_finds_a_page_that_lies_under_a_valid_checksum_before_parity_is_needed
 }
 
 #[test]
+fn scrub_progress_counts_every_stripe_and_page_byte_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(small_config(dir.path())).unwrap());
+    let mut model = Model::new();
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    append_burst(&store, &mut model, &mut rng, 30);
+    let mut seen = Vec::new();
+    let report = store.scrub_with_progress(&mut |p| seen.push(p));
+    let last = *seen.last().expect("progress was reported");
+    assert_eq!(seen.len() as u64, report.stripes);
+    assert_eq!(
+        (last.stripes_done, last.stripes),
+        (report.stripes, report.stripes)
+    );
+    assert_eq!(last.bytes_done, last.bytes);
+    assert!(seen
+        .windows(2)
+        .all(|w| w[0].stripes_done + 1 == w[1].stripes_done && w[0].bytes_done < w[1].bytes_done));
+    // Every page of every stripe, headers included: no less than the
+    // records it holds.
+    let records: u64 = model
+        .values()
+        .flat_map(|(_, recs)| recs.iter().map(|r| r.len() as u64))
+        .sum();
+    assert!(
+        last.bytes > records,
+        "{} page bytes for {records} record bytes",
+        last.bytes
+    );
+}
+
+#[test]
 fn repairing_one_lying_page_does_not_copy_another_stripes_lie() {
     // Two root stripes on the same three segments, each with one page that
     // lies under a valid checksum, on different segments. Repair used to
