@@ -72,12 +72,12 @@ pub(crate) fn run(store: &Store, progress: &mut dyn FnMut(Progress)) -> ScrubRep
     let mut report = ScrubReport::default();
     let mut bad_segs = BadSegments::new();
     for r in &refs {
-        report.stripes += 1;
         check_stripe(store, r, &mut report, &mut bad_segs);
         at.stripes_done += 1;
         at.bytes_done += page_bytes(r);
         progress(at);
     }
+    report.stripes = at.stripes_done;
     check_end_writes(store, &mut report, &mut bad_segs);
     for (seg, liars) in bad_segs {
         let (reply, rx) = oneshot::channel();
@@ -197,11 +197,12 @@ fn lying_page(store: &Store, r: &StripeRef, full: &[Vec<u8>]) -> Option<usize> {
         let Ok(alt) = parse_payload(r, payload).map(Arc::new) else {
             return false;
         };
-        records.iter().all(|(log, pos, loc)| {
-            let Some(root) = store.shared.index().stripes.get(&loc.stripe).cloned() else {
+        records.iter().all(|rec| {
+            let Some(root) = &rec.root else {
                 return false;
             };
-            let got = store.record_from(&root, loc, log, *pos, &mut |s| {
+            let (log, pos, loc) = (&rec.log, rec.pos, &rec.loc);
+            let got = store.record_from(root, loc, log, pos, &mut |s| {
                 if s.seq == r.seq {
                     Ok(alt.clone())
                 } else {
@@ -213,12 +214,21 @@ fn lying_page(store: &Store, r: &StripeRef, full: &[Vec<u8>]) -> Option<usize> {
     })
 }
 
+/// A live record with bytes on a stripe being checked.
+struct Record {
+    log: String,
+    pos: u64,
+    loc: Loc,
+    /// Its root stripe (`None`: not in the index, so it cannot be read).
+    root: Option<StripeRef>,
+}
+
 /// Every live record with bytes on stripe `r`: for a root stripe, the
 /// records it roots; for a fragment stripe, the records whose root lists
 /// it. A log's positions take increasing stripes, and a record's
 /// fragments lie between its batch's first stripe and its root, so each
 /// log is searched by bisection.
-fn records_on(store: &Store, r: &StripeRef) -> Vec<(String, u64, Loc)> {
+fn records_on(store: &Store, r: &StripeRef) -> Vec<Record> {
     let mut out = Vec::new();
     {
         let idx = store.shared.index();
@@ -237,20 +247,25 @@ fn records_on(store: &Store, r: &StripeRef) -> Vec<(String, u64, Loc)> {
             for i in from..to.max(from) {
                 let Some(&loc) = l.locs.get(i) else { break };
                 if r.kind == Kind::Ordered || loc.offset == stripe::FRAGMENTED {
-                    out.push((log.clone(), l.first + i as u64, loc));
+                    out.push(Record {
+                        log: log.clone(),
+                        pos: l.first + i as u64,
+                        loc,
+                        root: idx.stripes.get(&loc.stripe).cloned(),
+                    });
                 }
             }
         }
     }
     if r.kind != Kind::Ordered {
         // Keep the records whose root entry names this fragment.
-        out.retain(|(_, _, loc)| {
-            let Some(root) = store.shared.index().stripes.get(&loc.stripe).cloned() else {
+        out.retain(|rec| {
+            let Some(root) = &rec.root else {
                 return false;
             };
-            match store.stripe(&root).as_deref() {
+            match store.stripe(root).as_deref() {
                 Ok(Parsed::Root(entries)) => entries
-                    .get(loc.idx as usize)
+                    .get(rec.loc.idx as usize)
                     .is_some_and(|e| e.fragments.contains(&r.seq)),
                 _ => true,
             }

@@ -59,14 +59,29 @@ fn check(store: &Store, model: &Model) {
     }
 }
 
-/// Where a segment's pages end (window segments are zero-filled ahead).
-fn data_len(f: &Path) -> u64 {
-    let bytes = std::fs::read(f).unwrap();
-    let mut end = 0usize;
-    while let Ok(h) = page::header(&bytes[end..]) {
-        end += h.page_len() as usize;
+/// The pages of a segment file's bytes in order, offset and header, up to
+/// the first place that holds no page header (window segments are
+/// zero-filled ahead of their data).
+fn pages(bytes: &[u8]) -> Vec<(usize, page::Header)> {
+    let mut out = Vec::new();
+    let mut off = 0usize;
+    while let Some(Ok(h)) = bytes.get(off..).map(page::header) {
+        out.push((off, h));
+        off += h.page_len() as usize;
     }
-    end as u64
+    out
+}
+
+/// Where the pages of a segment file's bytes end.
+fn data_end(bytes: &[u8]) -> usize {
+    pages(bytes)
+        .last()
+        .map_or(0, |(off, h)| off + h.page_len() as usize)
+}
+
+/// Where a segment's pages end.
+fn data_len(f: &Path) -> u64 {
+    data_end(&std::fs::read(f).unwrap()) as u64
 }
 
 fn seg_files(dir: &Path) -> Vec<PathBuf> {
@@ -227,10 +242,8 @@ fn random_history_matches_the_model_across_reopen_trim_and_damage() {
 /// space once a file is gone: they become pads, and the class is declared
 /// again at the end.)
 fn assert_same_stripe_pages(original: &[u8], rebuilt: &[u8], f: &Path) {
-    let mut off = 0usize;
-    let mut pages = 0;
-    // Window segments are zero-filled ahead of their data: stop there.
-    while let Ok(h) = page::header(&original[off..]) {
+    let mut stripe_pages = 0;
+    for (off, h) in pages(original) {
         let end = off + h.page_len() as usize;
         if matches!(h.kind, page::Kind::Ordered | page::Kind::Unordered) {
             assert!(
@@ -238,12 +251,14 @@ fn assert_same_stripe_pages(original: &[u8], rebuilt: &[u8], f: &Path) {
                 "{} page at {off}",
                 f.display()
             );
-            pages += 1;
+            stripe_pages += 1;
         }
-        off = end;
     }
-    assert!(pages > 0, "{} had stripe pages", f.display());
-    assert!(rebuilt.len() >= off, "the rebuilt file holds all the data");
+    assert!(stripe_pages > 0, "{} had stripe pages", f.display());
+    assert!(
+        rebuilt.len() >= data_end(original),
+        "the rebuilt file holds all the data"
+    );
 }
 
 #[test]
@@ -279,13 +294,7 @@ fn a_deleted_segment_is_rebuilt_byte_for_byte() {
     let store = Store::open(cfg.clone()).unwrap();
     check(&store, &model);
     let rebuilt = data_len(&files[0]);
-    let original = {
-        let mut end = 0usize;
-        while let Ok(h) = page::header(&originals[0][end..]) {
-            end += h.page_len() as usize;
-        }
-        end as u64
-    };
+    let original = data_end(&originals[0]) as u64;
     assert!(rebuilt >= original / 2, "{rebuilt} vs {original}");
     drop(store);
     std::fs::remove_file(&files[1]).unwrap();
@@ -344,11 +353,7 @@ fn torn_tails_are_cut_and_appends_continue() {
     let files = seg_files(dir.path());
     for f in &files {
         let mut bytes = std::fs::read(f).unwrap();
-        let mut end = 0usize;
-        while let Ok(h) = page::header(&bytes[end..]) {
-            end += h.page_len() as usize;
-        }
-        bytes.truncate(end);
+        bytes.truncate(data_end(&bytes));
         let fake = page::encode(
             &page::Header {
                 kind: page::Kind::Ordered,
@@ -642,10 +647,8 @@ fn edit_first_page_in(
 ) -> PathBuf {
     for f in files {
         let mut bytes = std::fs::read(f).unwrap();
-        let mut off = 0usize;
-        while let Ok(h) = page::header(&bytes[off..]) {
-            let len = h.page_len() as usize;
-            let page_bytes = &mut bytes[off..off + len];
+        for (off, h) in pages(&bytes) {
+            let page_bytes = &mut bytes[off..off + h.page_len() as usize];
             if edit(&h, page_bytes) {
                 if reseal {
                     page::seal(page_bytes, 0);
@@ -653,7 +656,6 @@ fn edit_first_page_in(
                 std::fs::write(f, &bytes).unwrap();
                 return f.clone();
             }
-            off += len;
         }
     }
     panic!("no {what} page found");
@@ -669,15 +671,12 @@ fn seg_path(dir: &Path, seg: u64) -> PathBuf {
 fn file_of_page(dir: &Path, seq: u64, shard: u8) -> PathBuf {
     let mut found = None;
     for f in seg_files(dir) {
-        let bytes = std::fs::read(&f).unwrap();
-        let mut off = 0usize;
-        while let Ok(h) = page::header(&bytes[off..]) {
+        for (_, h) in pages(&std::fs::read(&f).unwrap()) {
             let data = matches!(h.kind, page::Kind::Ordered | page::Kind::Unordered);
             if data && h.stripe == seq && h.shard == shard {
                 assert!(found.is_none(), "one page {shard} of stripe {seq}");
                 found = Some(f.clone());
             }
-            off += h.page_len() as usize;
         }
     }
     found.unwrap_or_else(|| panic!("no page {shard} of stripe {seq}"))
@@ -953,16 +952,13 @@ fn repairing_one_lying_page_does_not_copy_another_stripes_lie() {
     let mut long = std::collections::BTreeSet::new();
     let mut places: BTreeMap<(u64, u8), PathBuf> = BTreeMap::new();
     for f in seg_files(dir.path()) {
-        let bytes = std::fs::read(&f).unwrap();
-        let mut off = 0usize;
-        while let Ok(h) = page::header(&bytes[off..]) {
+        for (_, h) in pages(&std::fs::read(&f).unwrap()) {
             if h.kind == page::Kind::Ordered {
                 places.insert((h.stripe, h.shard), f.clone());
                 if h.body_len >= 256 && h.shard < 2 {
                     long.insert((h.stripe, h.shard));
                 }
             }
-            off += h.page_len() as usize;
         }
     }
     for (&(seq, shard), f) in &places {
