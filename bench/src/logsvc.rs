@@ -880,6 +880,10 @@ pub struct Probe {
     pub write_backs: u64,
     /// Device flushes that ended rounds with write-back files.
     pub flushes: u64,
+    /// Bytes the fsync helpers wrote with `O_DIRECT`, of all bytes
+    /// written to segments.
+    pub direct_write_bytes: u64,
+    pub bytes_written: u64,
     /// Share of the wall time the writer spent building and writing
     /// batches.
     pub write_share: f64,
@@ -943,6 +947,9 @@ pub struct ProbeSettings {
     /// fsync every file of a round (`flush_once_per_device = false`)
     /// instead of writing prepared segments back and flushing once.
     pub fsync_each_file: bool,
+    /// Copy every page into the page cache on the writer thread
+    /// (`direct_writes = false`).
+    pub buffered: bool,
     /// Data pages per stripe (one parity page, one zone per page);
     /// [`DATA_SHARDS`] is the suite's.
     pub data_shards: usize,
@@ -977,6 +984,7 @@ pub fn probe(
         cfg.realtime_priority = settings.realtime_priority;
         cfg.disable_transparent_huge_pages = !settings.keep_thp;
         cfg.flush_once_per_device = !settings.fsync_each_file;
+        cfg.direct_writes = !settings.buffered;
         let (store, running, _) = start_prepared(cfg, spares).await?;
         let addr = running.tcp.to_string();
         if settings.warmup_secs > 0.0 {
@@ -1014,6 +1022,8 @@ pub fn probe(
             fsyncs: after.fsyncs - before.fsyncs,
             write_backs: after.write_backs - before.write_backs,
             flushes: after.flushes - before.flushes,
+            direct_write_bytes: after.direct_write_bytes - before.direct_write_bytes,
+            bytes_written: after.bytes_written - before.bytes_written,
             write_share: share(after.write_us - before.write_us),
             sync_share: share(after.sync_us - before.sync_us),
             stages,

@@ -120,6 +120,11 @@ struct Args {
     /// from spares back and flushing each device once.
     #[arg(long)]
     fsync_each_file: bool,
+    /// Log suite with `--point`: copy every page into the page cache on
+    /// the writer thread (`direct_writes = false`) instead of writing
+    /// large batches' whole blocks directly on the fsync helpers.
+    #[arg(long)]
+    buffered: bool,
     /// Log suite with `--point`: run the same load this many seconds
     /// first, unmeasured, so the figures are of a service past its first
     /// seconds (memory faulted in, the first end-write segments replaced
@@ -1070,6 +1075,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         realtime_priority: args.realtime,
         keep_thp: args.keep_thp,
         fsync_each_file: args.fsync_each_file,
+        buffered: args.buffered,
         warmup_secs: args.warmup,
         data_shards: args.data_shards,
         before: args.before,
@@ -1132,6 +1138,16 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
             "--fsync-each-file: every file fsynced"
         } else {
             "files of segments made from spares are written back, each device flushed once per round"
+        }
+    );
+    println!(
+        "written: {:.1} MiB, {:.1} % of it directly ({})",
+        r.bytes_written as f64 / (1 << 20) as f64,
+        100.0 * r.direct_write_bytes as f64 / r.bytes_written.max(1) as f64,
+        if args.buffered {
+            "--buffered: every page copied into the page cache"
+        } else {
+            "whole blocks of large batches written directly by the fsync helpers"
         }
     );
     melddb_bench::logsvc::print_stages("inside the service:", &r.stages);

@@ -72,6 +72,22 @@ pub struct Config {
     /// 0.30-0.43 to 0.26-0.30 ms (docs/benchmarks-log-history.md).
     #[serde(default = "defaults::flush_once_per_device")]
     pub flush_once_per_device: bool,
+    /// Write the whole 4 KiB blocks of each large batch (at least
+    /// `direct_write_min_bytes` per segment) with `O_DIRECT` on the fsync
+    /// helpers, during the batch's round, instead of copying them into the
+    /// page cache on the writer thread (the default; Linux). The writer
+    /// then only encodes, which is what limits large records. Where a file
+    /// system refuses `O_DIRECT` (tmpfs), the writes are buffered as with
+    /// `false`. The on-disk format is the same either way.
+    #[serde(default = "defaults::direct_writes")]
+    pub direct_writes: bool,
+    /// The smallest write of one segment's pages written directly
+    /// (default 256 KiB). Smaller writes are copied into the page cache
+    /// and their write-back started at once, which suits small batches
+    /// better. Any size takes effect; only whole 4 KiB blocks are ever
+    /// written directly.
+    #[serde(default = "defaults::direct_write_min_bytes")]
+    pub direct_write_min_bytes: u32,
     /// Spare segment files kept ready per zone: segment-sized files already
     /// written full of zeros, which a new window segment is renamed from,
     /// so its pages overwrite allocated, written blocks and the fsync
@@ -240,6 +256,12 @@ mod defaults {
     pub fn flush_once_per_device() -> bool {
         true
     }
+    pub fn direct_writes() -> bool {
+        true
+    }
+    pub fn direct_write_min_bytes() -> u32 {
+        256 << 10
+    }
     pub fn max_record_bytes() -> u32 {
         64 << 20
     }
@@ -283,6 +305,8 @@ impl Config {
             strict_end_writes: false,
             zero_fill_ahead: false,
             flush_once_per_device: defaults::flush_once_per_device(),
+            direct_writes: defaults::direct_writes(),
+            direct_write_min_bytes: defaults::direct_write_min_bytes(),
             prepared_segments: 0,
             prepare_mib_s: defaults::prepare_mib_s(),
             realtime_priority: 0,

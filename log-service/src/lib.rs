@@ -15,6 +15,7 @@
 mod chunked;
 pub mod client;
 pub mod config;
+mod direct;
 pub mod error;
 mod flush;
 pub mod latency;

@@ -539,6 +539,7 @@ pub(crate) fn recover(
                 max_seq,
                 damaged_at: s.damaged_at,
                 pending_cut: s.cut,
+                direct: Default::default(),
             },
         );
     }
@@ -745,6 +746,11 @@ pub(crate) fn recover(
         request_ids,
         failed: None,
         dirty: Default::default(),
+        deferred: Default::default(),
+        direct_bufs: Default::default(),
+        round_held: Default::default(),
+        torn: Default::default(),
+        late: Default::default(),
         // A round syncs at most one segment per zone plus the end-write
         // segments, each on its own helper: the writer writes the next
         // batch meanwhile.

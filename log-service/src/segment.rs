@@ -99,6 +99,54 @@ impl Faults {
 
     /// Writes `buf` at `off`, applying the armed faults.
     pub fn write_at(&self, file: &File, buf: &[u8], off: u64) -> io::Result<()> {
+        self.before_write(file, buf, off)?;
+        file.write_all_at(buf, off)
+    }
+
+    /// A held-back write of the batch's round ([`crate::direct`]), with
+    /// the armed faults: it counts as one write, and a torn one leaves its
+    /// first half, written buffered. If the direct descriptor refuses the
+    /// middle (`EINVAL`: the file system changed its mind about
+    /// alignment), the buffered one takes it; the round's sync makes it
+    /// durable either way.
+    pub(crate) fn write_deferred(&self, w: &crate::direct::DeferredWrite) -> io::Result<()> {
+        let file = &*w.buffered;
+        let mid = w.middle();
+        if self.armed_failure() {
+            if self.tear.load(Ordering::SeqCst) {
+                let whole = [&w.head[..], mid, &w.tail[..]].concat();
+                file.write_all_at(&whole[..whole.len() / 2], w.off)?;
+            }
+            return Err(io::Error::other("injected write fault"));
+        }
+        #[cfg(test)]
+        self.traced("deferred-write", file);
+        file.write_all_at(&w.head, w.off)?;
+        let at = w.off + w.head.len() as u64;
+        match &w.direct {
+            Some(d) if !mid.is_empty() => match d.write_all_at(mid, at) {
+                Err(e) if e.kind() == io::ErrorKind::InvalidInput => file.write_all_at(mid, at),
+                r => r,
+            }?,
+            _ => file.write_all_at(mid, at)?,
+        }
+        file.write_all_at(&w.tail, at + mid.len() as u64)
+    }
+
+    /// The armed delay and failure of a write; a torn failure writes the
+    /// first half of `buf` to `file` first.
+    fn before_write(&self, file: &File, buf: &[u8], off: u64) -> io::Result<()> {
+        if self.armed_failure() {
+            if self.tear.load(Ordering::SeqCst) {
+                file.write_all_at(&buf[..buf.len() / 2], off)?;
+            }
+            return Err(io::Error::other("injected write fault"));
+        }
+        Ok(())
+    }
+
+    /// Sleeps the armed delay; whether this write is the one set to fail.
+    fn armed_failure(&self) -> bool {
         let d = self.delay_us.load(Ordering::Relaxed);
         if d > 0 {
             std::thread::sleep(Duration::from_micros(d));
@@ -107,14 +155,11 @@ impl Faults {
         if left >= 0 {
             if left == 0 {
                 self.fail_after.store(-1, Ordering::SeqCst);
-                if self.tear.load(Ordering::SeqCst) {
-                    file.write_all_at(&buf[..buf.len() / 2], off)?;
-                }
-                return Err(io::Error::other("injected write fault"));
+                return true;
             }
             self.fail_after.store(left - 1, Ordering::SeqCst);
         }
-        file.write_all_at(buf, off)
+        false
     }
 
     /// fsyncs `file` unless syncs are set to fail.

@@ -592,7 +592,7 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
     let m = &ctx.metrics;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let mut reg = Registry::with_prefix("melddb_log");
-    let counters: [(&str, &str, u64); 21] = [
+    let counters: [(&str, &str, u64); 22] = [
         ("appends", "Acknowledged appends", s.appends),
         (
             "append_bytes",
@@ -616,6 +616,11 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
             "flushes",
             "Device cache flushes ending fsync rounds with write-back files",
             s.flushes,
+        ),
+        (
+            "direct_write_bytes",
+            "Bytes written to segments with O_DIRECT by the fsync helpers, not through the page cache",
+            s.direct_write_bytes,
         ),
         (
             "write_us",

@@ -96,6 +96,7 @@ pub(crate) struct Counters {
     pub fsyncs: AtomicU64,
     pub write_backs: AtomicU64,
     pub flushes: AtomicU64,
+    pub direct_write_bytes: AtomicU64,
     pub reads: AtomicU64,
     pub pages_rebuilt: AtomicU64,
     pub segments_repaired: AtomicU64,
@@ -196,6 +197,9 @@ pub struct Stats {
     /// Device cache flushes that ended rounds with write-back files (one
     /// per device per such round; also counted in `fsyncs`).
     pub flushes: u64,
+    /// Bytes of `bytes_written` written with `O_DIRECT` by the fsync
+    /// helpers (`direct_writes`), not copied into the page cache.
+    pub direct_write_bytes: u64,
     /// Microseconds the writer spent building and writing batches (stripes,
     /// parity, pages, end-writes), without the fsyncs: the total of the
     /// write stage.
@@ -744,6 +748,7 @@ impl Store {
             fsyncs: g(&c.fsyncs),
             write_backs: g(&c.write_backs),
             flushes: g(&c.flushes),
+            direct_write_bytes: g(&c.direct_write_bytes),
             write_us: stages.write.total_us(),
             sync_us: stages.round_wait.total_us(),
             reads: g(&c.reads),

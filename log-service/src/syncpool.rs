@@ -25,6 +25,7 @@ use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 
+use crate::direct::DeferredWrite;
 use crate::segment::Faults;
 
 /// Called once when every file of a round is synced.
@@ -50,6 +51,9 @@ struct Job {
     index: usize,
     file: Arc<File>,
     how: How,
+    /// Held-back writes of the file's pages, done in order before the
+    /// sync ([`crate::direct`]).
+    writes: Vec<DeferredWrite>,
     done: Sender<(usize, io::Result<()>)>,
     countdown: Countdown,
 }
@@ -67,13 +71,14 @@ struct Countdown {
 enum Then {
     /// The round is over.
     Done(OnDone),
-    /// The flushes, one per device with write-back files; they run on the
-    /// helpers too (in parallel across devices), then the round is over.
-    Flush {
+    /// The next stage's jobs, handed to the helpers too (in parallel):
+    /// the late files (end-writes after their pages), or the flushes, one
+    /// per device with write-back files.
+    Stage {
         jobs: Mutex<Vec<Job>>,
         workers: Arc<[Sender<Job>]>,
         faults: Arc<Faults>,
-        /// The flushes' own countdown.
+        /// The stage's own countdown.
         after: Countdown,
     },
 }
@@ -92,7 +97,7 @@ impl Countdown {
         }
         match &*self.then {
             Then::Done(on_done) => on_done(),
-            Then::Flush {
+            Then::Stage {
                 jobs,
                 workers,
                 faults,
@@ -197,14 +202,38 @@ impl SyncPool {
     /// helper, or here) once they are all in, flushes included. Where
     /// there is no helper (or it is gone) the file is synced here, before
     /// returning.
+    #[cfg(test)]
     pub(crate) fn start(&self, files: &[(Arc<File>, How)], on_done: OnDone) -> Round {
+        self.start_with_writes(files, Vec::new(), &[], on_done)
+    }
+
+    /// [`SyncPool::start`], where file `i`'s helper first does the
+    /// held-back writes `writes[i]`, in order (missing entries: none). A
+    /// file whose write fails is not synced; its result is the write's
+    /// error. Files marked `late` start only once every other file is
+    /// done, writes and sync (end-writes wait for their stripes' pages).
+    /// The device flushes come after every file, so they cover all writes.
+    pub(crate) fn start_with_writes(
+        &self,
+        files: &[(Arc<File>, How)],
+        writes: Vec<Vec<DeferredWrite>>,
+        late: &[bool],
+        on_done: OnDone,
+    ) -> Round {
         let hows: Vec<How> = files.iter().map(|(_, h)| *h).collect();
         let plan = flush_plan(&hows);
         let (done_tx, done_rx) = channel();
-        let then = if plan.is_empty() {
-            Then::Done(on_done)
-        } else {
-            let after = Countdown::new(plan.len(), Then::Done(on_done));
+        // Built from the last stage back: each stage's countdown hands out
+        // the next stage's jobs.
+        let handing = |jobs: Vec<Job>, after: Countdown| Then::Stage {
+            jobs: Mutex::new(jobs),
+            workers: self.workers.clone(),
+            faults: self.faults.clone(),
+            after,
+        };
+        let mut then = Then::Done(on_done);
+        if !plan.is_empty() {
+            let after = Countdown::new(plan.len(), then);
             let jobs = plan
                 .iter()
                 .enumerate()
@@ -212,29 +241,32 @@ impl SyncPool {
                     index: files.len() + g,
                     file: files[i].0.clone(),
                     how: How::Sync,
+                    writes: Vec::new(),
                     done: done_tx.clone(),
                     countdown: after.clone(),
                 })
                 .collect();
-            Then::Flush {
-                jobs: Mutex::new(jobs),
-                workers: self.workers.clone(),
-                faults: self.faults.clone(),
-                after,
-            }
+            then = handing(jobs, after);
+        }
+        let mut writes = writes;
+        writes.resize_with(files.len(), Vec::new);
+        let mut job = |index: usize, countdown: &Countdown| Job {
+            index,
+            file: files[index].0.clone(),
+            how: files[index].1,
+            writes: std::mem::take(&mut writes[index]),
+            done: done_tx.clone(),
+            countdown: countdown.clone(),
         };
-        let countdown = Countdown::new(files.len(), then);
-        let jobs = files
-            .iter()
-            .enumerate()
-            .map(|(index, (file, how))| Job {
-                index,
-                file: file.clone(),
-                how: *how,
-                done: done_tx.clone(),
-                countdown: countdown.clone(),
-            })
-            .collect();
+        let (lates, firsts): (Vec<usize>, Vec<usize>) =
+            (0..files.len()).partition(|&i| late.get(i).copied().unwrap_or(false));
+        if !lates.is_empty() {
+            let after = Countdown::new(lates.len(), then);
+            let jobs = lates.iter().map(|&i| job(i, &after)).collect();
+            then = handing(jobs, after);
+        }
+        let countdown = Countdown::new(firsts.len(), then);
+        let jobs = firsts.iter().map(|&i| job(i, &countdown)).collect();
         hand_out(jobs, &self.workers, &self.faults);
         countdown.tick();
         Round {
@@ -291,20 +323,26 @@ impl Round {
         true
     }
 
-    /// Waits for every file of the round; one result per file, in the
-    /// order given. A write-back file is durable only once its device's
-    /// flush is, so a failed flush fails each of that device's write-back
-    /// files.
-    pub(crate) fn wait(mut self) -> Vec<io::Result<()>> {
+    /// Blocks until every file of the round is done (or a helper
+    /// stopped), keeping the results for [`Round::wait`].
+    pub(crate) fn wait_done(&mut self) {
         while self.received < self.results.len() {
             match self.done.recv() {
                 Ok((i, r)) => {
                     self.results[i] = Some(r);
                     self.received += 1;
                 }
-                Err(_) => break,
+                Err(_) => return,
             }
         }
+    }
+
+    /// Waits for every file of the round; one result per file, in the
+    /// order given. A write-back file is durable only once its device's
+    /// flush is, so a failed flush fails each of that device's write-back
+    /// files.
+    pub(crate) fn wait(mut self) -> Vec<io::Result<()>> {
+        self.wait_done();
         let stopped = || io::Error::other("an fsync helper thread stopped");
         let mut results: Vec<io::Result<()>> = self
             .results
@@ -330,10 +368,16 @@ impl Round {
 impl Job {
     /// Runs the job and reports it: the result to the round, then the tick.
     fn finish(self, faults: &Faults) {
-        let r = match self.how {
-            How::Sync => faults.sync(&self.file),
-            How::WriteBack(_) => faults.write_back(&self.file),
-        };
+        let r = self
+            .writes
+            .iter()
+            .try_for_each(|w| faults.write_deferred(w))
+            .and_then(|()| match self.how {
+                How::Sync => faults.sync(&self.file),
+                How::WriteBack(_) => faults.write_back(&self.file),
+            });
+        // The buffers go back to the pool before the round is reported.
+        drop(self.writes);
         // A send error means the writer stopped waiting: nobody to tell.
         let _ = self.done.send((self.index, r));
         self.countdown.tick();
@@ -459,6 +503,54 @@ mod tests {
                 std::thread::yield_now();
             }
             assert_eq!(at_done.load(Ordering::SeqCst), 7, "{helpers} helpers");
+        }
+    }
+
+    /// Held-back writes run on the file's helper before its sync, and the
+    /// late files (end-writes) start only once every other file of the
+    /// round is written and synced.
+    #[test]
+    fn late_files_start_after_every_other_file_and_writes_precede_syncs() {
+        use crate::direct::{BufPool, DeferredWrite};
+        for helpers in [0, 1, 3, 8] {
+            let faults = Arc::new(Faults::none());
+            let pool = SyncPool::new(helpers, faults.clone(), Arc::new(|| {}));
+            let (dir, files) = temp_files(5);
+            let bufs = BufPool::default();
+            let writes: Vec<Vec<DeferredWrite>> = files
+                .iter()
+                .enumerate()
+                .map(|(i, f)| {
+                    let direct = crate::direct::open_direct(f).ok().map(Arc::new);
+                    let bytes = vec![i as u8 + 1; 3 * 4096 + 100];
+                    vec![DeferredWrite::new(f.clone(), direct, 100, &bytes, &bufs)]
+                })
+                .collect();
+            let late = [false, true, false, true, false];
+            let r = pool
+                .start_with_writes(&synced(&files), writes, &late, Arc::new(|| {}))
+                .wait();
+            assert!(r.iter().all(|r| r.is_ok()), "{helpers} helpers: {r:?}");
+            let trace = crate::locks::lock(&faults.trace).clone();
+            let at = |what: &str, f: &File| {
+                trace
+                    .iter()
+                    .position(|(w, i)| *w == what && *i == ino(f))
+                    .unwrap_or_else(|| panic!("{what} missing: {trace:?}"))
+            };
+            for (i, f) in files.iter().enumerate() {
+                assert!(at("deferred-write", f) < at("fsync", f), "{trace:?}");
+                let back = std::fs::read(dir.path().join(format!("f{i}"))).expect("read back");
+                assert_eq!(back.len(), 100 + 3 * 4096 + 100, "file {i}");
+                assert!(back[100..].iter().all(|&b| b == i as u8 + 1), "file {i}");
+            }
+            let last_first = [0, 2, 4].map(|i| at("fsync", &files[i])).into_iter().max();
+            for i in [1, 3] {
+                assert!(
+                    Some(at("deferred-write", &files[i])) > last_first,
+                    "{helpers} helpers: {trace:?}"
+                );
+            }
         }
     }
 

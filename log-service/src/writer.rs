@@ -25,6 +25,7 @@ use melddb::Entry;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::END_WRITE_COPIES;
+use crate::direct::{self, BufPool, DeferredWrite};
 use crate::error::StoreError;
 use crate::meta::{LogMeta, Meta};
 use crate::page::{self, class, Header, Kind, HEADER};
@@ -135,6 +136,20 @@ pub(crate) struct SegState {
     pub damaged_at: Option<u64>,
     /// Recovery only: a torn-tail candidate (start, end of data).
     pub pending_cut: Option<(u64, u64)>,
+    /// The descriptor for direct writes of this file, opened at the first
+    /// large write ([`crate::direct`]).
+    pub direct: DirectFd,
+}
+
+/// A segment's descriptor for direct writes.
+#[derive(Default)]
+pub(crate) enum DirectFd {
+    /// Not needed yet.
+    #[default]
+    Unopened,
+    Open(Arc<File>),
+    /// The file system refused `O_DIRECT`: this file is written buffered.
+    Refused,
 }
 
 /// Appends accepted into a batch, one per distinct request.
@@ -278,6 +293,22 @@ pub(crate) struct Writer {
     pub wake: mpsc::WeakSender<Cmd>,
     /// Spare segment files and their refill thread (`prepared_segments`).
     pub spares: Option<Spares>,
+    /// Writes of the batch being written held back for its round's
+    /// helpers, by segment, in order ([`crate::direct`]).
+    pub deferred: BTreeMap<u64, Vec<DeferredWrite>>,
+    /// Their aligned buffers, reused.
+    pub direct_bufs: BufPool,
+    /// Segments whose held-back writes are end-writes: their round writes
+    /// them only after every data write of the round, so no end-write
+    /// reaches a file before the pages it describes.
+    pub late: BTreeSet<u64>,
+    /// Segments where a failed write may have left bytes past the end of
+    /// the data: the roll back cuts them off.
+    /// To where: the end of the failed write.
+    pub torn: BTreeMap<u64, u64>,
+    /// Segments with held-back writes in the round started last: until
+    /// it is over, their new writes are held back too (behind them).
+    pub round_held: BTreeSet<u64>,
     /// Per zone, the device whose cache one flush covers, where a round
     /// may write that zone's prepared segments back and flush once
     /// (`flush_once_per_device` on an ext4 or XFS zone); `None`: fsync
@@ -331,6 +362,27 @@ fn zero_ahead(st: &mut SegState, upto: u64, limit: u64) -> io::Result<u64> {
     Ok(n)
 }
 
+/// `st`'s descriptor for direct writes, opened on first use; `None` where
+/// the file system refuses `O_DIRECT` (then asked once per file).
+fn direct_fd(seg: u64, st: &mut SegState) -> Option<Arc<File>> {
+    match &st.direct {
+        DirectFd::Open(f) => Some(f.clone()),
+        DirectFd::Refused => None,
+        DirectFd::Unopened => match direct::open_direct(&st.file) {
+            Ok(f) => {
+                let f = Arc::new(f);
+                st.direct = DirectFd::Open(f.clone());
+                Some(f)
+            }
+            Err(e) => {
+                tracing::info!(segment = seg, error = %e, "no direct writes for this segment file; writing it buffered");
+                st.direct = DirectFd::Refused;
+                None
+            }
+        },
+    }
+}
+
 impl Writer {
     fn zones(&self) -> &[PathBuf] {
         &self.shared.config.zones
@@ -373,10 +425,10 @@ impl Writer {
     fn append_durable(&mut self, seg: u64, bytes: &[u8]) -> Result<u64, String> {
         let s = self.segs.get_mut(&seg).ok_or("segment vanished")?;
         let off = s.len;
-        self.shared
-            .faults
-            .write_at(&s.file, bytes, off)
-            .map_err(io_err)?;
+        if let Err(e) = self.shared.faults.write_at(&s.file, bytes, off) {
+            self.torn.insert(seg, off + bytes.len() as u64);
+            return Err(io_err(e));
+        }
         s.len += bytes.len() as u64;
         s.zeroed = s.zeroed.max(s.len);
         self.shared.faults.sync(&s.file).map_err(io_err)?;
@@ -385,6 +437,10 @@ impl Writer {
     }
 
     fn raise_class(&mut self, seg: u64, to: u8) -> Result<(), String> {
+        // The marker is written (and fsynced) now: the segment's
+        // held-back writes go first, so no marker ever follows bytes not
+        // yet written (after a crash that would look like damage).
+        self.settle(seg)?;
         if to == class::SEALED {
             // A sealed segment takes no more pages: drop its zero-filled
             // tail (recovery then never reads zeros of sealed segments).
@@ -404,6 +460,39 @@ impl Writer {
         let s = self.segs.get_mut(&seg).ok_or("segment vanished")?;
         s.markers.push((off, to));
         s.class = to;
+        Ok(())
+    }
+
+    /// Finishes every write of `seg` not yet done: the round in flight's
+    /// (waited for) and the held-back ones of the batch being written
+    /// (done here, directly where they can be; for end-writes, every
+    /// held-back page first). A failed write stays held back, so the round
+    /// retries it, or fails the batch if it fails again.
+    fn settle(&mut self, seg: u64) -> Result<(), String> {
+        let late = self.late.contains(&seg);
+        if let Some((segs, round)) = self.inflight.as_mut().and_then(|f| f.round.as_mut()) {
+            if late || segs.contains(&seg) {
+                round.wait_done();
+            }
+        }
+        let mut order: Vec<u64> = Vec::new();
+        if late {
+            order.extend(self.deferred.keys().filter(|s| !self.late.contains(s)));
+        }
+        order.push(seg);
+        for s in order {
+            let Some(mut ws) = self.deferred.remove(&s) else {
+                continue;
+            };
+            while !ws.is_empty() {
+                if let Err(e) = self.shared.faults.write_deferred(&ws[0]) {
+                    self.deferred.insert(s, ws);
+                    return Err(format!("segment {s}: {e}"));
+                }
+                ws.remove(0);
+            }
+        }
+        self.late.remove(&seg);
         Ok(())
     }
 
@@ -455,6 +544,7 @@ impl Writer {
                 max_seq: 0,
                 damaged_at: None,
                 pending_cut: None,
+                direct: DirectFd::Unopened,
             },
         );
         Ok(())
@@ -821,6 +911,7 @@ impl Writer {
         let t = Instant::now();
         let had_round = f.round.is_some();
         let synced = f.round.map_or(Ok(()), wait_round);
+        self.round_held.clear();
         if had_round {
             self.shared.stages.round_wait.record(t.elapsed());
         }
@@ -868,27 +959,56 @@ impl Writer {
     /// records the batch's stripe numbers as discarded, so recovery never
     /// takes a half-written stripe for a complete one.
     fn roll_back(&mut self, lens_before: &BTreeMap<u64, u64>, first_seq: u64) {
+        use std::os::unix::fs::FileExt;
         self.dirty.clear();
+        // Held-back writes belong to the batch written last:
+        // those of the part being rolled back go; an earlier part's stay.
+        for (seg, ws) in &mut self.deferred {
+            let before = lens_before.get(seg).copied().unwrap_or(0);
+            ws.retain(|w| w.end() <= before);
+        }
+        self.deferred.retain(|_, ws| !ws.is_empty());
+        self.late.retain(|s| self.deferred.contains_key(s));
         let mut trouble = Vec::new();
         for (&seg, st) in self.segs.iter_mut() {
             let before = lens_before.get(&seg).copied().unwrap_or(0);
-            if st.len != before || !lens_before.contains_key(&seg) {
-                if let Err(e) = st.file.set_len(before).and_then(|_| st.file.sync_all()) {
-                    trouble.push(format!("segment {seg}: {e}"));
+            let torn = self.torn.remove(&seg);
+            if st.len == before && lens_before.contains_key(&seg) {
+                // Only a failed write's bytes to undo: over zeros written
+                // earlier (a spare, or zero-filled space), zeros again keep
+                // the blocks written and the segment prepared.
+                match torn {
+                    None => continue,
+                    Some(end) if end <= st.zeroed => {
+                        let zeros = vec![0u8; (end - before) as usize];
+                        if let Err(e) = st
+                            .file
+                            .write_all_at(&zeros, before)
+                            .and_then(|_| st.file.sync_data())
+                        {
+                            trouble.push(format!("segment {seg}: {e}"));
+                        }
+                        continue;
+                    }
+                    Some(_) => {}
                 }
-                st.len = before;
-                st.zeroed = before;
-                st.prepared = st.prepared.min(before);
-                st.markers.retain(|&(o, _)| o < before);
-                st.ew_pages.retain(|&(o, _)| o < before);
-                st.class = st
-                    .markers
-                    .iter()
-                    .map(|&(_, c)| c)
-                    .max()
-                    .unwrap_or(class::EMPTY);
             }
+            if let Err(e) = st.file.set_len(before).and_then(|_| st.file.sync_all()) {
+                trouble.push(format!("segment {seg}: {e}"));
+            }
+            st.len = before;
+            st.zeroed = before;
+            st.prepared = st.prepared.min(before);
+            st.markers.retain(|&(o, _)| o < before);
+            st.ew_pages.retain(|&(o, _)| o < before);
+            st.class = st
+                .markers
+                .iter()
+                .map(|&(_, c)| c)
+                .max()
+                .unwrap_or(class::EMPTY);
         }
+        self.torn.clear();
         if self.next_seq > first_seq {
             self.meta.discarded.push((first_seq, self.next_seq - 1));
             let zones = self.zones().to_vec();
@@ -1073,7 +1193,7 @@ impl Writer {
             .copied()
             .zip(bufs.iter().map(|b| &b[..]))
             .collect();
-        let result = self.write_and_sync(&written);
+        let result = self.write_and_sync(&written, true);
         drop(written);
         self.keep_buffers(bufs, payload);
         result?;
@@ -1132,7 +1252,7 @@ impl Writer {
             written.push((seg, buf));
         }
         let written: Vec<(u64, &[u8])> = written.iter().map(|(s, b)| (*s, &b[..])).collect();
-        self.write_and_sync(&written)?;
+        self.write_and_sync(&written, false)?;
         self.shared
             .counters
             .stripes
@@ -1157,10 +1277,13 @@ impl Writer {
 
     /// Appends each buffer to its segment; in strict end-write order the
     /// segments are fsynced at once, otherwise they join the batch's single
-    /// fsync round.
-    fn write_and_sync(&mut self, bufs: &[(u64, &[u8])]) -> Result<(), StoreError> {
+    /// fsync round. `data`: the buffers are data pages, which may be
+    /// written directly ([`crate::direct`]); end-writes never are.
+    fn write_and_sync(&mut self, bufs: &[(u64, &[u8])], data: bool) -> Result<(), StoreError> {
         let limit = self.shared.config.segment_bytes;
         let fill = self.shared.config.zero_fill_ahead;
+        // End-writes wait behind the batch's held-back pages.
+        let pages_held = !data && self.deferred.keys().any(|s| !self.late.contains(s));
         for (seg, buf) in bufs {
             let st = self.segs.get_mut(seg).ok_or_else(|| vanished("segment"))?;
             let upto = st.len + buf.len() as u64;
@@ -1174,11 +1297,39 @@ impl Writer {
                 .counters
                 .bytes_written
                 .fetch_add(zeros, Ordering::Relaxed);
-            self.shared
-                .faults
-                .write_at(&st.file, buf, st.len)
-                .map_err(|e| StoreError::WriteFailed(format!("segment {seg}: {e}")))?;
-            if self.shared.config.fsync && buf.len() <= EARLY_WRITE_BACK_MAX {
+            let fsync = self.shared.config.fsync;
+            // A large write of data pages is held back for the round and
+            // its whole blocks written directly; so is any write behind a
+            // held-back one, to keep the segment's writes in order.
+            let direct = if fsync
+                && data
+                && self.shared.config.direct_writes
+                && buf.len() >= self.shared.config.direct_write_min_bytes as usize
+                && direct::middle(st.len, buf.len()).is_some()
+            {
+                direct_fd(*seg, st)
+            } else {
+                None
+            };
+            let held =
+                pages_held || self.deferred.contains_key(seg) || self.round_held.contains(seg);
+            let now = direct.is_none() && !held;
+            if !now {
+                let w = DeferredWrite::new(st.file.clone(), direct, st.len, buf, &self.direct_bufs);
+                self.shared
+                    .counters
+                    .direct_write_bytes
+                    .fetch_add(w.middle().len() as u64, Ordering::Relaxed);
+                self.deferred.entry(*seg).or_default().push(w);
+                if !data {
+                    self.late.insert(*seg);
+                }
+            } else if let Err(e) = self.shared.faults.write_at(&st.file, buf, st.len) {
+                // Part of it may be there: the roll back cuts it off.
+                self.torn.insert(*seg, st.len + buf.len() as u64);
+                return Err(StoreError::WriteFailed(format!("segment {seg}: {e}")));
+            }
+            if now && fsync && buf.len() <= EARLY_WRITE_BACK_MAX {
                 // Its I/O overlaps the round in flight (see the function).
                 crate::flush::start_write_back(&st.file, st.len, buf.len() as u64);
             }
@@ -1199,7 +1350,9 @@ impl Writer {
     /// fsyncs every segment written since the last round, in parallel
     /// (they are independent devices in a real deployment).
     fn sync_dirty(&mut self) -> Result<(), StoreError> {
-        self.start_sync(None).map_or(Ok(()), wait_round)
+        let r = self.start_sync(None).map_or(Ok(()), wait_round);
+        self.round_held.clear();
+        r
     }
 
     /// Starts the fsync round of every segment written since the last one,
@@ -1243,7 +1396,23 @@ impl Writer {
                 }
             }
         });
-        let round = self.syncer.start(&files, on_done);
+        let writes: Vec<Vec<DeferredWrite>> = segs
+            .iter()
+            .map(|s| self.deferred.remove(s).unwrap_or_default())
+            .collect();
+        self.round_held = segs
+            .iter()
+            .zip(&writes)
+            .filter(|(_, w)| !w.is_empty())
+            .map(|(&s, _)| s)
+            .collect();
+        // Writes of segments that are gone (none expected) are dropped.
+        self.deferred.clear();
+        let late: Vec<bool> = segs.iter().map(|s| self.late.contains(s)).collect();
+        self.late.clear();
+        let round = self
+            .syncer
+            .start_with_writes(&files, writes, &late, on_done);
         let (write_backs, flushes) = (round.write_backs(), round.flushes());
         let c = &self.shared.counters;
         c.fsyncs.fetch_add(
@@ -1653,6 +1822,7 @@ impl Writer {
                 max_seq,
                 damaged_at: None,
                 pending_cut: None,
+                direct: DirectFd::Unopened,
             },
         );
         self.shared
