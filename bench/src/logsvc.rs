@@ -947,9 +947,9 @@ pub struct ProbeSettings {
     /// fsync every file of a round (`flush_once_per_device = false`)
     /// instead of writing prepared segments back and flushing once.
     pub fsync_each_file: bool,
-    /// Copy every page into the page cache on the writer thread
-    /// (`direct_writes = false`).
-    pub buffered: bool,
+    /// Write large batches' whole blocks directly on the fsync helpers
+    /// (`direct_writes = true`).
+    pub direct: bool,
     /// Data pages per stripe (one parity page, one zone per page);
     /// [`DATA_SHARDS`] is the suite's.
     pub data_shards: usize,
@@ -984,7 +984,7 @@ pub fn probe(
         cfg.realtime_priority = settings.realtime_priority;
         cfg.disable_transparent_huge_pages = !settings.keep_thp;
         cfg.flush_once_per_device = !settings.fsync_each_file;
-        cfg.direct_writes = !settings.buffered;
+        cfg.direct_writes = settings.direct;
         let (store, running, _) = start_prepared(cfg, spares).await?;
         let addr = running.tcp.to_string();
         if settings.warmup_secs > 0.0 {

@@ -120,11 +120,11 @@ struct Args {
     /// from spares back and flushing each device once.
     #[arg(long)]
     fsync_each_file: bool,
-    /// Log suite with `--point`: copy every page into the page cache on
-    /// the writer thread (`direct_writes = false`) instead of writing
-    /// large batches' whole blocks directly on the fsync helpers.
+    /// Log suite with `--point`: write large batches' whole blocks
+    /// directly on the fsync helpers (`direct_writes = true`) instead of
+    /// copying every page into the page cache on the writer thread.
     #[arg(long)]
-    buffered: bool,
+    direct: bool,
     /// Log suite with `--point`: run the same load this many seconds
     /// first, unmeasured, so the figures are of a service past its first
     /// seconds (memory faulted in, the first end-write segments replaced
@@ -1075,7 +1075,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         realtime_priority: args.realtime,
         keep_thp: args.keep_thp,
         fsync_each_file: args.fsync_each_file,
-        buffered: args.buffered,
+        direct: args.direct,
         warmup_secs: args.warmup,
         data_shards: args.data_shards,
         before: args.before,
@@ -1144,10 +1144,10 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         "written: {:.1} MiB, {:.1} % of it directly ({})",
         r.bytes_written as f64 / (1 << 20) as f64,
         100.0 * r.direct_write_bytes as f64 / r.bytes_written.max(1) as f64,
-        if args.buffered {
-            "--buffered: every page copied into the page cache"
+        if args.direct {
+            "--direct: whole blocks of large batches written directly by the fsync helpers"
         } else {
-            "whole blocks of large batches written directly by the fsync helpers"
+            "every page copied into the page cache; --direct writes large batches directly"
         }
     );
     melddb_bench::logsvc::print_stages("inside the service:", &r.stages);

@@ -75,10 +75,13 @@ pub struct Config {
     /// Write the whole 4 KiB blocks of each large batch (at least
     /// `direct_write_min_bytes` per segment) with `O_DIRECT` on the fsync
     /// helpers, during the batch's round, instead of copying them into the
-    /// page cache on the writer thread (the default; Linux). The writer
-    /// then only encodes, which is what limits large records. Where a file
-    /// system refuses `O_DIRECT` (tmpfs), the writes are buffered as with
-    /// `false`. The on-disk format is the same either way.
+    /// page cache on the writer thread (Linux). Off by default: it frees
+    /// the writer from copying, which helped 64 KiB records on the
+    /// benchmark VM by about a tenth, but each direct write waits for the
+    /// device inside the round, which cost 16 KiB records a quarter and
+    /// batches of 1 KiB records a tenth there (docs/log-service.md). Where
+    /// a file system refuses `O_DIRECT` (tmpfs), the writes are buffered.
+    /// The on-disk format is the same either way.
     #[serde(default = "defaults::direct_writes")]
     pub direct_writes: bool,
     /// The smallest write of one segment's pages written directly
@@ -257,7 +260,7 @@ mod defaults {
         true
     }
     pub fn direct_writes() -> bool {
-        true
+        false
     }
     pub fn direct_write_min_bytes() -> u32 {
         256 << 10
