@@ -303,8 +303,8 @@ pub(crate) struct Writer {
     /// reaches a file before the pages it describes.
     pub late: BTreeSet<u64>,
     /// Segments where a failed write may have left bytes past the end of
-    /// the data: the roll back cuts them off.
-    /// To where: the end of the failed write.
+    /// the data, with where that write would have ended: the roll back
+    /// cuts them off (or zeroes them over a spare's zeros).
     pub torn: BTreeMap<u64, u64>,
     /// Segments with held-back writes in the round started last: until
     /// it is over, their new writes are held back too (behind them).

@@ -79,6 +79,14 @@ fn data_end(bytes: &[u8]) -> usize {
         .map_or(0, |(off, h)| off + h.page_len() as usize)
 }
 
+/// Whether the windows have slid: some segment is sealed.
+fn windows_slid(store: &Store) -> bool {
+    store
+        .segments_blocking()
+        .iter()
+        .any(|s| s.class == class::SEALED)
+}
+
 /// Where a segment's pages end.
 fn data_len(f: &Path) -> u64 {
     data_end(&std::fs::read(f).unwrap()) as u64
@@ -1592,13 +1600,7 @@ fn spares_become_data_segments_and_leftovers_are_cleaned_up() {
         append_burst(&store, &mut model, &mut rng, 40);
         check(&store, &model);
     }
-    assert!(
-        store
-            .segments_blocking()
-            .iter()
-            .any(|s| s.class == class::SEALED),
-        "the windows slid"
-    );
+    assert!(windows_slid(&store), "the windows slid");
     wait_for_spares(&store, 6);
     assert!(store.stats().segments_prepared > 12, "{:?}", store.stats());
     drop(store);
@@ -1901,13 +1903,7 @@ fn direct_writes_leave_the_same_bytes_as_buffered_ones() {
         } else {
             assert_eq!(direct_bytes, 0);
         }
-        assert!(
-            store
-                .segments_blocking()
-                .iter()
-                .any(|s| s.class == class::SEALED),
-            "the windows slid"
-        );
+        assert!(windows_slid(&store), "the windows slid");
         drop(store);
         files.push(all_segment_bytes(dir.path()));
     }
