@@ -45,6 +45,29 @@ pub(crate) enum How {
     WriteBack(u64),
 }
 
+/// One file of a round, as the writer hands it over.
+pub(crate) struct RoundFile {
+    pub file: Arc<File>,
+    pub how: How,
+    /// Held-back writes, done in order before the sync.
+    pub writes: Vec<DeferredWrite>,
+    /// Starts only once every other file is done (end-writes after the
+    /// pages they describe).
+    pub late: bool,
+}
+
+impl RoundFile {
+    /// A file with nothing to write first and no wait.
+    pub(crate) fn sync(file: Arc<File>, how: How) -> RoundFile {
+        RoundFile {
+            file,
+            how,
+            writes: Vec::new(),
+            late: false,
+        }
+    }
+}
+
 /// One file's sync (or a device's flush) asked of a helper, answered on
 /// `done` with its index.
 struct Job {
@@ -202,25 +225,14 @@ impl SyncPool {
     /// helper, or here) once they are all in, flushes included. Where
     /// there is no helper (or it is gone) the file is synced here, before
     /// returning.
-    #[cfg(test)]
-    pub(crate) fn start(&self, files: &[(Arc<File>, How)], on_done: OnDone) -> Round {
-        self.start_with_writes(files, Vec::new(), &[], on_done)
-    }
-
-    /// [`SyncPool::start`], where file `i`'s helper first does the
-    /// held-back writes `writes[i]`, in order (missing entries: none). A
-    /// file whose write fails is not synced; its result is the write's
-    /// error. Files marked `late` start only once every other file is
+    ///
+    /// Each file's helper first does the file's held-back writes, in
+    /// order; a file whose write fails is not synced, and its result is
+    /// the write's error. Late files start only once every other file is
     /// done, writes and sync (end-writes wait for their stripes' pages).
     /// The device flushes come after every file, so they cover all writes.
-    pub(crate) fn start_with_writes(
-        &self,
-        files: &[(Arc<File>, How)],
-        writes: Vec<Vec<DeferredWrite>>,
-        late: &[bool],
-        on_done: OnDone,
-    ) -> Round {
-        let hows: Vec<How> = files.iter().map(|(_, h)| *h).collect();
+    pub(crate) fn start(&self, files: Vec<RoundFile>, on_done: OnDone) -> Round {
+        let hows: Vec<How> = files.iter().map(|f| f.how).collect();
         let plan = flush_plan(&hows);
         let (done_tx, done_rx) = channel();
         // Built from the last stage back: each stage's countdown hands out
@@ -239,7 +251,7 @@ impl SyncPool {
                 .enumerate()
                 .map(|(g, &(_, i))| Job {
                     index: files.len() + g,
-                    file: files[i].0.clone(),
+                    file: files[i].file.clone(),
                     how: How::Sync,
                     writes: Vec::new(),
                     done: done_tx.clone(),
@@ -248,29 +260,31 @@ impl SyncPool {
                 .collect();
             then = handing(jobs, after);
         }
-        let mut writes = writes;
-        writes.resize_with(files.len(), Vec::new);
-        let mut job = |index: usize, countdown: &Countdown| Job {
+        let n = files.len();
+        let job = |index: usize, f: RoundFile, countdown: &Countdown| Job {
             index,
-            file: files[index].0.clone(),
-            how: files[index].1,
-            writes: std::mem::take(&mut writes[index]),
+            file: f.file,
+            how: f.how,
+            writes: f.writes,
             done: done_tx.clone(),
             countdown: countdown.clone(),
         };
-        let (lates, firsts): (Vec<usize>, Vec<usize>) =
-            (0..files.len()).partition(|&i| late.get(i).copied().unwrap_or(false));
+        let (lates, firsts): (Vec<_>, Vec<_>) =
+            files.into_iter().enumerate().partition(|(_, f)| f.late);
         if !lates.is_empty() {
             let after = Countdown::new(lates.len(), then);
-            let jobs = lates.iter().map(|&i| job(i, &after)).collect();
+            let jobs = lates.into_iter().map(|(i, f)| job(i, f, &after)).collect();
             then = handing(jobs, after);
         }
         let countdown = Countdown::new(firsts.len(), then);
-        let jobs = firsts.iter().map(|&i| job(i, &countdown)).collect();
+        let jobs = firsts
+            .into_iter()
+            .map(|(i, f)| job(i, f, &countdown))
+            .collect();
         hand_out(jobs, &self.workers, &self.faults);
         countdown.tick();
         Round {
-            results: (0..files.len() + plan.len()).map(|_| None).collect(),
+            results: (0..n + plan.len()).map(|_| None).collect(),
             hows,
             flushes: plan.into_iter().map(|(dev, _)| dev).collect(),
             received: 0,
@@ -417,6 +431,14 @@ mod tests {
         files.iter().map(|f| (f.clone(), How::Sync)).collect()
     }
 
+    /// The round of `files`, each synced as given.
+    fn round_of(files: &[(Arc<File>, How)]) -> Vec<RoundFile> {
+        files
+            .iter()
+            .map(|(f, how)| RoundFile::sync(f.clone(), *how))
+            .collect()
+    }
+
     fn ino(f: &File) -> u64 {
         use std::os::unix::fs::MetadataExt;
         f.metadata().expect("metadata").ino()
@@ -459,7 +481,7 @@ mod tests {
             let on_done: OnDone = Arc::new(move || {
                 seen.store(crate::locks::lock(&f.trace).len(), Ordering::SeqCst);
             });
-            let r = pool.start(&round, on_done).wait();
+            let r = pool.start(round_of(&round), on_done).wait();
             assert_eq!(r.len(), 5);
             assert!(r.iter().all(|r| r.is_ok()), "{helpers} helpers");
             let trace = crate::locks::lock(&faults.trace).clone();
@@ -517,19 +539,21 @@ mod tests {
             let pool = SyncPool::new(helpers, faults.clone(), Arc::new(|| {}));
             let (dir, files) = temp_files(5);
             let bufs = BufPool::default();
-            let writes: Vec<Vec<DeferredWrite>> = files
+            let late = [false, true, false, true, false];
+            let round: Vec<RoundFile> = files
                 .iter()
                 .enumerate()
                 .map(|(i, f)| {
                     let direct = crate::direct::open_direct(f).ok().map(Arc::new);
                     let bytes = vec![i as u8 + 1; 3 * 4096 + 100];
-                    vec![DeferredWrite::new(f.clone(), direct, 100, &bytes, &bufs)]
+                    RoundFile {
+                        writes: vec![DeferredWrite::new(f.clone(), direct, 100, &bytes, &bufs)],
+                        late: late[i],
+                        ..RoundFile::sync(f.clone(), How::Sync)
+                    }
                 })
                 .collect();
-            let late = [false, true, false, true, false];
-            let r = pool
-                .start_with_writes(&synced(&files), writes, &late, Arc::new(|| {}))
-                .wait();
+            let r = pool.start(round, Arc::new(|| {})).wait();
             assert!(r.iter().all(|r| r.is_ok()), "{helpers} helpers: {r:?}");
             let trace = crate::locks::lock(&faults.trace).clone();
             let at = |what: &str, f: &File| {
@@ -565,7 +589,7 @@ mod tests {
         round[2].1 = How::WriteBack(9);
         // Device 7's flush goes through file 0; only the flush fsyncs it.
         faults.fail_sync_of.store(ino(&files[0]), Ordering::SeqCst);
-        let r = pool.start(&round, Arc::new(|| {})).wait();
+        let r = pool.start(round_of(&round), Arc::new(|| {})).wait();
         for i in [0, 1] {
             let e = r[i].as_ref().expect_err("device 7's files failed");
             assert!(e.to_string().contains("flush"), "{e}");
@@ -584,7 +608,7 @@ mod tests {
                 let on_done: OnDone = Arc::new(move || {
                     c.fetch_add(1, Ordering::SeqCst);
                 });
-                let r = pool.start(&synced(&files), on_done).wait();
+                let r = pool.start(round_of(&synced(&files)), on_done).wait();
                 assert_eq!(r.len(), n, "{helpers} helpers, {n} files");
                 assert!(r.iter().all(|r| r.is_ok()), "{helpers} helpers, {n} files");
                 // The last helper calls back just after sending its result.
@@ -611,12 +635,12 @@ mod tests {
         let mut files = synced(&files);
         files[1].1 = How::WriteBack(1);
         files[4].1 = How::WriteBack(2);
-        let r = pool.start(&files, Arc::new(|| {})).wait();
+        let r = pool.start(round_of(&files), Arc::new(|| {})).wait();
         assert_eq!(r.len(), 6);
         assert!(r.iter().all(|r| r.is_err()));
         faults.fail_syncs(false);
         assert!(pool
-            .start(&files, Arc::new(|| {}))
+            .start(round_of(&files), Arc::new(|| {}))
             .wait()
             .iter()
             .all(|r| r.is_ok()));

@@ -34,7 +34,7 @@ use crate::segment;
 use crate::spares::Spares;
 use crate::store::{Loc, LogIndex, Shared};
 use crate::stripe::{self, EndWrite, EntryMeta, RootRef, StripeRef};
-use crate::syncpool::{How, OnDone, Round, SyncPool};
+use crate::syncpool::{How, OnDone, Round, RoundFile, SyncPool};
 use reed_solomon_erasure::galois_8::ReedSolomon;
 
 /// One append waiting for the writer.
@@ -484,12 +484,13 @@ impl Writer {
             let Some(mut ws) = self.deferred.remove(&s) else {
                 continue;
             };
-            while !ws.is_empty() {
-                if let Err(e) = self.shared.faults.write_deferred(&ws[0]) {
+            for i in 0..ws.len() {
+                if let Err(e) = self.shared.faults.write_deferred(&ws[i]) {
+                    // The failed write and those behind it stay held back.
+                    ws.drain(..i);
                     self.deferred.insert(s, ws);
                     return Err(format!("segment {s}: {e}"));
                 }
-                ws.remove(0);
             }
         }
         self.late.remove(&seg);
@@ -1396,29 +1397,30 @@ impl Writer {
                 }
             }
         });
-        let writes: Vec<Vec<DeferredWrite>> = segs
+        let n = files.len() as u64;
+        let files: Vec<RoundFile> = segs
             .iter()
-            .map(|s| self.deferred.remove(s).unwrap_or_default())
+            .zip(files)
+            .map(|(s, (file, how))| RoundFile {
+                writes: self.deferred.remove(s).unwrap_or_default(),
+                late: self.late.contains(s),
+                ..RoundFile::sync(file, how)
+            })
             .collect();
         self.round_held = segs
             .iter()
-            .zip(&writes)
-            .filter(|(_, w)| !w.is_empty())
+            .zip(&files)
+            .filter(|(_, f)| !f.writes.is_empty())
             .map(|(&s, _)| s)
             .collect();
         // Writes of segments that are gone (none expected) are dropped.
         self.deferred.clear();
-        let late: Vec<bool> = segs.iter().map(|s| self.late.contains(s)).collect();
         self.late.clear();
-        let round = self
-            .syncer
-            .start_with_writes(&files, writes, &late, on_done);
+        let round = self.syncer.start(files, on_done);
         let (write_backs, flushes) = (round.write_backs(), round.flushes());
         let c = &self.shared.counters;
-        c.fsyncs.fetch_add(
-            files.len() as u64 - write_backs + flushes,
-            Ordering::Relaxed,
-        );
+        c.fsyncs
+            .fetch_add(n - write_backs + flushes, Ordering::Relaxed);
         c.write_backs.fetch_add(write_backs, Ordering::Relaxed);
         c.flushes.fetch_add(flushes, Ordering::Relaxed);
         Some((segs, round))
