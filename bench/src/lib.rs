@@ -3,6 +3,7 @@
 pub mod embedded;
 pub mod logsvc;
 pub mod pipeline;
+pub mod rawlog;
 pub mod wasm;
 pub mod workload;
 

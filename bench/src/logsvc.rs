@@ -64,6 +64,10 @@ pub struct Results {
     pub half_target_load: Point,
     /// Inside the service during that run.
     pub half_target_stages: StagesSummary,
+    /// The disk alone as a durable log (one file, write and fdatasync per
+    /// group of batches, [`crate::rawlog`]) under the same arrivals for as
+    /// long, just before that run: the latency floor it is read against.
+    pub half_target_disk: Point,
     /// Random 1 KiB reads.
     pub reads: Point,
     /// Recovery: (log MiB on disk, seconds).
@@ -159,13 +163,13 @@ fn write_amplification(before: &Stats, after: &Stats) -> f64 {
 }
 
 /// Sorts latencies once, for [`pct`].
-fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+pub(crate) fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v.sort_by(|a, b| a.total_cmp(b));
     v
 }
 
 /// The `p` quantile of `v`, which is sorted ([`sorted`]); 0 when empty.
-fn pct(v: &[f64], p: f64) -> f64 {
+pub(crate) fn pct(v: &[f64], p: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -723,6 +727,15 @@ pub fn run(quick: bool) -> Result<Results, String> {
         let half_load_stages = store.stages().since(&stages_before).summary();
         eprintln!("open loop at {HALF_TARGET_TPS:.0}/s (half the 300K target), batches of {} ...", best.batch);
         spares_refill_secs += settle(&store, spares).await;
+        eprintln!("the disk alone as a durable log at {HALF_TARGET_TPS:.0}/s, for comparison ...");
+        let half_target_disk = crate::rawlog::raw_durable_appends(
+            tmp.path(),
+            HALF_TARGET_TPS,
+            best.batch,
+            1024,
+            (DATA_SHARDS + 1) as f64 / DATA_SHARDS as f64,
+            2.0 * secs,
+        )?;
         // Twice the other points' length: this p99 is read against a
         // target, and one stall of a few milliseconds moves the p99 of a
         // short run (docs/benchmarks-log-history.md, nineteenth session).
@@ -837,6 +850,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
             half_load_stages,
             half_target_load,
             half_target_stages,
+            half_target_disk,
             reads: rd,
             recovery,
             recovery_read_mib,

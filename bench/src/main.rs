@@ -142,6 +142,12 @@ struct Args {
     /// measures 64 KiB records with 8.
     #[arg(long, default_value_t = melddb_bench::logsvc::DATA_SHARDS)]
     data_shards: usize,
+    /// Log suite with an open-loop `--point`: run no service; time the
+    /// disk alone as a durable log under the same arrivals (one file,
+    /// write + fdatasync per group of batches, parity bytes included), the
+    /// baseline the suite measures before its half-target point.
+    #[arg(long)]
+    disk_alone: bool,
 }
 
 fn main() {
@@ -869,7 +875,12 @@ fn log_suite(args: &Args) -> Result<(), String> {
         .clients
         .iter()
         .chain(&r.sizes)
-        .chain([&r.half_load, &r.half_target_load, &r.reads])
+        .chain([
+            &r.half_load,
+            &r.half_target_load,
+            &r.half_target_disk,
+            &r.reads,
+        ])
         .chain([&r.fresh_files.batched, &r.fresh_files.half_load])
         .collect();
     for p in &all {
@@ -957,6 +968,13 @@ fn log_suite(args: &Args) -> Result<(), String> {
         r.half_target_load.p50_ms,
         r.half_target_load.p99_ms
     );
+    println!(
+        "the disk alone as a durable log under the same arrivals, just before (one file, write + fdatasync per group of batches): p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms, max {:.3} ms",
+        r.half_target_disk.p50_ms,
+        r.half_target_disk.p99_ms,
+        r.half_target_disk.p999_ms,
+        r.half_target_disk.max_ms
+    );
     melddb_bench::logsvc::print_stages(
         "at half the target, inside the service:",
         &r.half_target_stages,
@@ -989,6 +1007,15 @@ fn log_suite(args: &Args) -> Result<(), String> {
     put("append_max_ms_half_target", r.half_target_load.max_ms);
     put("append_p50_ms_half_target", r.half_target_load.p50_ms);
     put("half_target_tps", r.half_target_load.ops_s);
+    // The same arrivals on the disk alone (bench/src/rawlog.rs): the floor
+    // under append_p99_ms_half_target, measured just before it.
+    put("disk_durable_p50_ms_half_target", r.half_target_disk.p50_ms);
+    put("disk_durable_p99_ms_half_target", r.half_target_disk.p99_ms);
+    put(
+        "disk_durable_p999_ms_half_target",
+        r.half_target_disk.p999_ms,
+    );
+    put("disk_durable_max_ms_half_target", r.half_target_disk.max_ms);
     put("half_load_tps", r.half_load.ops_s);
     // Inside the service at half load: the median and p99 of each stage.
     let st = &r.half_load_stages;
@@ -1053,6 +1080,39 @@ fn log_suite(args: &Args) -> Result<(), String> {
 }
 
 /// `log --point`: one load point, its figures and the writer's time split.
+/// `log --point ... --disk-alone`: the disk as a durable log under the
+/// point's arrivals, no service.
+fn disk_alone(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), String> {
+    let melddb_bench::logsvc::PointSpec::Open(_, batch, record, rate) = spec else {
+        return Err(
+            "--disk-alone needs an open-loop point (CLIENTSxBATCHxBYTES@RATE): it replays arrivals, and a closed loop has none".into(),
+        );
+    };
+    if args.data_shards == 0 {
+        return Err("--data-shards must be at least 1".into());
+    }
+    let tmp = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+    let factor = (args.data_shards + 1) as f64 / args.data_shards as f64;
+    eprintln!("the disk alone as a durable log: {rate:.0} appends/s in batches of {batch} x {record} B (x {factor:.3} for parity), {} s ...", args.secs);
+    let p = melddb_bench::rawlog::raw_durable_appends(
+        tmp.path(),
+        rate,
+        batch,
+        record,
+        factor,
+        args.secs,
+    )?;
+    println!(
+        "{:>11} {:>9} {:>8} {:>8} {:>8} {:>8}",
+        "ops/s", "MiB/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms"
+    );
+    println!(
+        "{:>11.0} {:>9.1} {:>8.3} {:>8.3} {:>8.3} {:>8.3}",
+        p.ops_s, p.mib_s, p.p50_ms, p.p99_ms, p.p999_ms, p.max_ms
+    );
+    Ok(())
+}
+
 fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), String> {
     if !(args.warmup >= 0.0 && args.warmup.is_finite()) {
         return Err(format!(
@@ -1065,6 +1125,9 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
             "--secs must be a positive number of seconds, not {}",
             args.secs
         ));
+    }
+    if args.disk_alone {
+        return disk_alone(args, spec);
     }
     let spares = melddb_bench::logsvc::SparesOpt {
         per_zone: args.spares,
