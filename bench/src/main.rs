@@ -1079,7 +1079,6 @@ fn log_suite(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// `log --point`: one load point, its figures and the writer's time split.
 /// `log --point ... --disk-alone`: the disk as a durable log under the
 /// point's arrivals, no service.
 fn disk_alone(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), String> {
@@ -1113,6 +1112,7 @@ fn disk_alone(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), 
     Ok(())
 }
 
+/// `log --point`: one load point, its figures and the writer's time split.
 fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), String> {
     if !(args.warmup >= 0.0 && args.warmup.is_finite()) {
         return Err(format!(

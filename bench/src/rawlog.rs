@@ -39,6 +39,16 @@ pub fn raw_durable_appends(
     stripe_factor: f64,
     secs: f64,
 ) -> Result<Point, String> {
+    if !(rate > 0.0 && rate.is_finite() && secs > 0.0 && secs.is_finite()) {
+        return Err(format!(
+            "raw durable log: the rate ({rate}/s) and the duration ({secs} s) must be positive"
+        ));
+    }
+    if batch == 0 || record == 0 || !(stripe_factor >= 1.0 && stripe_factor.is_finite()) {
+        return Err(format!(
+            "raw durable log: batches of {batch} records of {record} B times {stripe_factor}: each must be at least 1"
+        ));
+    }
     let path = dir.join("rawlog.dat");
     let result = run(&path, rate, batch, record, stripe_factor, secs);
     let _ = std::fs::remove_file(&path);
@@ -159,11 +169,11 @@ mod tests {
         );
     }
 
-    /// A short run answers every batch it was given, at the rate asked
-    /// for, with latencies in order; a batch too large for the ring is
-    /// refused instead of written past it.
+    /// A short run answers every batch it was given, with latencies in
+    /// order; a batch too large for the ring and arguments that would
+    /// never end (no rate, empty batches) are refused.
     #[test]
-    fn a_short_run_counts_every_append_and_refuses_a_batch_past_its_ring() {
+    fn a_short_run_counts_every_append_and_bad_arguments_are_refused() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("ring");
         let (lat, wall) = run(&path, 20_000.0, 10, 1024, 1.25, 0.5).expect("run");
@@ -188,5 +198,16 @@ mod tests {
         let err = raw_durable_appends(dir.path(), 1000.0, 1 << 20, 1 << 10, 1.0, 0.1)
             .expect_err("a 1 GiB batch");
         assert!(err.contains("does not fit"), "{err}");
+        for (rate, batch, record, factor, secs) in [
+            (0.0, 1, 1, 1.0, 1.0),
+            (1.0, 0, 1, 1.0, 1.0),
+            (1.0, 1, 0, 1.0, 1.0),
+            (1.0, 1, 1, 0.5, 1.0),
+            (1.0, 1, 1, 1.0, f64::NAN),
+        ] {
+            let err = raw_durable_appends(dir.path(), rate, batch, record, factor, secs)
+                .expect_err("bad arguments");
+            assert!(err.contains("must be"), "{err}");
+        }
     }
 }
