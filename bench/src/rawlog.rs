@@ -71,9 +71,10 @@ pub fn raw_durable_appends(
 }
 
 /// Batch arrival times over `secs` at `per_s` batches per second: the
-/// same arrival process as the service's open loop (exponential gaps, the
-/// same seed), drawn up front so the timed loop does no arithmetic
-/// between a sync and the next write.
+/// same arrival process as the service's open loop (exponential gaps at
+/// the same rate; not the same instants, since that stream also draws a
+/// client per arrival), drawn up front so the timed loop does no
+/// arithmetic between a sync and the next write.
 fn arrivals(per_s: f64, secs: f64) -> Vec<Duration> {
     let mut rng = ChaCha8Rng::seed_from_u64(0x0be7_1009);
     let mut due = Vec::new();
@@ -135,6 +136,9 @@ fn run(
         if off + bytes as u64 > RING_BYTES {
             off = 0;
         }
+        // A backlog past the whole ring (a stall of over a second at the
+        // suite's rate) is written as one ring's worth; its latencies
+        // still count in full.
         let bytes = bytes.min(RING_BYTES as usize);
         file.write_all_at(&buf[..bytes], off)
             .map_err(|e| io("write", e))?;
