@@ -42,6 +42,34 @@ pub struct Point {
     pub max_ms: f64,
 }
 
+impl Point {
+    /// A point from every operation's latency (ms) over `secs` of wall
+    /// time; `shape` is clients, depth, records per request, record bytes.
+    pub(crate) fn from_latencies(
+        label: &str,
+        shape: [usize; 4],
+        lat: Vec<f64>,
+        secs: f64,
+    ) -> Point {
+        let [clients, depth, batch, record] = shape;
+        let n = lat.len() as f64;
+        let lat = sorted(lat);
+        Point {
+            label: label.into(),
+            clients,
+            depth,
+            batch,
+            record,
+            ops_s: n / secs,
+            mib_s: n * record as f64 / secs / (1 << 20) as f64,
+            p50_ms: pct(&lat, 0.5),
+            p99_ms: pct(&lat, 0.99),
+            p999_ms: pct(&lat, 0.999),
+            max_ms: pct(&lat, 1.0),
+        }
+    }
+}
+
 /// Everything the suite measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct Results {
@@ -163,13 +191,13 @@ fn write_amplification(before: &Stats, after: &Stats) -> f64 {
 }
 
 /// Sorts latencies once, for [`pct`].
-pub(crate) fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v.sort_by(|a, b| a.total_cmp(b));
     v
 }
 
 /// The `p` quantile of `v`, which is sorted ([`sorted`]); 0 when empty.
-pub(crate) fn pct(v: &[f64], p: f64) -> f64 {
+fn pct(v: &[f64], p: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -486,21 +514,12 @@ async fn finish(
         lat.extend(t.await.map_err(|e| e.to_string())?);
     }
     let secs = t0.elapsed().as_secs_f64().max(secs);
-    let n = lat.len() as f64;
-    let lat = sorted(lat);
-    Ok(Point {
-        label: label.into(),
-        clients,
-        depth,
-        batch,
-        record,
-        ops_s: n / secs,
-        mib_s: n * record as f64 / secs / (1 << 20) as f64,
-        p50_ms: pct(&lat, 0.5),
-        p99_ms: pct(&lat, 0.99),
-        p999_ms: pct(&lat, 0.999),
-        max_ms: pct(&lat, 1.0),
-    })
+    Ok(Point::from_latencies(
+        label,
+        [clients, depth, batch, record],
+        lat,
+        secs,
+    ))
 }
 
 /// Closed loop: `clients` connections, each with `depth` appends in

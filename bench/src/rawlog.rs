@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::logsvc::{pct, sorted, Point};
+use crate::logsvc::Point;
 
 /// The file is a ring of this size, written full of zeros and synced
 /// first, so the timed writes overwrite allocated, written blocks, as the
@@ -53,21 +53,12 @@ pub fn raw_durable_appends(
     let result = run(&path, rate, batch, record, stripe_factor, secs);
     let _ = std::fs::remove_file(&path);
     let (lat, wall) = result?;
-    let n = lat.len() as f64;
-    let lat = sorted(lat);
-    Ok(Point {
-        label: "the disk alone at the same arrivals".into(),
-        clients: 0,
-        depth: 0,
-        batch,
-        record,
-        ops_s: n / wall,
-        mib_s: n * record as f64 / wall / (1 << 20) as f64,
-        p50_ms: pct(&lat, 0.5),
-        p99_ms: pct(&lat, 0.99),
-        p999_ms: pct(&lat, 0.999),
-        max_ms: pct(&lat, 1.0),
-    })
+    Ok(Point::from_latencies(
+        "the disk alone at the same arrivals",
+        [0, 0, batch, record],
+        lat,
+        wall,
+    ))
 }
 
 /// Batch arrival times over `secs` at `per_s` batches per second: the
