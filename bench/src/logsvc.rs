@@ -96,6 +96,12 @@ pub struct Results {
     /// group of batches, [`crate::rawlog`]) under the same arrivals for as
     /// long, just before that run: the latency floor it is read against.
     pub half_target_disk: Point,
+    /// The same arrivals on the disk alone laid out as the service lays a
+    /// group out (a file per zone, three end-write files, write-back and
+    /// one flush, [`crate::rawlog::Layout::Service`]), right after
+    /// `half_target_disk`: what the layout costs on this disk, without the
+    /// service's threads and sockets.
+    pub half_target_disk_files: Point,
     /// Random 1 KiB reads.
     pub reads: Point,
     /// Recovery: (log MiB on disk, seconds).
@@ -752,7 +758,19 @@ pub fn run(quick: bool) -> Result<Results, String> {
             HALF_TARGET_TPS,
             best.batch,
             1024,
-            (DATA_SHARDS + 1) as f64 / DATA_SHARDS as f64,
+            crate::rawlog::Layout::OneFile((DATA_SHARDS + 1) as f64 / DATA_SHARDS as f64),
+            2.0 * secs,
+        )?;
+        eprintln!("the disk alone again, laid out as the service's files ...");
+        let half_target_disk_files = crate::rawlog::raw_durable_appends(
+            tmp.path(),
+            HALF_TARGET_TPS,
+            best.batch,
+            1024,
+            crate::rawlog::Layout::Service {
+                data_shards: DATA_SHARDS,
+                end_write_copies: END_WRITE_COPIES,
+            },
             2.0 * secs,
         )?;
         // Twice the other points' length: this p99 is read against a
@@ -870,6 +888,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
             half_target_load,
             half_target_stages,
             half_target_disk,
+            half_target_disk_files,
             reads: rd,
             recovery,
             recovery_read_mib,

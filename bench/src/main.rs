@@ -143,9 +143,11 @@ struct Args {
     #[arg(long, default_value_t = melddb_bench::logsvc::DATA_SHARDS)]
     data_shards: usize,
     /// Log suite with an open-loop `--point`: run no service; time the
-    /// disk alone as a durable log under the same arrivals (one file,
-    /// write + fdatasync per group of batches, parity bytes included), the
-    /// baseline the suite measures before its half-target point.
+    /// disk alone as a durable log under the same arrivals, twice: one
+    /// file (write + fdatasync per group of batches, parity bytes
+    /// included), then the service's files (a file per zone, three
+    /// end-write files, write-back and one flush). The suite measures both
+    /// before its half-target point.
     #[arg(long)]
     disk_alone: bool,
 }
@@ -879,6 +881,7 @@ fn log_suite(args: &Args) -> Result<(), String> {
             &r.half_load,
             &r.half_target_load,
             &r.half_target_disk,
+            &r.half_target_disk_files,
             &r.reads,
         ])
         .chain([&r.fresh_files.batched, &r.fresh_files.half_load])
@@ -975,6 +978,13 @@ fn log_suite(args: &Args) -> Result<(), String> {
         r.half_target_disk.p999_ms,
         r.half_target_disk.max_ms
     );
+    println!(
+        "the disk alone again, laid out as the service's files (a file per zone, three end-write files, write-back and one flush, one thread): p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms, max {:.3} ms",
+        r.half_target_disk_files.p50_ms,
+        r.half_target_disk_files.p99_ms,
+        r.half_target_disk_files.p999_ms,
+        r.half_target_disk_files.max_ms
+    );
     melddb_bench::logsvc::print_stages(
         "at half the target, inside the service:",
         &r.half_target_stages,
@@ -1016,6 +1026,24 @@ fn log_suite(args: &Args) -> Result<(), String> {
         r.half_target_disk.p999_ms,
     );
     put("disk_durable_max_ms_half_target", r.half_target_disk.max_ms);
+    // The same arrivals written as the service lays a group out (a file
+    // per zone, three end-write files, one flush), on one thread.
+    put(
+        "disk_files_durable_p50_ms_half_target",
+        r.half_target_disk_files.p50_ms,
+    );
+    put(
+        "disk_files_durable_p99_ms_half_target",
+        r.half_target_disk_files.p99_ms,
+    );
+    put(
+        "disk_files_durable_p999_ms_half_target",
+        r.half_target_disk_files.p999_ms,
+    );
+    put(
+        "disk_files_durable_max_ms_half_target",
+        r.half_target_disk_files.max_ms,
+    );
     put("half_load_tps", r.half_load.ops_s);
     // Inside the service at half load: the median and p99 of each stage.
     let st = &r.half_load_stages;
@@ -1080,7 +1108,8 @@ fn log_suite(args: &Args) -> Result<(), String> {
 }
 
 /// `log --point ... --disk-alone`: the disk as a durable log under the
-/// point's arrivals, no service.
+/// point's arrivals, no service, in one file and then in the service's
+/// files.
 fn disk_alone(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), String> {
     let melddb_bench::logsvc::PointSpec::Open(_, batch, record, rate) = spec else {
         return Err(
@@ -1092,23 +1121,35 @@ fn disk_alone(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), 
     }
     let tmp = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
     let factor = (args.data_shards + 1) as f64 / args.data_shards as f64;
-    eprintln!("the disk alone as a durable log: {rate:.0} appends/s in batches of {batch} x {record} B (x {factor:.3} for parity), {} s ...", args.secs);
-    let p = melddb_bench::rawlog::raw_durable_appends(
-        tmp.path(),
-        rate,
-        batch,
-        record,
-        factor,
-        args.secs,
-    )?;
     println!(
-        "{:>11} {:>9} {:>8} {:>8} {:>8} {:>8}",
-        "ops/s", "MiB/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms"
+        "{:<36} {:>11} {:>9} {:>8} {:>8} {:>8} {:>8}",
+        "layout", "ops/s", "MiB/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms"
     );
-    println!(
-        "{:>11.0} {:>9.1} {:>8.3} {:>8.3} {:>8.3} {:>8.3}",
-        p.ops_s, p.mib_s, p.p50_ms, p.p99_ms, p.p999_ms, p.max_ms
-    );
+    for layout in [
+        melddb_bench::rawlog::Layout::OneFile(factor),
+        melddb_bench::rawlog::Layout::Service {
+            data_shards: args.data_shards,
+            end_write_copies: melddb_log::config::END_WRITE_COPIES,
+        },
+    ] {
+        eprintln!(
+            "{}: {rate:.0} appends/s in batches of {batch} x {record} B ({layout:?}), {} s ...",
+            layout.label(),
+            args.secs
+        );
+        let p = melddb_bench::rawlog::raw_durable_appends(
+            tmp.path(),
+            rate,
+            batch,
+            record,
+            layout,
+            args.secs,
+        )?;
+        println!(
+            "{:<36} {:>11.0} {:>9.1} {:>8.3} {:>8.3} {:>8.3} {:>8.3}",
+            p.label, p.ops_s, p.mib_s, p.p50_ms, p.p99_ms, p.p999_ms, p.max_ms
+        );
+    }
     Ok(())
 }
 

@@ -13,6 +13,15 @@
 //! (their bytes are written, though: a batch writes its payload times
 //! `(data + parity) / data`), no second file, no task hand-offs: a floor,
 //! not a model of the service.
+//!
+//! [`Layout::Service`] keeps the one thread but writes each group the way
+//! the service lays it out: its payload and parity split over one file per
+//! zone, and an end-write record on each of three more files, each write
+//! followed by a started write-back, then every file waited for and one
+//! `fdatasync` flushing the device (the service's `flush_once_per_device`
+//! round, without its helper threads). Between the two floors and the
+//! service, the distance splits into what the file layout costs on this
+//! disk and what the service's threads, sockets and code add.
 
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
@@ -28,15 +37,47 @@ use crate::logsvc::Point;
 /// service's writes into spare segments do (no metadata per sync).
 const RING_BYTES: u64 = 256 << 20;
 
+/// Bytes of end-write record per append in [`Layout::Service`]: about
+/// what the service's end-write copies grow by per 1 KiB append (an
+/// entry's log name, position, request id, length, offset and checksum).
+const END_WRITE_BYTES_PER_APPEND: usize = 64;
+
+/// How a group of batches is put on disk.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Layout {
+    /// One file, one write and one `fdatasync` per group; the payload is
+    /// written times this factor (parity bytes, `(data + parity) / data`).
+    OneFile(f64),
+    /// The service's files: the payload and one parity share split over
+    /// `data_shards + 1` files, an end-write record on each of
+    /// `end_write_copies` more, write-back of each, and one flush.
+    Service {
+        /// Data pages per stripe (one more file holds the parity).
+        data_shards: usize,
+        /// Files that each get the group's end-write record.
+        end_write_copies: usize,
+    },
+}
+
+impl Layout {
+    /// How the suite's table and JSON name it.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Layout::OneFile(_) => "the disk alone at the same arrivals",
+            Layout::Service { .. } => "the disk alone, the service's files",
+        }
+    }
+}
+
 /// Runs the raw durable log for `secs` at `rate` appends per second in
-/// batches of `batch` records of `record` bytes, each batch writing
-/// `batch * record * stripe_factor` bytes.
+/// batches of `batch` records of `record` bytes, laid out as `layout`
+/// says.
 pub fn raw_durable_appends(
     dir: &Path,
     rate: f64,
     batch: usize,
     record: usize,
-    stripe_factor: f64,
+    layout: Layout,
     secs: f64,
 ) -> Result<Point, String> {
     if !(rate > 0.0 && rate.is_finite() && secs > 0.0 && secs.is_finite()) {
@@ -44,17 +85,32 @@ pub fn raw_durable_appends(
             "raw durable log: the rate ({rate}/s) and the duration ({secs} s) must be positive"
         ));
     }
-    if batch == 0 || record == 0 || !(stripe_factor >= 1.0 && stripe_factor.is_finite()) {
+    let ok_layout = match layout {
+        Layout::OneFile(f) => f >= 1.0 && f.is_finite(),
+        Layout::Service { data_shards, .. } => data_shards >= 1,
+    };
+    if batch == 0 || record == 0 || !ok_layout {
         return Err(format!(
-            "raw durable log: batches of {batch} records of {record} B times {stripe_factor}: each must be at least 1"
+            "raw durable log: batches of {batch} records of {record} B laid out as {layout:?}: each must be at least 1"
         ));
     }
-    let path = dir.join("rawlog.dat");
-    let result = run(&path, rate, batch, record, stripe_factor, secs);
-    let _ = std::fs::remove_file(&path);
+    let files = match layout {
+        Layout::OneFile(_) => 1,
+        Layout::Service {
+            data_shards,
+            end_write_copies,
+        } => data_shards + 1 + end_write_copies,
+    };
+    let paths: Vec<_> = (0..files)
+        .map(|f| dir.join(format!("rawlog-{f}.dat")))
+        .collect();
+    let result = run(&paths, rate, batch, record, layout, secs);
+    for p in &paths {
+        let _ = std::fs::remove_file(p);
+    }
     let (lat, wall) = result?;
     Ok(Point::from_latencies(
-        "the disk alone at the same arrivals",
+        layout.label(),
         [0, 0, batch, record],
         lat,
         wall,
@@ -79,34 +135,151 @@ fn arrivals(per_s: f64, secs: f64) -> Vec<Duration> {
     }
 }
 
-/// The timed loop: every append's latency (ms) and the wall time (s).
+/// One file of the run: a ring written full of zeros first, so the timed
+/// writes overwrite allocated, written blocks.
+struct Ring {
+    file: std::fs::File,
+    size: u64,
+    off: u64,
+}
+
+impl Ring {
+    fn create(path: &Path, size: u64) -> std::io::Result<Ring> {
+        let file = std::fs::File::create(path)?;
+        let zeros = vec![0u8; 8 << 20];
+        let mut at = 0;
+        while at < size {
+            let n = zeros.len().min((size - at) as usize);
+            file.write_all_at(&zeros[..n], at)?;
+            at += n as u64;
+        }
+        file.sync_all()?;
+        Ok(Ring { file, size, off: 0 })
+    }
+
+    /// Writes `bytes` of `buf` at the ring's next offset (from the start
+    /// when they do not fit before its end; a backlog past the whole ring,
+    /// a stall of over a second at the suite's rate, is written as one
+    /// ring's worth, its latencies still counted in full), and returns
+    /// where.
+    fn write(&mut self, buf: &[u8], bytes: usize) -> std::io::Result<(u64, usize)> {
+        let bytes = bytes.min(self.size as usize).min(buf.len());
+        if self.off + bytes as u64 > self.size {
+            self.off = 0;
+        }
+        let at = self.off;
+        self.file.write_all_at(&buf[..bytes], at)?;
+        self.off += bytes as u64;
+        Ok((at, bytes))
+    }
+}
+
+/// Starts write-back of `len` bytes at `off` without waiting, as the
+/// service's writer does after each small write.
+#[cfg(target_os = "linux")]
+fn start_write_back(file: &std::fs::File, off: u64, len: usize) -> std::io::Result<()> {
+    sync_range(file, off, len as u64, libc::SYNC_FILE_RANGE_WRITE)
+}
+
+/// Writes back every dirty page of `file` and waits for it, without a
+/// device flush.
+#[cfg(target_os = "linux")]
+fn write_back(file: &std::fs::File) -> std::io::Result<()> {
+    sync_range(
+        file,
+        0,
+        0,
+        libc::SYNC_FILE_RANGE_WAIT_BEFORE
+            | libc::SYNC_FILE_RANGE_WRITE
+            | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+    )
+}
+
+#[cfg(target_os = "linux")]
+fn sync_range(file: &std::fs::File, off: u64, len: u64, flags: u32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (Ok(off), Ok(len)) = (i64::try_from(off), i64::try_from(len)) else {
+        return Err(std::io::Error::other("offset out of range"));
+    };
+    // SAFETY: the descriptor is open while `file` is borrowed; no pointers.
+    let r = unsafe { libc::sync_file_range(file.as_raw_fd(), off, len, flags) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Elsewhere nothing starts write-back early.
+#[cfg(not(target_os = "linux"))]
+fn start_write_back(_file: &std::fs::File, _off: u64, _len: usize) -> std::io::Result<()> {
+    Ok(())
+}
+
+/// Elsewhere each file gets a full data sync (slower, still durable).
+#[cfg(not(target_os = "linux"))]
+fn write_back(file: &std::fs::File) -> std::io::Result<()> {
+    file.sync_data()
+}
+
+/// Bytes each file gets for a group of `batches` batches: one entry per
+/// path.
+fn shares(layout: Layout, batches: usize, batch: usize, record: usize) -> Vec<usize> {
+    let payload = batches * batch * record;
+    match layout {
+        Layout::OneFile(factor) => vec![(payload as f64 * factor).ceil() as usize],
+        Layout::Service {
+            data_shards,
+            end_write_copies,
+        } => {
+            let page = payload.div_ceil(data_shards);
+            let ew = batches * batch * END_WRITE_BYTES_PER_APPEND;
+            let mut v = vec![page; data_shards + 1];
+            v.extend(std::iter::repeat_n(ew, end_write_copies));
+            v
+        }
+    }
+}
+
+/// The timed loop over `paths` (one per file of the layout): every
+/// append's latency (ms) and the wall time (s).
 fn run(
-    path: &Path,
+    paths: &[std::path::PathBuf],
     rate: f64,
     batch: usize,
     record: usize,
-    stripe_factor: f64,
+    layout: Layout,
     secs: f64,
 ) -> Result<(Vec<f64>, f64), String> {
-    let io =
-        |what: &str, e: std::io::Error| format!("raw durable log, {what} {}: {e}", path.display());
-    let batch_bytes = ((batch * record) as f64 * stripe_factor).ceil() as usize;
-    if batch_bytes == 0 || batch_bytes as u64 > RING_BYTES / 4 {
-        return Err(format!(
-            "raw durable log: a batch of {batch_bytes} bytes does not fit its ring"
-        ));
+    let io = |what: &str, path: &Path, e: std::io::Error| {
+        format!("raw durable log, {what} {}: {e}", path.display())
+    };
+    let one = shares(layout, 1, batch, record);
+    // The ring budget is split over the page files; the small end-write
+    // files get a small ring each.
+    let ring_of = |file: usize| -> u64 {
+        match layout {
+            Layout::OneFile(_) => RING_BYTES,
+            Layout::Service { data_shards, .. } if file <= data_shards => {
+                (RING_BYTES / (data_shards as u64 + 1)).next_multiple_of(1 << 20)
+            }
+            Layout::Service { .. } => 16 << 20,
+        }
+    };
+    let mut rings = Vec::with_capacity(paths.len());
+    for (file, (path, &share)) in paths.iter().zip(&one).enumerate() {
+        let size = ring_of(file);
+        if share == 0 || share as u64 > size / 4 {
+            return Err(format!(
+                "raw durable log: a batch's {share} bytes on one file do not fit its ring of {size} bytes"
+            ));
+        }
+        rings.push(Ring::create(path, size).map_err(|e| io("prepare", path, e))?);
     }
-    let file = std::fs::File::create(path).map_err(|e| io("create", e))?;
-    let zeros = vec![0u8; 8 << 20];
-    for at in (0..RING_BYTES).step_by(zeros.len()) {
-        file.write_all_at(&zeros, at)
-            .map_err(|e| io("prepare", e))?;
-    }
-    file.sync_all().map_err(|e| io("sync", e))?;
+    let flush_once = matches!(layout, Layout::Service { .. });
     let due = arrivals(rate / batch as f64, secs);
-    let mut buf = vec![0x3cu8; batch_bytes * 64];
+    let mut buf = vec![0x3cu8; one.iter().max().copied().unwrap_or(0) * 64];
     let mut lat: Vec<f64> = Vec::with_capacity(due.len() * batch);
-    let mut off = 0u64;
     let start = Instant::now();
     let mut next = 0;
     while next < due.len() {
@@ -114,27 +287,34 @@ fn run(
         if due[next] > now {
             std::thread::sleep(due[next] - now);
         }
-        // Every batch due by now goes into this write and sync.
+        // Every batch due by now goes into this group.
         let now = start.elapsed();
         let mut upto = next + 1;
         while upto < due.len() && due[upto] <= now {
             upto += 1;
         }
-        let bytes = (upto - next) * batch_bytes;
-        if buf.len() < bytes {
-            buf.resize(bytes, 0x3c);
+        let group = shares(layout, upto - next, batch, record);
+        let most = group.iter().max().copied().unwrap_or(0);
+        if buf.len() < most {
+            buf.resize(most, 0x3c);
         }
-        if off + bytes as u64 > RING_BYTES {
-            off = 0;
+        for ((ring, path), &bytes) in rings.iter_mut().zip(paths).zip(&group) {
+            let (at, n) = ring.write(&buf, bytes).map_err(|e| io("write", path, e))?;
+            if flush_once {
+                start_write_back(&ring.file, at, n).map_err(|e| io("write-back", path, e))?;
+            }
         }
-        // A backlog past the whole ring (a stall of over a second at the
-        // suite's rate) is written as one ring's worth; its latencies
-        // still count in full.
-        let bytes = bytes.min(RING_BYTES as usize);
-        file.write_all_at(&buf[..bytes], off)
-            .map_err(|e| io("write", e))?;
-        file.sync_data().map_err(|e| io("fdatasync", e))?;
-        off += bytes as u64;
+        if flush_once {
+            for (ring, path) in rings.iter().zip(paths) {
+                write_back(&ring.file).map_err(|e| io("write-back", path, e))?;
+            }
+        }
+        // With one file, its `fdatasync`; with the service's files, the
+        // one flush that makes every written-back file durable.
+        rings[0]
+            .file
+            .sync_data()
+            .map_err(|e| io("fdatasync", &paths[0], e))?;
         let done = start.elapsed();
         for d in &due[next..upto] {
             let ms = (done - *d).as_secs_f64() * 1e3;
@@ -165,44 +345,117 @@ mod tests {
     }
 
     /// A short run answers every batch it was given, with latencies in
-    /// order; a batch too large for the ring and arguments that would
-    /// never end (no rate, empty batches) are refused.
+    /// order, in either layout; a batch too large for the ring and
+    /// arguments that would never end (no rate, empty batches) are
+    /// refused.
     #[test]
     fn a_short_run_counts_every_append_and_bad_arguments_are_refused() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("ring");
-        let (lat, wall) = run(&path, 20_000.0, 10, 1024, 1.25, 0.5).expect("run");
-        // Every append of every batch that arrived, once: batches grouped
-        // into one sync are each counted.
-        assert_eq!(lat.len(), arrivals(2_000.0, 0.5).len() * 10);
-        assert!(lat.iter().all(|&ms| ms > 0.0));
-        assert!(wall >= 0.5);
-        // The ring was written full before the timed writes.
-        assert_eq!(std::fs::metadata(&path).expect("ring").len(), RING_BYTES);
-        let p = raw_durable_appends(dir.path(), 20_000.0, 10, 1024, 1.25, 0.2).expect("run");
-        assert!(
-            0.0 < p.p50_ms
-                && p.p50_ms <= p.p99_ms
-                && p.p99_ms <= p.p999_ms
-                && p.p999_ms <= p.max_ms
+        let service = Layout::Service {
+            data_shards: 4,
+            end_write_copies: 3,
+        };
+        for layout in [Layout::OneFile(1.25), service] {
+            let files = if layout == service { 8 } else { 1 };
+            let paths: Vec<_> = (0..files)
+                .map(|f| dir.path().join(format!("ring{f}")))
+                .collect();
+            let (lat, wall) = run(&paths, 20_000.0, 10, 1024, layout, 0.5).expect("run");
+            // Every append of every batch that arrived, once: batches
+            // grouped into one sync are each counted.
+            assert_eq!(lat.len(), arrivals(2_000.0, 0.5).len() * 10, "{layout:?}");
+            assert!(lat.iter().all(|&ms| ms > 0.0));
+            assert!(wall >= 0.5);
+            // Each ring was written full before the timed writes, and
+            // every file of the layout was written.
+            assert_eq!(
+                std::fs::metadata(&paths[0]).expect("ring").len(),
+                if layout == service {
+                    52 << 20
+                } else {
+                    RING_BYTES
+                }
+            );
+            for p in &paths {
+                let mut head = [0u8; 64];
+                std::fs::File::open(p)
+                    .and_then(|f| f.read_exact_at(&mut head, 0))
+                    .expect("ring head");
+                assert_eq!(head, [0x3c; 64], "{} holds the group's bytes", p.display());
+            }
+            let p = raw_durable_appends(dir.path(), 20_000.0, 10, 1024, layout, 0.2).expect("run");
+            assert!(
+                0.0 < p.p50_ms
+                    && p.p50_ms <= p.p99_ms
+                    && p.p99_ms <= p.p999_ms
+                    && p.p999_ms <= p.max_ms
+            );
+            assert_eq!(p.label, layout.label());
+        }
+        assert_eq!(
+            std::fs::read_dir(dir.path())
+                .expect("dir")
+                .filter(|e| {
+                    e.as_ref()
+                        .is_ok_and(|e| e.file_name().to_string_lossy().starts_with("rawlog"))
+                })
+                .count(),
+            0,
+            "the ring files are removed"
         );
-        assert!(
-            !dir.path().join("rawlog.dat").exists(),
-            "the ring file is removed"
-        );
-        let err = raw_durable_appends(dir.path(), 1000.0, 1 << 20, 1 << 10, 1.0, 0.1)
-            .expect_err("a 1 GiB batch");
-        assert!(err.contains("does not fit"), "{err}");
-        for (rate, batch, record, factor, secs) in [
-            (0.0, 1, 1, 1.0, 1.0),
-            (1.0, 0, 1, 1.0, 1.0),
-            (1.0, 1, 0, 1.0, 1.0),
-            (1.0, 1, 1, 0.5, 1.0),
-            (1.0, 1, 1, 1.0, f64::NAN),
+        let err = raw_durable_appends(
+            dir.path(),
+            1000.0,
+            1 << 20,
+            1 << 10,
+            Layout::OneFile(1.0),
+            0.1,
+        )
+        .expect_err("a 1 GiB batch");
+        assert!(err.contains("do not fit"), "{err}");
+        let err = raw_durable_appends(dir.path(), 1000.0, 1 << 16, 1 << 10, service, 0.1)
+            .expect_err("a 64 MiB batch over 5 files");
+        assert!(err.contains("do not fit"), "{err}");
+        for (rate, batch, record, layout, secs) in [
+            (0.0, 1, 1, Layout::OneFile(1.0), 1.0),
+            (1.0, 0, 1, Layout::OneFile(1.0), 1.0),
+            (1.0, 1, 0, Layout::OneFile(1.0), 1.0),
+            (1.0, 1, 1, Layout::OneFile(0.5), 1.0),
+            (1.0, 1, 1, Layout::OneFile(1.0), f64::NAN),
+            (
+                1.0,
+                1,
+                1,
+                Layout::Service {
+                    data_shards: 0,
+                    end_write_copies: 3,
+                },
+                1.0,
+            ),
         ] {
-            let err = raw_durable_appends(dir.path(), rate, batch, record, factor, secs)
+            let err = raw_durable_appends(dir.path(), rate, batch, record, layout, secs)
                 .expect_err("bad arguments");
             assert!(err.contains("must be"), "{err}");
         }
+    }
+
+    /// The service's layout splits a group as the service does: the
+    /// payload over the data files plus an equal parity share, and an
+    /// end-write record per append on each copy.
+    #[test]
+    fn the_service_layout_splits_payload_parity_and_end_writes() {
+        let service = Layout::Service {
+            data_shards: 4,
+            end_write_copies: 3,
+        };
+        assert_eq!(
+            shares(service, 3, 64, 1024),
+            [
+                vec![49_152; 5],
+                vec![3 * 64 * END_WRITE_BYTES_PER_APPEND; 3]
+            ]
+            .concat()
+        );
+        assert_eq!(shares(Layout::OneFile(1.25), 3, 64, 1024), vec![245_760]);
     }
 }
