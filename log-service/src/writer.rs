@@ -337,13 +337,12 @@ fn io_err(e: io::Error) -> String {
 const ZERO_CHUNK: u64 = 4 << 20;
 
 /// The largest write whose write-back the writer starts at once
-/// ([`crate::flush::start_write_back`]) while a round is in flight. Small
-/// batches gain: their round shrinks to about the device flush. Large
-/// ones do not: the device is busy anyway, and submitting megabytes of
-/// write-back on the writer thread, the one that limits throughput there,
-/// cost batches of 64 records 1-4%. The measurements are in
-/// docs/benchmarks-log-history.md (eighteenth session) and
-/// docs/benchmarks.md (twenty-fourth: not when no round is in flight).
+/// ([`crate::flush::start_write_back`]). Small batches gain: their round
+/// shrinks to about the device flush. Large ones do not: the device is
+/// busy anyway, and submitting megabytes of write-back on the writer
+/// thread, the one that limits throughput there, cost batches of 64
+/// records 1-4%. The measurements are in docs/benchmarks-log-history.md
+/// (eighteenth session).
 const EARLY_WRITE_BACK_MAX: usize = 256 << 10;
 
 /// Zero-fills `st` up to at least `upto` (in `ZERO_CHUNK` steps, never past
@@ -1331,12 +1330,8 @@ impl Writer {
                 self.torn.insert(*seg, st.len + buf.len() as u64);
                 return Err(StoreError::WriteFailed(format!("segment {seg}: {e}")));
             }
-            // Its I/O overlaps the round in flight (see the function). With
-            // none in flight this batch's own round starts as soon as the
-            // write returns, and its helpers submit the write-back in
-            // parallel; started here it would be submitted file after file
-            // on this thread first, with nothing to overlap.
-            if now && fsync && buf.len() <= EARLY_WRITE_BACK_MAX && self.inflight.is_some() {
+            if now && fsync && buf.len() <= EARLY_WRITE_BACK_MAX {
+                // Its I/O overlaps the round in flight (see the function).
                 crate::flush::start_write_back(&st.file, st.len, buf.len() as u64);
             }
             st.len += buf.len() as u64;
