@@ -225,7 +225,9 @@ fn write_back(file: &std::fs::File) -> std::io::Result<()> {
 /// Bytes each file gets for a group of `batches` batches: one entry per
 /// path.
 fn shares(layout: Layout, batches: usize, batch: usize, record: usize) -> Vec<usize> {
-    let payload = batches * batch * record;
+    // Saturating: an absurd batch is refused as too large for the ring,
+    // not wrapped into a small one.
+    let payload = batches.saturating_mul(batch).saturating_mul(record);
     match layout {
         Layout::OneFile(factor) => vec![(payload as f64 * factor).ceil() as usize],
         Layout::Service {
@@ -233,7 +235,9 @@ fn shares(layout: Layout, batches: usize, batch: usize, record: usize) -> Vec<us
             end_write_copies,
         } => {
             let page = payload.div_ceil(data_shards);
-            let ew = batches * batch * END_WRITE_BYTES_PER_APPEND;
+            let ew = batches
+                .saturating_mul(batch)
+                .saturating_mul(END_WRITE_BYTES_PER_APPEND);
             let mut v = vec![page; data_shards + 1];
             v.extend(std::iter::repeat_n(ew, end_write_copies));
             v
@@ -415,6 +419,9 @@ mod tests {
         assert!(err.contains("do not fit"), "{err}");
         let err = raw_durable_appends(dir.path(), 1000.0, 1 << 16, 1 << 10, service, 0.1)
             .expect_err("a 64 MiB batch over 5 files");
+        assert!(err.contains("do not fit"), "{err}");
+        let err = raw_durable_appends(dir.path(), 1000.0, usize::MAX / 2, 1 << 10, service, 0.1)
+            .expect_err("a batch past usize");
         assert!(err.contains("do not fit"), "{err}");
         for (rate, batch, record, layout, secs) in [
             (0.0, 1, 1, Layout::OneFile(1.0), 1.0),
