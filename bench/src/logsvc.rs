@@ -753,26 +753,17 @@ pub fn run(quick: bool) -> Result<Results, String> {
         eprintln!("open loop at {HALF_TARGET_TPS:.0}/s (half the 300K target), batches of {} ...", best.batch);
         spares_refill_secs += settle(&store, spares).await;
         eprintln!("the disk alone as a durable log at {HALF_TARGET_TPS:.0}/s, for comparison ...");
-        let half_target_disk = crate::rawlog::raw_durable_appends(
-            tmp.path(),
-            HALF_TARGET_TPS,
-            best.batch,
-            1024,
-            crate::rawlog::Layout::OneFile((DATA_SHARDS + 1) as f64 / DATA_SHARDS as f64),
-            2.0 * secs,
-        )?;
+        // Both floors, one file first, then the service's files.
+        let floor = |layout: crate::rawlog::Layout| {
+            crate::rawlog::raw_durable_appends(tmp.path(), HALF_TARGET_TPS, best.batch, 1024, layout, 2.0 * secs)
+        };
+        let half_target_disk =
+            floor(crate::rawlog::Layout::OneFile((DATA_SHARDS + 1) as f64 / DATA_SHARDS as f64))?;
         eprintln!("the disk alone again, laid out as the service's files ...");
-        let half_target_disk_files = crate::rawlog::raw_durable_appends(
-            tmp.path(),
-            HALF_TARGET_TPS,
-            best.batch,
-            1024,
-            crate::rawlog::Layout::Service {
-                data_shards: DATA_SHARDS,
-                end_write_copies: END_WRITE_COPIES,
-            },
-            2.0 * secs,
-        )?;
+        let half_target_disk_files = floor(crate::rawlog::Layout::Service {
+            data_shards: DATA_SHARDS,
+            end_write_copies: END_WRITE_COPIES,
+        })?;
         // Twice the other points' length: this p99 is read against a
         // target, and one stall of a few milliseconds moves the p99 of a
         // short run (docs/benchmarks-log-history.md, nineteenth session).
