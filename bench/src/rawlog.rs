@@ -30,6 +30,8 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use melddb_log::flush;
+
 use crate::logsvc::Point;
 
 /// The file is a ring of this size, written full of zeros and synced
@@ -94,13 +96,8 @@ pub fn raw_durable_appends(
             "raw durable log: batches of {batch} records of {record} B laid out as {layout:?}: each must be at least 1"
         ));
     }
-    let files = match layout {
-        Layout::OneFile(_) => 1,
-        Layout::Service {
-            data_shards,
-            end_write_copies,
-        } => data_shards + 1 + end_write_copies,
-    };
+    // One path per file the layout writes.
+    let files = shares(layout, 1, batch, record).len();
     let paths: Vec<_> = (0..files)
         .map(|f| dir.join(format!("rawlog-{f}.dat")))
         .collect();
@@ -172,54 +169,6 @@ impl Ring {
         self.off += bytes as u64;
         Ok((at, bytes))
     }
-}
-
-/// Starts write-back of `len` bytes at `off` without waiting, as the
-/// service's writer does after each small write.
-#[cfg(target_os = "linux")]
-fn start_write_back(file: &std::fs::File, off: u64, len: usize) -> std::io::Result<()> {
-    sync_range(file, off, len as u64, libc::SYNC_FILE_RANGE_WRITE)
-}
-
-/// Writes back every dirty page of `file` and waits for it, without a
-/// device flush.
-#[cfg(target_os = "linux")]
-fn write_back(file: &std::fs::File) -> std::io::Result<()> {
-    sync_range(
-        file,
-        0,
-        0,
-        libc::SYNC_FILE_RANGE_WAIT_BEFORE
-            | libc::SYNC_FILE_RANGE_WRITE
-            | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-    )
-}
-
-#[cfg(target_os = "linux")]
-fn sync_range(file: &std::fs::File, off: u64, len: u64, flags: u32) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let (Ok(off), Ok(len)) = (i64::try_from(off), i64::try_from(len)) else {
-        return Err(std::io::Error::other("offset out of range"));
-    };
-    // SAFETY: the descriptor is open while `file` is borrowed; no pointers.
-    let r = unsafe { libc::sync_file_range(file.as_raw_fd(), off, len, flags) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// Elsewhere nothing starts write-back early.
-#[cfg(not(target_os = "linux"))]
-fn start_write_back(_file: &std::fs::File, _off: u64, _len: usize) -> std::io::Result<()> {
-    Ok(())
-}
-
-/// Elsewhere each file gets a full data sync (slower, still durable).
-#[cfg(not(target_os = "linux"))]
-fn write_back(file: &std::fs::File) -> std::io::Result<()> {
-    file.sync_data()
 }
 
 /// Bytes each file gets for a group of `batches` batches: one entry per
@@ -305,12 +254,13 @@ fn run(
         for ((ring, path), &bytes) in rings.iter_mut().zip(paths).zip(&group) {
             let (at, n) = ring.write(&buf, bytes).map_err(|e| io("write", path, e))?;
             if flush_once {
-                start_write_back(&ring.file, at, n).map_err(|e| io("write-back", path, e))?;
+                // The service's own calls, so the floor submits as it does.
+                flush::start_write_back(&ring.file, at, n as u64);
             }
         }
         if flush_once {
             for (ring, path) in rings.iter().zip(paths) {
-                write_back(&ring.file).map_err(|e| io("write-back", path, e))?;
+                flush::write_back(&ring.file).map_err(|e| io("write-back", path, e))?;
             }
         }
         // With one file, its `fdatasync`; with the service's files, the

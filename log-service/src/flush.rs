@@ -55,7 +55,7 @@ fn in_place_file_system(_dir: &Path) -> Option<&'static str> {
 /// complete (`sync_file_range` with WAIT_BEFORE, WRITE and WAIT_AFTER):
 /// the pages are on the device, perhaps only in its volatile cache.
 #[cfg(target_os = "linux")]
-pub(crate) fn write_back(file: &File) -> io::Result<()> {
+pub fn write_back(file: &File) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
         | libc::SYNC_FILE_RANGE_WRITE
@@ -81,7 +81,7 @@ pub(crate) fn write_back(file: &File) -> io::Result<()> {
 /// reported again by the round's own write-back or `fdatasync`, so the
 /// result is ignored.
 #[cfg(target_os = "linux")]
-pub(crate) fn start_write_back(file: &File, off: u64, len: u64) {
+pub fn start_write_back(file: &File, off: u64, len: u64) {
     use std::os::fd::AsRawFd;
     let (Ok(off), Ok(len)) = (i64::try_from(off), i64::try_from(len)) else {
         return;
@@ -95,12 +95,12 @@ pub(crate) fn start_write_back(file: &File, off: u64, len: u64) {
 /// Elsewhere there is no way to start write-back without waiting; the
 /// round's sync does all of it.
 #[cfg(not(target_os = "linux"))]
-pub(crate) fn start_write_back(_file: &File, _off: u64, _len: u64) {}
+pub fn start_write_back(_file: &File, _off: u64, _len: u64) {}
 
 /// Elsewhere nothing uses write-back ([`write_back_device`] says `None`);
 /// a full data sync keeps it correct anyway.
 #[cfg(not(target_os = "linux"))]
-pub(crate) fn write_back(file: &File) -> io::Result<()> {
+pub fn write_back(file: &File) -> io::Result<()> {
     file.sync_data()
 }
 

@@ -17,7 +17,7 @@ pub mod client;
 pub mod config;
 mod direct;
 pub mod error;
-mod flush;
+pub mod flush;
 pub mod latency;
 mod locks;
 pub mod meta;
