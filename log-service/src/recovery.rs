@@ -776,6 +776,7 @@ pub(crate) fn recover(
         next: None,
         wake,
         spares,
+        unremembered: Vec::new(),
         flush_devs: shared
             .config
             .zones
