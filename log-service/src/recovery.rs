@@ -776,7 +776,6 @@ pub(crate) fn recover(
         next: None,
         wake,
         spares,
-        unremembered: Vec::new(),
         flush_devs: shared
             .config
             .zones

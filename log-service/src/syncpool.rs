@@ -337,13 +337,6 @@ impl Round {
         true
     }
 
-    /// Whether the round has ended and every file and flush of it
-    /// succeeded, without waiting. False while it runs, and for a round
-    /// that failed (or lost a helper): [`Round::wait`] reports those.
-    pub(crate) fn succeeded(&mut self) -> bool {
-        self.is_done() && self.results.iter().all(|r| matches!(r, Some(Ok(()))))
-    }
-
     /// Blocks until every file of the round is done (or a helper
     /// stopped), keeping the results for [`Round::wait`].
     pub(crate) fn wait_done(&mut self) {
@@ -596,15 +589,7 @@ mod tests {
         round[2].1 = How::WriteBack(9);
         // Device 7's flush goes through file 0; only the flush fsyncs it.
         faults.fail_sync_of.store(ino(&files[0]), Ordering::SeqCst);
-        let mut started = pool.start(round_of(&round), Arc::new(|| {}));
-        started.wait_done();
-        // Every file's own job succeeded; the failed flush alone makes the
-        // round unfit to answer.
-        assert!(
-            !started.succeeded(),
-            "a round with a failed flush succeeded"
-        );
-        let r = started.wait();
+        let r = pool.start(round_of(&round), Arc::new(|| {})).wait();
         for i in [0, 1] {
             let e = r[i].as_ref().expect_err("device 7's files failed");
             assert!(e.to_string().contains("flush"), "{e}");
@@ -623,10 +608,7 @@ mod tests {
                 let on_done: OnDone = Arc::new(move || {
                     c.fetch_add(1, Ordering::SeqCst);
                 });
-                let mut round = pool.start(round_of(&synced(&files)), on_done);
-                round.wait_done();
-                assert!(round.succeeded(), "{helpers} helpers, {n} files");
-                let r = round.wait();
+                let r = pool.start(round_of(&synced(&files)), on_done).wait();
                 assert_eq!(r.len(), n, "{helpers} helpers, {n} files");
                 assert!(r.iter().all(|r| r.is_ok()), "{helpers} helpers, {n} files");
                 // The last helper calls back just after sending its result.

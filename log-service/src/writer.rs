@@ -153,7 +153,7 @@ pub(crate) enum DirectFd {
 }
 
 /// Appends accepted into a batch, one per distinct request.
-pub(crate) struct Pending {
+struct Pending {
     meta: EntryMeta,
     bytes: bytes::Bytes,
     /// When the store accepted the first request for it.
@@ -314,9 +314,6 @@ pub(crate) struct Writer {
     /// (`flush_once_per_device` on an ext4 or XFS zone); `None`: fsync
     /// each file.
     pub flush_devs: Vec<Option<u64>>,
-    /// Appends answered in the middle of a write whose request ids are
-    /// not recorded yet ([`Writer::answer_if_synced`]).
-    pub unremembered: Vec<Pending>,
 }
 
 /// A segment the writer's own bookkeeping says is open is not: a bug, but
@@ -733,10 +730,6 @@ impl Writer {
             }
             return;
         }
-        // A round that ended before these appends were taken is answered
-        // before they are written, not after.
-        self.answer_if_synced();
-        self.remember_answered();
         let taken = Instant::now();
         for r in &reqs {
             self.shared
@@ -817,7 +810,6 @@ impl Writer {
         }
         if self.inflight.is_none() {
             self.promote();
-            self.remember_answered();
         } else if self
             .next
             .as_ref()
@@ -942,45 +934,6 @@ impl Writer {
                     );
                 }
             }
-        }
-    }
-
-    /// Answers the batch in flight if its round has ended and succeeded,
-    /// without starting the next round. The writer calls it between the
-    /// files of a write, so a round that ends while a batch is being
-    /// written is answered then, not after the whole write (measured: the
-    /// time from a round's end to its answers was 0.18 ms at the p90 and
-    /// 0.36 ms at the p99 at 150K appends/s, most of it a write under
-    /// way). The next round still starts once the write is done (it syncs
-    /// that write). A failed round is left to [`Writer::finish_inflight`]:
-    /// its roll back must not run in the middle of a write. So are rounds
-    /// with held-back direct writes, whose hold ends with the round.
-    fn answer_if_synced(&mut self) {
-        if !self.round_held.is_empty() {
-            return;
-        }
-        let Some(f) = self.inflight.as_mut() else {
-            return;
-        };
-        if !f.round.as_mut().is_some_and(|(_, r)| r.succeeded()) {
-            return;
-        }
-        let Some(f) = self.inflight.take() else {
-            return;
-        };
-        let answered = self.publish(f.pending, f.ews, f.first_seq);
-        // Their ids are recorded once the write is done and the next round
-        // started (see `remember_ids`), and always before the next
-        // appends are checked for retries.
-        self.unremembered.extend(answered);
-    }
-
-    /// Records the request ids of appends answered by
-    /// [`Writer::answer_if_synced`].
-    fn remember_answered(&mut self) {
-        if !self.unremembered.is_empty() {
-            let answered = std::mem::take(&mut self.unremembered);
-            self.remember_ids(&answered);
         }
     }
 
@@ -1333,7 +1286,6 @@ impl Writer {
         // End-writes wait behind the batch's held-back pages.
         let pages_held = !data && self.deferred.keys().any(|s| !self.late.contains(s));
         for (seg, buf) in bufs {
-            self.answer_if_synced();
             let st = self.segs.get_mut(seg).ok_or_else(|| vanished("segment"))?;
             let upto = st.len + buf.len() as u64;
             let zeros = if fill {

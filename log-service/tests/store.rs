@@ -1476,63 +1476,6 @@ fn appends_during_a_round_join_one_batch_and_a_failed_join_fails_alone() {
     assert_eq!(store.scrub_blocking().bad_pages, 0);
 }
 
-#[test]
-fn a_round_that_ends_during_a_write_is_answered_before_the_write_ends() {
-    // Batch A's round is slow; batch B arrives during it and its writes
-    // are slower still, so A's round ends while B is being written. A must
-    // be answered then, between B's file writes, not once B's whole write
-    // is done: the write stage has counted A's write only when A's answer
-    // arrives. A retry of A afterwards still gets A's position (its id was
-    // recorded), and everything reads back after a reopen.
-    let ms = std::time::Duration::from_millis;
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = small_config(dir.path());
-    let faults = Arc::new(Faults::none());
-    let store = Arc::new(Store::open_with_faults(cfg.clone(), faults.clone()).unwrap());
-    let writes_before = store.stages().write.count();
-    faults.slow_syncs(ms(400));
-    let a = {
-        let store = store.clone();
-        std::thread::spawn(move || {
-            let pos = store.append_blocking("w", 3, 0, b"a".to_vec());
-            (pos, store.stages().write.count())
-        })
-    };
-    std::thread::sleep(ms(100));
-    // A's round sleeps already; B's writes (six files here) take 1.8 s.
-    faults.slow_syncs(ms(0));
-    faults.slow_writes(ms(300));
-    let b = {
-        let store = store.clone();
-        std::thread::spawn(move || store.append_blocking("w", 3, 1, b"b".to_vec()))
-    };
-    let (a_pos, writes_at_a) = a.join().unwrap();
-    assert_eq!(a_pos.unwrap(), 0);
-    assert_eq!(
-        writes_at_a - writes_before,
-        1,
-        "A was answered only after B's write was done"
-    );
-    assert_eq!(b.join().unwrap().unwrap(), 1);
-    faults.slow_writes(ms(0));
-    assert_eq!(
-        store.append_blocking("w", 3, 0, b"a".to_vec()).unwrap(),
-        0,
-        "a retry of A answered mid-write gets A's position"
-    );
-    assert_eq!(store.append_blocking("w", 3, 2, b"c".to_vec()).unwrap(), 2);
-    let check = |s: &Store| {
-        assert_eq!(s.bounds("w"), (0, 3));
-        for (i, w) in [&b"a"[..], b"b", b"c"].iter().enumerate() {
-            assert_eq!(&s.read("w", i as u64).unwrap()[..], *w);
-        }
-    };
-    check(&store);
-    drop(store);
-    let store = Store::open(cfg).unwrap();
-    check(&store);
-}
-
 /// Opening a store faults in its request-id table by filling it with
 /// placeholder ids and emptying it again (recovery's `prefault`). None of
 /// them may answer a real append, before or after a reopen, and real ids
