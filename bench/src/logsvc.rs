@@ -757,13 +757,10 @@ pub fn run(quick: bool) -> Result<Results, String> {
         let floor = |layout: crate::rawlog::Layout| {
             crate::rawlog::raw_durable_appends(tmp.path(), HALF_TARGET_TPS, best.batch, 1024, layout, 2.0 * secs)
         };
-        let half_target_disk =
-            floor(crate::rawlog::Layout::OneFile((DATA_SHARDS + 1) as f64 / DATA_SHARDS as f64))?;
+        let [one_file, service_files] = crate::rawlog::Layout::floors(DATA_SHARDS);
+        let half_target_disk = floor(one_file)?;
         eprintln!("the disk alone again, laid out as the service's files ...");
-        let half_target_disk_files = floor(crate::rawlog::Layout::Service {
-            data_shards: DATA_SHARDS,
-            end_write_copies: END_WRITE_COPIES,
-        })?;
+        let half_target_disk_files = floor(service_files)?;
         // Twice the other points' length: this p99 is read against a
         // target, and one stall of a few milliseconds moves the p99 of a
         // short run (docs/benchmarks-log-history.md, nineteenth session).

@@ -1106,18 +1106,11 @@ fn disk_alone(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), 
         return Err("--data-shards must be at least 1".into());
     }
     let tmp = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
-    let factor = (args.data_shards + 1) as f64 / args.data_shards as f64;
     println!(
         "{:<36} {:>11} {:>9} {:>8} {:>8} {:>8} {:>8}",
         "layout", "ops/s", "MiB/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms"
     );
-    for layout in [
-        melddb_bench::rawlog::Layout::OneFile(factor),
-        melddb_bench::rawlog::Layout::Service {
-            data_shards: args.data_shards,
-            end_write_copies: melddb_log::config::END_WRITE_COPIES,
-        },
-    ] {
+    for layout in melddb_bench::rawlog::Layout::floors(args.data_shards) {
         eprintln!(
             "{}: {rate:.0} appends/s in batches of {batch} x {record} B ({layout:?}), {} s ...",
             layout.label(),

@@ -62,6 +62,21 @@ pub enum Layout {
 }
 
 impl Layout {
+    /// The two floors of a service whose stripes have `data_shards` data
+    /// pages and one parity page: one file carrying the parity bytes too,
+    /// then the service's own files (a file per page, the end-write
+    /// copies). The suite and `log --point --disk-alone` both measure
+    /// these.
+    pub fn floors(data_shards: usize) -> [Layout; 2] {
+        [
+            Layout::OneFile((data_shards + 1) as f64 / data_shards as f64),
+            Layout::Service {
+                data_shards,
+                end_write_copies: melddb_log::config::END_WRITE_COPIES,
+            },
+        ]
+    }
+
     /// How the suite's table and JSON name it.
     pub fn label(&self) -> &'static str {
         match self {
@@ -414,5 +429,18 @@ mod tests {
             .concat()
         );
         assert_eq!(shares(Layout::OneFile(1.25), 3, 64, 1024), vec![245_760]);
+    }
+
+    /// The two floors of one geometry write the same page bytes: the one
+    /// file carries what the service's page files (data and parity) hold.
+    #[test]
+    fn both_floors_of_a_geometry_write_the_same_page_bytes() {
+        for k in [1, 2, 4, 8] {
+            let [one, files] = Layout::floors(k);
+            let one: usize = shares(one, 1, 64, 1024).iter().sum();
+            let files = shares(files, 1, 64, 1024);
+            assert_eq!(files.len(), k + 1 + melddb_log::config::END_WRITE_COPIES);
+            assert_eq!(one, files[..=k].iter().sum::<usize>(), "k = {k}");
+        }
     }
 }
