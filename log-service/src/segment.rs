@@ -66,6 +66,47 @@ pub struct Faults {
     pub(crate) trace: std::sync::Mutex<Vec<(&'static str, u64)>>,
     #[cfg(test)]
     pub(crate) fail_sync_of: AtomicU64,
+    /// Unit tests: every padded write, as the file's inode and the byte
+    /// range it covered, zeros included.
+    #[cfg(test)]
+    pub(crate) writes: std::sync::Mutex<Vec<(u64, u64, u64)>>,
+}
+
+/// The most zeros a padded write adds: one file block.
+pub(crate) const PAD_MAX: usize = 4096;
+
+/// Zeros for padding.
+static ZEROS: [u8; PAD_MAX] = [0; PAD_MAX];
+
+/// Writes `buf` at `off` and then `pad` zeros (at most [`PAD_MAX`]), as
+/// one `pwritev` unless the system takes part of it (then the rest follows
+/// in further calls).
+fn write_all_padded(file: &File, buf: &[u8], pad: usize, off: u64) -> io::Result<()> {
+    let zeros = ZEROS.get(..pad).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("padding of {pad} bytes is over a block ({PAD_MAX})"),
+        )
+    })?;
+    if pad == 0 {
+        return file.write_all_at(buf, off);
+    }
+    let done = loop {
+        let parts = [io::IoSlice::new(buf), io::IoSlice::new(zeros)];
+        match rustix::io::pwritev(file, &parts, off) {
+            Ok(n) => break n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    // Short writes are rare (a full disk, a signal): finish piecewise.
+    if done < buf.len() {
+        file.write_all_at(&buf[done..], off + done as u64)?;
+        file.write_all_at(zeros, off + buf.len() as u64)
+    } else {
+        let z = done - buf.len();
+        file.write_all_at(&zeros[z.min(pad)..], off + done as u64)
+    }
 }
 
 impl Faults {
@@ -131,6 +172,35 @@ impl Faults {
             _ => file.write_all_at(mid, at)?,
         }
         file.write_all_at(&w.tail, at + mid.len() as u64)
+    }
+
+    /// Writes `buf` at `off` followed by `pad` zero bytes, in one system
+    /// call, applying the armed faults (to `buf`: a torn write leaves half
+    /// of it and no zeros).
+    ///
+    /// The writer pads a write whose end falls inside a file block with
+    /// the zeros already on disk after it, so the write covers that block
+    /// whole: a partial block the page cache does not hold makes the file
+    /// system read it from the device first, on the writer, between two
+    /// appends. Segments made from spares are zeros whose pages the cache
+    /// has often dropped (a probe counted one such 4 KiB read per three
+    /// writes), so the zeros go in the same call as the bytes before them.
+    pub(crate) fn write_padded_at(
+        &self,
+        file: &File,
+        buf: &[u8],
+        pad: usize,
+        off: u64,
+    ) -> io::Result<()> {
+        self.before_write(file, buf, off)?;
+        #[cfg(test)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            let ino = file.metadata().map(|m| m.ino()).unwrap_or(0);
+            let end = off + (buf.len() + pad) as u64;
+            crate::locks::lock(&self.writes).push((ino, off, end));
+        }
+        write_all_padded(file, buf, pad, off)
     }
 
     /// The armed delay and failure of a write; a torn failure writes the
@@ -225,5 +295,86 @@ mod tests {
         ] {
             assert_eq!(parse_name(bad), None, "{bad}");
         }
+    }
+
+    /// Bytes this thread made the system read from storage
+    /// (`/proc/thread-self/io`); `None` where that is not kept.
+    #[cfg(target_os = "linux")]
+    fn thread_read_bytes() -> Option<u64> {
+        let io = std::fs::read_to_string("/proc/thread-self/io").ok()?;
+        io.lines()
+            .find_map(|l| l.strip_prefix("read_bytes: "))?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Drops `file`'s pages from the page cache (they must be clean).
+    #[cfg(target_os = "linux")]
+    fn evict(file: &File) {
+        use std::os::fd::AsRawFd;
+        file.sync_all().expect("sync");
+        // SAFETY: the descriptor is open; the call takes no pointers.
+        let r = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(r, 0, "posix_fadvise");
+    }
+
+    /// The reason for padding: a write ending inside a block the cache
+    /// does not hold reads that block from the device first; the same
+    /// write padded to the block's end reads nothing, and leaves the same
+    /// bytes (the zeros that were there).
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_padded_write_reads_nothing_where_an_unpadded_one_reads_its_last_block() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("zeros"))
+            .expect("create");
+        f.write_all_at(&[0u8; 64 << 10], 0).expect("zeros");
+        evict(&f);
+        let Some(before) = thread_read_bytes() else {
+            eprintln!("skipped: no per-thread I/O accounting");
+            return;
+        };
+        f.write_all_at(&[1u8; 1000], 0).expect("unpadded write");
+        let unpadded = thread_read_bytes().expect("read_bytes") - before;
+        if unpadded == 0 {
+            // tmpfs and the like keep every page: nothing to observe.
+            eprintln!("skipped: the unpadded write read nothing");
+            return;
+        }
+        evict(&f);
+        let before = thread_read_bytes().expect("read_bytes");
+        Faults::none()
+            .write_padded_at(&f, &[2u8; 1000], PAD_MAX - 1000, 8192)
+            .expect("padded write");
+        let padded = thread_read_bytes().expect("read_bytes") - before;
+        assert_eq!(padded, 0, "the unpadded write read {unpadded} bytes");
+        let mut back = vec![9u8; 3 * PAD_MAX];
+        f.read_exact_at(&mut back, 0).expect("read back");
+        assert!(back[..1000].iter().all(|&b| b == 1));
+        assert!(back[1000..8192].iter().all(|&b| b == 0));
+        assert!(back[8192..9192].iter().all(|&b| b == 2));
+        assert!(back[9192..].iter().all(|&b| b == 0));
+        assert_eq!(f.metadata().expect("metadata").len(), 64 << 10);
+    }
+
+    #[test]
+    fn padding_over_a_block_is_refused_and_none_is_a_plain_write() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let f = File::create(dir.path().join("f")).expect("create");
+        let e = write_all_padded(&f, b"abc", PAD_MAX + 1, 0).expect_err("too much padding");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(f.metadata().expect("metadata").len(), 0, "nothing written");
+        write_all_padded(&f, b"abc", 0, 5).expect("no padding");
+        assert_eq!(f.metadata().expect("metadata").len(), 8);
+        write_all_padded(&f, b"de", 3, 8).expect("padding");
+        assert_eq!(f.metadata().expect("metadata").len(), 13);
+        let back = std::fs::read(dir.path().join("f")).expect("read");
+        assert_eq!(back, b"\0\0\0\0\0abcde\0\0\0");
     }
 }

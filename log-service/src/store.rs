@@ -943,4 +943,46 @@ mod tests {
         assert_eq!(store.append_blocking("a", 0, 0, b"y".to_vec()).unwrap(), 1);
         assert_eq!(&store.read("a", 1).unwrap()[..], b"y");
     }
+
+    /// Every buffered write of pages and end-writes into segments made
+    /// from spares ends on a file block boundary (padded with the zeros
+    /// already there), so none makes the file system read a block first
+    /// (`segment::Faults::write_padded_at`); and the records read back.
+    #[test]
+    fn writes_into_spare_segments_end_on_block_boundaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let zones: Vec<PathBuf> = (0..3)
+            .map(|z| dir.path().join(format!("zone{z}")))
+            .collect();
+        let mut cfg = Config::with_zones(zones);
+        cfg.page_bytes = 4096;
+        cfg.segment_bytes = 1 << 20;
+        cfg.max_record_bytes = 256 << 10;
+        cfg.prepared_segments = 4;
+        let faults = Arc::new(Faults::none());
+        let store = Store::open_with_faults(cfg, faults.clone()).unwrap();
+        // Odd sizes, so that almost no write ends on a boundary by itself.
+        let records: Vec<Vec<u8>> = (0..40u8)
+            .map(|i| vec![i; 1 + 97 * usize::from(i)])
+            .collect();
+        for (pos, r) in records.iter().enumerate() {
+            assert_eq!(
+                store.append_blocking("a", 0, 0, r.clone()).unwrap(),
+                pos as u64
+            );
+        }
+        let writes = crate::locks::lock(&faults.writes).clone();
+        // Pages and three end-write copies for every append.
+        assert!(writes.len() >= 4 * records.len(), "{} writes", writes.len());
+        for &(ino, start, end) in &writes {
+            assert_eq!(
+                end % crate::segment::PAD_MAX as u64,
+                0,
+                "inode {ino}: a write of {start}..{end} ends inside a block"
+            );
+        }
+        for (pos, r) in records.iter().enumerate() {
+            assert_eq!(&store.read("a", pos as u64).unwrap()[..], &r[..]);
+        }
+    }
 }

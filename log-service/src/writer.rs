@@ -362,6 +362,18 @@ fn zero_ahead(st: &mut SegState, upto: u64, limit: u64) -> io::Result<u64> {
     Ok(n)
 }
 
+/// Zeros to write after `len` bytes at the end of `st`'s data so that the
+/// write ends on a file block boundary (see
+/// [`crate::segment::Faults::write_padded_at`]): only inside the space
+/// known to hold zeros already (`len .. zeroed`), so the padding rewrites
+/// what is on disk and never grows the file. A write past the file's end
+/// needs none: the file system reads nothing for a block it allocates.
+fn block_pad(st: &SegState, len: usize) -> usize {
+    let end = st.len.saturating_add(len as u64);
+    let block_end = end.next_multiple_of(crate::segment::PAD_MAX as u64);
+    block_end.min(st.zeroed).saturating_sub(end) as usize
+}
+
 /// `st`'s descriptor for direct writes, opened on first use; `None` where
 /// the file system refuses `O_DIRECT` (then asked once per file).
 fn direct_fd(seg: u64, st: &mut SegState) -> Option<Arc<File>> {
@@ -1325,7 +1337,11 @@ impl Writer {
                 if !data {
                     self.late.insert(*seg);
                 }
-            } else if let Err(e) = self.shared.faults.write_at(&st.file, buf, st.len) {
+            } else if let Err(e) =
+                self.shared
+                    .faults
+                    .write_padded_at(&st.file, buf, block_pad(st, buf.len()), st.len)
+            {
                 // Part of it may be there: the roll back cuts it off.
                 self.torn.insert(*seg, st.len + buf.len() as u64);
                 return Err(StoreError::WriteFailed(format!("segment {seg}: {e}")));
