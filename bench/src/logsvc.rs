@@ -267,7 +267,7 @@ fn remove_and_settle(dir: &Path) -> Result<f64, String> {
 
 /// The wait of [`remove_and_settle`], after `removed` (a file or a
 /// directory) was deleted.
-fn settle_trims(removed: &Path) -> Result<(), String> {
+pub(crate) fn settle_trims(removed: &Path) -> Result<(), String> {
     let t = Instant::now();
     if let Some(parent) = removed.parent() {
         std::fs::File::open(parent)
