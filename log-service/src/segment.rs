@@ -138,12 +138,6 @@ impl Faults {
         self.fail_sync.store(on, Ordering::SeqCst);
     }
 
-    /// Writes `buf` at `off`, applying the armed faults.
-    pub fn write_at(&self, file: &File, buf: &[u8], off: u64) -> io::Result<()> {
-        self.before_write(file, buf, off)?;
-        file.write_all_at(buf, off)
-    }
-
     /// A held-back write of the batch's round ([`crate::direct`]), with
     /// the armed faults: it counts as one write, and a torn one leaves its
     /// first half, written buffered. If the direct descriptor refuses the

@@ -437,7 +437,8 @@ impl Writer {
     fn append_durable(&mut self, seg: u64, bytes: &[u8]) -> Result<u64, String> {
         let s = self.segs.get_mut(&seg).ok_or("segment vanished")?;
         let off = s.len;
-        if let Err(e) = self.shared.faults.write_at(&s.file, bytes, off) {
+        let pad = block_pad(s, bytes.len());
+        if let Err(e) = self.shared.faults.write_padded_at(&s.file, bytes, pad, off) {
             self.torn.insert(seg, off + bytes.len() as u64);
             return Err(io_err(e));
         }
