@@ -72,7 +72,10 @@ pub struct Faults {
     pub(crate) writes: std::sync::Mutex<Vec<(u64, u64, u64)>>,
 }
 
-/// The most zeros a padded write adds: one file block.
+/// The most zeros a padded write adds, and the block size the writer pads
+/// to: 4 KiB, the block of ext4 and XFS as usually made (and the page of
+/// most machines). On a file system with larger blocks the padding only
+/// shortens the partial block, so its read remains; nothing else changes.
 pub(crate) const PAD_MAX: usize = 4096;
 
 /// Zeros for padding.
