@@ -907,7 +907,17 @@ pub(crate) fn read_stripe(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::PathBuf;
+    use std::path::{Path, PathBuf};
+
+    /// Three zones under `dir`, 4 KiB pages, segments of `segment_bytes`.
+    fn small_config(dir: &Path, segment_bytes: u64) -> Config {
+        let zones: Vec<PathBuf> = (0..3).map(|z| dir.join(format!("zone{z}"))).collect();
+        let mut cfg = Config::with_zones(zones);
+        cfg.page_bytes = 4096;
+        cfg.segment_bytes = segment_bytes;
+        cfg.max_record_bytes = 256 << 10;
+        cfg
+    }
 
     /// A panic while a lock is held (a bug elsewhere) poisons it; readers
     /// go on with the data as it was rather than panicking in their turn
@@ -915,13 +925,7 @@ mod tests {
     #[test]
     fn readers_carry_on_past_poisoned_locks() {
         let dir = tempfile::tempdir().unwrap();
-        let zones: Vec<PathBuf> = (0..3)
-            .map(|z| dir.path().join(format!("zone{z}")))
-            .collect();
-        let mut cfg = Config::with_zones(zones);
-        cfg.page_bytes = 4096;
-        cfg.segment_bytes = 64 << 10;
-        cfg.max_record_bytes = 256 << 10;
+        let cfg = small_config(dir.path(), 64 << 10);
         let store = Arc::new(Store::open(cfg).unwrap());
         assert_eq!(store.append_blocking("a", 0, 0, b"x".to_vec()).unwrap(), 0);
         let s = store.clone();
@@ -951,13 +955,7 @@ mod tests {
     #[test]
     fn writes_into_spare_segments_end_on_block_boundaries() {
         let dir = tempfile::tempdir().unwrap();
-        let zones: Vec<PathBuf> = (0..3)
-            .map(|z| dir.path().join(format!("zone{z}")))
-            .collect();
-        let mut cfg = Config::with_zones(zones);
-        cfg.page_bytes = 4096;
-        cfg.segment_bytes = 1 << 20;
-        cfg.max_record_bytes = 256 << 10;
+        let mut cfg = small_config(dir.path(), 1 << 20);
         cfg.prepared_segments = 4;
         let faults = Arc::new(Faults::none());
         let store = Store::open_with_faults(cfg, faults.clone()).unwrap();
