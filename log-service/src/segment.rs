@@ -191,12 +191,7 @@ impl Faults {
     ) -> io::Result<()> {
         self.before_write(file, buf, off)?;
         #[cfg(test)]
-        {
-            use std::os::unix::fs::MetadataExt;
-            let ino = file.metadata().map(|m| m.ino()).unwrap_or(0);
-            let end = off + (buf.len() + pad) as u64;
-            crate::locks::lock(&self.writes).push((ino, off, end));
-        }
+        crate::locks::lock(&self.writes).push((inode(file), off, off + (buf.len() + pad) as u64));
         write_all_padded(file, buf, pad, off)
     }
 
@@ -254,8 +249,7 @@ impl Faults {
     /// Records the call; whether the file's fsync is set to fail.
     #[cfg(test)]
     fn traced(&self, what: &'static str, file: &File) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        let ino = file.metadata().map(|m| m.ino()).unwrap_or(0);
+        let ino = inode(file);
         crate::locks::lock(&self.trace).push((what, ino));
         what == "fsync" && ino != 0 && self.fail_sync_of.load(Ordering::SeqCst) == ino
     }
@@ -270,6 +264,14 @@ impl Faults {
         self.traced("write-back", file);
         crate::flush::write_back(file)
     }
+}
+
+/// Unit tests: `file`'s inode number, which the traces record (0 if
+/// unknown).
+#[cfg(test)]
+fn inode(file: &File) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata().map(|m| m.ino()).unwrap_or(0)
 }
 
 /// fsyncs a directory so a create, rename or unlink in it is durable.
