@@ -16,7 +16,8 @@
 //! metadata are only written back, in parallel; once all of the round's
 //! files are done, one `fdatasync` per device (of one of its write-back
 //! files) flushes its cache, which makes every write completed before it
-//! durable.
+//! durable. The helper that finished the last file issues that flush
+//! itself (one of them, with several devices) rather than waking another.
 
 use std::fs::File;
 use std::io;
@@ -94,9 +95,10 @@ struct Countdown {
 enum Then {
     /// The round is over.
     Done(OnDone),
-    /// The next stage's jobs, handed to the helpers too (in parallel):
-    /// the late files (end-writes after their pages), or the flushes, one
-    /// per device with write-back files.
+    /// The next stage's jobs, handed to the helpers too (in parallel;
+    /// one of them runs on the helper that ended the stage): the late
+    /// files (end-writes after their pages), or the flushes, one per
+    /// device with write-back files.
     Stage {
         jobs: Mutex<Vec<Job>>,
         workers: Arc<[Sender<Job>]>,
@@ -126,8 +128,17 @@ impl Countdown {
                 faults,
                 after,
             } => {
-                let jobs = std::mem::take(&mut *crate::locks::lock(jobs));
+                let mut jobs = std::mem::take(&mut *crate::locks::lock(jobs));
+                // On a helper, one job of the next stage runs here: this
+                // thread is awake already, and handing that job to a
+                // sleeping helper would put a wake-up (on a VM, an
+                // interrupt between processors) on the round's critical
+                // path, before its device flush.
+                let here = if ON_HELPER.get() { jobs.pop() } else { None };
                 hand_out(jobs, workers, faults);
+                if let Some(job) = here {
+                    job.finish(faults);
+                }
                 after.tick();
             }
         }
@@ -398,7 +409,14 @@ impl Job {
     }
 }
 
+thread_local! {
+    /// Whether this thread is one of the pool's helpers (a round's later
+    /// stages may run on it; the writer's thread only hands out).
+    static ON_HELPER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 fn work(rx: &Receiver<Job>, faults: &Faults) {
+    ON_HELPER.set(true);
     for job in rx {
         job.finish(faults);
     }
@@ -576,6 +594,47 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The device flush that ends a round runs on the helper that finished
+    /// the round's last write-back, not on a helper woken for it: a
+    /// hand-off there would delay every round by a wake-up. The syncs are
+    /// slowed so that every helper ends after the writer's own tick (the
+    /// writer never runs a flush itself).
+    #[test]
+    fn the_flush_runs_on_the_helper_that_finished_the_last_write_back() {
+        let faults = Arc::new(Faults::none());
+        faults.slow_syncs(std::time::Duration::from_millis(30));
+        let pool = SyncPool::new(8, faults.clone(), Arc::new(|| {}));
+        let (_dir, files) = temp_files(3);
+        let round: Vec<_> = files
+            .iter()
+            .map(|f| (f.clone(), How::WriteBack(7)))
+            .collect();
+        let r = pool.start(round_of(&round), Arc::new(|| {})).wait();
+        assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
+        let trace = crate::locks::lock(&faults.trace_threads).clone();
+        assert_eq!(trace.len(), 4, "3 write-backs and a flush: {trace:?}");
+        let helpers: Vec<&String> = trace
+            .iter()
+            .filter(|(w, _, _)| *w == "write-back")
+            .map(|(_, _, t)| t)
+            .collect();
+        assert_eq!(helpers.len(), 3, "{trace:?}");
+        assert!(
+            helpers.iter().all(|t| t.starts_with("melddb-log-fsync-")),
+            "{trace:?}"
+        );
+        let flush = trace
+            .iter()
+            .find(|(w, _, _)| *w == "fsync")
+            .expect("the round's flush");
+        assert_eq!(flush.1, ino(&files[0]), "flushed through the first file");
+        assert!(
+            helpers.contains(&&flush.2),
+            "the flush ran on {}, not on a write-back's helper: {trace:?}",
+            flush.2
+        );
     }
 
     #[test]
