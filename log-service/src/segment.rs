@@ -61,13 +61,10 @@ pub struct Faults {
     /// Delay added to every fsync, in microseconds.
     sync_delay_us: AtomicU64,
     /// Unit tests: every fsync and write-back, in order, with the file's
-    /// inode, and an inode whose fsync fails.
+    /// inode and the name of the thread that made it, and an inode whose
+    /// fsync fails.
     #[cfg(test)]
-    pub(crate) trace: std::sync::Mutex<Vec<(&'static str, u64)>>,
-    /// Unit tests: the same calls with the name of the thread that made
-    /// each.
-    #[cfg(test)]
-    pub(crate) trace_threads: std::sync::Mutex<Vec<(&'static str, u64, String)>>,
+    pub(crate) trace: std::sync::Mutex<Vec<(&'static str, u64, String)>>,
     #[cfg(test)]
     pub(crate) fail_sync_of: AtomicU64,
     /// Unit tests: every padded write, as the file's inode and the byte
@@ -254,9 +251,8 @@ impl Faults {
     #[cfg(test)]
     fn traced(&self, what: &'static str, file: &File) -> bool {
         let ino = inode(file);
-        crate::locks::lock(&self.trace).push((what, ino));
         let thread = std::thread::current().name().unwrap_or("").to_string();
-        crate::locks::lock(&self.trace_threads).push((what, ino, thread));
+        crate::locks::lock(&self.trace).push((what, ino, thread));
         what == "fsync" && ino != 0 && self.fail_sync_of.load(Ordering::SeqCst) == ino
     }
 

@@ -508,7 +508,7 @@ mod tests {
             let count = |what: &str, f: &File| {
                 trace
                     .iter()
-                    .filter(|(w, i)| *w == what && *i == ino(f))
+                    .filter(|(w, i, _)| *w == what && *i == ino(f))
                     .count()
             };
             for (i, f) in files.iter().enumerate() {
@@ -527,7 +527,7 @@ mod tests {
             let flushes: Vec<usize> = trace
                 .iter()
                 .enumerate()
-                .filter(|(_, (w, i))| {
+                .filter(|(_, (w, i, _))| {
                     *w == "fsync" && (*i == ino(&files[0]) || *i == ino(&files[2]))
                 })
                 .map(|(at, _)| at)
@@ -577,7 +577,7 @@ mod tests {
             let at = |what: &str, f: &File| {
                 trace
                     .iter()
-                    .position(|(w, i)| *w == what && *i == ino(f))
+                    .position(|(w, i, _)| *w == what && *i == ino(f))
                     .unwrap_or_else(|| panic!("{what} missing: {trace:?}"))
             };
             for (i, f) in files.iter().enumerate() {
@@ -613,7 +613,7 @@ mod tests {
             .collect();
         let r = pool.start(round_of(&round), Arc::new(|| {})).wait();
         assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
-        let trace = crate::locks::lock(&faults.trace_threads).clone();
+        let trace = crate::locks::lock(&faults.trace).clone();
         assert_eq!(trace.len(), 4, "3 write-backs and a flush: {trace:?}");
         let helpers: Vec<&String> = trace
             .iter()
