@@ -239,6 +239,10 @@ pub struct Stages {
     /// From the store accepting an append to its acknowledgement, once its
     /// round is on disk (one count per append).
     pub acked: Histogram,
+    /// The writer answering a durable batch: indexing it, replying to
+    /// every append and pushing it to subscribers (one count per batch
+    /// answered; appends wait meanwhile).
+    pub answer: Histogram,
     /// The writer sliding the segment windows when a segment fills:
     /// sealing below the base and creating and raising window segments,
     /// each change made durable before the writer goes on (one count per
@@ -259,6 +263,8 @@ pub struct StagesSnapshot {
     pub round_wait: Snapshot,
     /// See [`Stages::acked`].
     pub acked: Snapshot,
+    /// See [`Stages::answer`].
+    pub answer: Snapshot,
     /// See [`Stages::slide`].
     pub slide: Snapshot,
 }
@@ -272,6 +278,7 @@ impl Stages {
             round: self.round.snapshot(),
             round_wait: self.round_wait.snapshot(),
             acked: self.acked.snapshot(),
+            answer: self.answer.snapshot(),
             slide: self.slide.snapshot(),
         }
     }
@@ -290,6 +297,8 @@ pub struct StagesSummary {
     pub round_wait: Summary,
     /// See [`Stages::acked`].
     pub acked: Summary,
+    /// See [`Stages::answer`].
+    pub answer: Summary,
     /// See [`Stages::slide`].
     pub slide: Summary,
 }
@@ -310,7 +319,7 @@ pub struct StageInfo {
 /// Every stage, in the order an append passes through them (the field
 /// order of [`Stages`]): the one list tables, JSON keys and metrics are
 /// made from.
-pub const STAGE_INFO: [StageInfo; 6] = [
+pub const STAGE_INFO: [StageInfo; 7] = [
     StageInfo {
         key: "queued",
         label: "queued (accepted -> taken by the writer)",
@@ -342,6 +351,12 @@ pub const STAGE_INFO: [StageInfo; 6] = [
         help: "Time from the store accepting an append to its acknowledgement (durable)",
     },
     StageInfo {
+        key: "answer",
+        label: "answering a durable batch, per batch",
+        metric: "batch_answer_seconds",
+        help: "Time the writer took to index a durable batch, reply to its appends and push it to subscribers",
+    },
+    StageInfo {
         key: "slide",
         label: "window slide (segment filled), per slide",
         metric: "window_slide_seconds",
@@ -350,19 +365,20 @@ pub const STAGE_INFO: [StageInfo; 6] = [
 ];
 
 /// Pairs each stage's [`StageInfo`] with its figures, in field order.
-fn with_info<T: Copy>(fields: [T; 6]) -> [(&'static StageInfo, T); 6] {
+fn with_info<T: Copy>(fields: [T; 7]) -> [(&'static StageInfo, T); 7] {
     std::array::from_fn(|i| (&STAGE_INFO[i], fields[i]))
 }
 
 impl StagesSummary {
     /// Every stage with its names and figures (see [`STAGE_INFO`]).
-    pub fn rows(&self) -> [(&'static StageInfo, &Summary); 6] {
+    pub fn rows(&self) -> [(&'static StageInfo, &Summary); 7] {
         with_info([
             &self.queued,
             &self.write,
             &self.round,
             &self.round_wait,
             &self.acked,
+            &self.answer,
             &self.slide,
         ])
     }
@@ -370,13 +386,14 @@ impl StagesSummary {
 
 impl StagesSnapshot {
     /// Every stage with its names and counts (see [`STAGE_INFO`]).
-    pub fn rows(&self) -> [(&'static StageInfo, &Snapshot); 6] {
+    pub fn rows(&self) -> [(&'static StageInfo, &Snapshot); 7] {
         with_info([
             &self.queued,
             &self.write,
             &self.round,
             &self.round_wait,
             &self.acked,
+            &self.answer,
             &self.slide,
         ])
     }
@@ -389,6 +406,7 @@ impl StagesSnapshot {
             round: self.round.since(&earlier.round),
             round_wait: self.round_wait.since(&earlier.round_wait),
             acked: self.acked.since(&earlier.acked),
+            answer: self.answer.since(&earlier.answer),
             slide: self.slide.since(&earlier.slide),
         }
     }
@@ -401,6 +419,7 @@ impl StagesSnapshot {
             round: self.round.summary(),
             round_wait: self.round_wait.summary(),
             acked: self.acked.summary(),
+            answer: self.answer.summary(),
             slide: self.slide.summary(),
         }
     }

@@ -1453,6 +1453,7 @@ impl Writer {
         ews: Vec<Written>,
         batch_seq: u64,
     ) -> Vec<Pending> {
+        let started = Instant::now();
         {
             let mut idx = self.shared.index_mut();
             for Written { ew, .. } in &ews {
@@ -1503,6 +1504,7 @@ impl Writer {
                 }
             }
         }
+        self.shared.stages.answer.record(started.elapsed());
         pending
     }
 

@@ -691,6 +691,14 @@ async fn websocket_speaks_the_same_frames_and_http_serves_tools() {
         body.contains(&format!("melddb_log_batch_write_seconds_count {batches}")),
         "{body}"
     );
+    // Each answered batch is timed; the last one's answer is counted just
+    // after its reply went out, so it may not be in yet.
+    let answered: u64 = body
+        .lines()
+        .find_map(|l| l.strip_prefix("melddb_log_batch_answer_seconds_count "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!((1..=batches).contains(&answered), "{body}");
     stop(store, running).await;
 }
 
