@@ -1389,17 +1389,13 @@ fn stage_histograms_put_a_slow_disk_and_a_slow_write_where_they_belong() {
     // One answer per batch (one append each). The answer stage ends after
     // the replies, so the last batch's may be counted just after its
     // append returned.
-    let answered = |t: &melddb_log::latency::StagesSnapshot| {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        loop {
-            let n = store.stages().since(t).summary().answer.count;
-            if n >= 4 || std::time::Instant::now() > deadline {
-                return n;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-    };
-    assert_eq!(answered(&t0), 4, "{d:?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut answered = d.answer.count;
+    while answered < 4 && std::time::Instant::now() < deadline {
+        std::thread::sleep(ms(1.0));
+        answered = store.stages().since(&t0).summary().answer.count;
+    }
+    assert_eq!(answered, 4, "{d:?}");
     assert!(d.round.p50_ms >= 40.0, "{d:?}");
     assert!(d.acked.p50_ms >= 40.0, "{d:?}");
     assert!(d.acked.mean_ms >= 40.0, "{d:?}");
