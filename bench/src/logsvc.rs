@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::stalls::{Sampler, Timeline};
 use melddb_log::config::END_WRITE_COPIES;
 use melddb_log::latency::StagesSummary;
 use melddb_log::{Client, Config, Running, Stats, Store};
@@ -92,6 +93,9 @@ pub struct Results {
     pub half_target_load: Point,
     /// Inside the service during that run.
     pub half_target_stages: StagesSummary,
+    /// That run in 10 ms intervals: its stalls and what happened in them
+    /// ([`crate::stalls`]).
+    pub half_target_stalls: Timeline,
     /// The disk alone as a durable log (one file, write and fdatasync per
     /// group of batches, [`crate::rawlog`]) under the same arrivals for as
     /// long, just before that run: the latency floor it is read against.
@@ -765,8 +769,10 @@ pub fn run(quick: bool) -> Result<Results, String> {
         // target, and one stall of a few milliseconds moves the p99 of a
         // short run (docs/benchmarks-log-history.md, nineteenth session).
         let stages_before = store.stages();
+        let sampler = Sampler::start(store.clone(), &dir)?;
         let mut half_target_load =
             open_loop(&addr, 64, best.batch, 1024, HALF_TARGET_TPS, 2.0 * secs).await?;
+        let half_target_stalls = sampler.finish()?;
         half_target_load.label = "open loop at half the 300K target".into();
         let half_target_stages = store.stages().since(&stages_before).summary();
         let mut sizes = Vec::new();
@@ -880,6 +886,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
             half_load_stages,
             half_target_load,
             half_target_stages,
+            half_target_stalls,
             half_target_disk,
             half_target_disk_files,
             reads: rd,
@@ -936,6 +943,9 @@ pub struct Probe {
     pub sync_share: f64,
     /// Where the appends spent their time inside the service.
     pub stages: StagesSummary,
+    /// The point in 10 ms intervals: its stalls and what happened in them
+    /// ([`crate::stalls`]).
+    pub stalls: Timeline,
     /// Threads that run with `realtime_priority` (0: off or refused).
     pub realtime_threads: u64,
     /// Whether transparent huge pages were off for the process.
@@ -1049,7 +1059,9 @@ pub fn probe(
         let cpu = cpu_time::ProcessTime::try_now().map_err(|e| format!("process CPU time: {e}"))?;
         let wall = Instant::now();
         eprintln!("{spec:?} for {secs} s ...");
+        let sampler = Sampler::start(store.clone(), &dir)?;
         let point = run_point(&addr, spec, secs).await?;
+        let stalls = sampler.finish()?;
         let wall = wall.elapsed().as_secs_f64();
         let cpu_cores = cpu
             .try_elapsed()
@@ -1072,6 +1084,7 @@ pub fn probe(
             write_share: share(after.write_us - before.write_us),
             sync_share: share(after.sync_us - before.sync_us),
             stages,
+            stalls,
             realtime_threads: after.realtime_threads,
             thp_disabled: after.thp_disabled,
         })

@@ -989,6 +989,7 @@ fn log_suite(args: &Args) -> Result<(), String> {
         "at half the target, inside the service:",
         &r.half_target_stages,
     );
+    r.half_target_stalls.print("at half the target, stalls");
     melddb_bench::logsvc::print_stages(
         "half load without spares, inside the service:",
         &r.fresh_files.half_load_stages,
@@ -1017,6 +1018,13 @@ fn log_suite(args: &Args) -> Result<(), String> {
     put("append_max_ms_half_target", r.half_target_load.max_ms);
     put("append_p50_ms_half_target", r.half_target_load.p50_ms);
     put("half_target_tps", r.half_target_load.ops_s);
+    // Its stalls (bench/src/stalls.rs): how many, and how long together.
+    let stalls = &r.half_target_stalls;
+    put("half_target_stall_episodes", stalls.episodes.len() as f64);
+    put(
+        "half_target_stall_ms",
+        stalls.episodes.iter().map(|e| e.totals.len_ms).sum(),
+    );
     // The same arrivals on the disk alone (bench/src/rawlog.rs), measured
     // just before it: the floors under append_p99_ms_half_target, in one
     // file and in the service's files (a file per zone, three end-write
@@ -1234,6 +1242,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         }
     );
     melddb_bench::logsvc::print_stages("inside the service:", &r.stages);
+    r.stalls.print("stalls");
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
             "suite": "log-point",
