@@ -96,6 +96,13 @@ pub struct Results {
     /// That run in 10 ms intervals: its stalls and what happened in them
     /// ([`crate::stalls`]).
     pub half_target_stalls: Timeline,
+    /// The same arrivals for a quarter of a point (1 s; 0.25 s quick)
+    /// right before it, after the disk-alone floors left the service idle:
+    /// the service's way back from idle, kept out of the steady-state
+    /// point above and reported here.
+    pub half_target_warmup: Point,
+    /// That quarter-point's stalls.
+    pub half_target_warmup_stalls: Timeline,
     /// The disk alone as a durable log (one file, write and fdatasync per
     /// group of batches, [`crate::rawlog`]) under the same arrivals for as
     /// long, just before that run: the latency floor it is read against.
@@ -775,6 +782,16 @@ pub fn run(quick: bool) -> Result<Results, String> {
         let half_target_disk = floor(one_file)?;
         eprintln!("the disk alone again, laid out as the service's files ...");
         let half_target_disk_files = floor(service_files)?;
+        // The floors left the service idle for 16 s: its first tens of
+        // milliseconds at 150K/s after that are a transient (one full run
+        // measured appends waiting up to 27 ms in its first 80 ms, enough
+        // to decide its p99), not the load. A quarter of a point at the
+        // same rate goes first, measured and reported on its own.
+        let warm = Sampler::start(store.clone(), &dir)?;
+        let mut half_target_warmup =
+            open_loop(&addr, 64, best.batch, 1024, HALF_TARGET_TPS, secs / 4.0).await?;
+        let half_target_warmup_stalls = warm.finish()?;
+        half_target_warmup.label = "the same, its first quarter-point after idle".into();
         // Twice the other points' length: this p99 is read against a
         // target, and one stall of a few milliseconds moves the p99 of a
         // short run (docs/benchmarks-log-history.md, nineteenth session).
@@ -897,6 +914,8 @@ pub fn run(quick: bool) -> Result<Results, String> {
             half_target_load,
             half_target_stages,
             half_target_stalls,
+            half_target_warmup,
+            half_target_warmup_stalls,
             half_target_disk,
             half_target_disk_files,
             reads: rd,
@@ -1028,6 +1047,8 @@ pub struct ProbeSettings {
     /// coming out of that load (the suite's half-target point follows its
     /// half-peak point this way).
     pub before: Option<PointSpec>,
+    /// Seconds the service is left idle right before the measured run.
+    pub idle_secs: f64,
 }
 
 /// Runs one load point for `secs` on a fresh service with `settings`;
@@ -1063,6 +1084,10 @@ pub fn probe(
             eprintln!("before: {prior:?} for {secs} s, not measured ...");
             run_point(&addr, prior, secs).await?;
             settle(&store, spares).await;
+        }
+        if settings.idle_secs > 0.0 {
+            eprintln!("idle for {} s ...", settings.idle_secs);
+            tokio::time::sleep(Duration::from_secs_f64(settings.idle_secs)).await;
         }
         let before = store.stats();
         let stages_before = store.stages();

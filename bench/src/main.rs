@@ -137,6 +137,11 @@ struct Args {
     /// run then shows the service coming out of that load.
     #[arg(long)]
     before: Option<melddb_bench::logsvc::PointSpec>,
+    /// Log suite with `--point`: leave the service idle this many seconds
+    /// right before the measured run (after the warm-up and `--before`),
+    /// as the suite's half-target point follows the disk-alone floors.
+    #[arg(long, default_value_t = 0.0)]
+    idle: f64,
     /// Log suite with `--point`: data pages per stripe, with one parity
     /// page and one zone (directory) per page. The suite uses 4; it also
     /// measures 64 KiB records with 8.
@@ -879,6 +884,7 @@ fn log_suite(args: &Args) -> Result<(), String> {
         .chain(&r.sizes)
         .chain([
             &r.half_load,
+            &r.half_target_warmup,
             &r.half_target_load,
             &r.half_target_disk,
             &r.half_target_disk_files,
@@ -990,6 +996,12 @@ fn log_suite(args: &Args) -> Result<(), String> {
         &r.half_target_stages,
     );
     r.half_target_stalls.print("at half the target, stalls");
+    println!(
+        "the quarter-point at the same rate right before it, after the floors left the service idle: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+        r.half_target_warmup.p50_ms, r.half_target_warmup.p99_ms, r.half_target_warmup.max_ms
+    );
+    r.half_target_warmup_stalls
+        .print("the quarter-point after idle, stalls");
     melddb_bench::logsvc::print_stages(
         "half load without spares, inside the service:",
         &r.fresh_files.half_load_stages,
@@ -1024,6 +1036,23 @@ fn log_suite(args: &Args) -> Result<(), String> {
     put(
         "half_target_stall_ms",
         stalls.episodes.iter().map(|e| e.totals.len_ms).sum(),
+    );
+    // The quarter-point before it, the service's way back from idle.
+    put(
+        "append_p99_ms_half_target_warmup",
+        r.half_target_warmup.p99_ms,
+    );
+    put(
+        "append_max_ms_half_target_warmup",
+        r.half_target_warmup.max_ms,
+    );
+    put(
+        "half_target_warmup_stall_ms",
+        r.half_target_warmup_stalls
+            .episodes
+            .iter()
+            .map(|e| e.totals.len_ms)
+            .sum(),
     );
     // The same arrivals on the disk alone (bench/src/rawlog.rs), measured
     // just before it: the floors under append_p99_ms_half_target, in one
@@ -1170,6 +1199,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         warmup_secs: args.warmup,
         data_shards: args.data_shards,
         before: args.before,
+        idle_secs: args.idle,
     };
     let r = melddb_bench::logsvc::probe(spec, args.secs, spares, settings)?;
     let p = &r.point;
