@@ -603,9 +603,10 @@ async fn open_loop(
         senders.push(tx);
         tasks.push(tokio::spawn(async move {
             // Requests that ended are reaped at each arrival, not all at
-            // the end: a point's ~18,000 finished tasks freed at once, and
-            // their latencies gathered then, was a burst of CPU that
-            // delayed the point's last appends.
+            // the end: with every request's task kept until the arrivals
+            // ended and awaited then, each of seven probes had a stall in
+            // its last 20-40 ms (acknowledgements up to 11.6 ms late
+            // inside the service); reaped as they go, none of nine did.
             let mut inflight = tokio::task::JoinSet::new();
             let mut lat = Vec::new();
             let mut reap = |r: Result<Option<f64>, tokio::task::JoinError>| {

@@ -1033,10 +1033,7 @@ fn log_suite(args: &Args) -> Result<(), String> {
     // Its stalls (bench/src/stalls.rs): how many, and how long together.
     let stalls = &r.half_target_stalls;
     put("half_target_stall_episodes", stalls.episodes.len() as f64);
-    put(
-        "half_target_stall_ms",
-        stalls.episodes.iter().map(|e| e.totals.len_ms).sum(),
-    );
+    put("half_target_stall_ms", stalls.stall_ms());
     // The quarter-point before it, the service's way back from idle.
     put(
         "append_p99_ms_half_target_warmup",
@@ -1048,11 +1045,7 @@ fn log_suite(args: &Args) -> Result<(), String> {
     );
     put(
         "half_target_warmup_stall_ms",
-        r.half_target_warmup_stalls
-            .episodes
-            .iter()
-            .map(|e| e.totals.len_ms)
-            .sum(),
+        r.half_target_warmup_stalls.stall_ms(),
     );
     // The same arrivals on the disk alone (bench/src/rawlog.rs), measured
     // just before it: the floors under append_p99_ms_half_target, in one

@@ -8,11 +8,14 @@
 //! [`Sampler`] thread therefore reads, every [`INTERVAL`], the service's
 //! histograms and what the kernel counts for the threads and the disk
 //! under them, and keeps the difference per interval. Intervals whose
-//! slowest acknowledgement exceeds [`STALL_MS`] are grouped into
-//! [`Episode`]s, each with what happened meanwhile and a likely cause.
+//! slowest acknowledgement exceeds [`STALL_MS`] are grouped, with the
+//! intervals those appends waited through, into [`Episode`]s, each with
+//! what happened meanwhile and a likely cause.
 //!
-//! Linux only for the kernel's figures (per-thread `schedstat`, `steal` in
-//! `/proc/stat`, `/proc/diskstats`); elsewhere they read as zero.
+//! The kernel's figures are Linux's (per-thread `schedstat` and `wchan`,
+//! `/proc/stat`, `/proc/pressure`, `/proc/diskstats`); where a file is
+//! missing its figures read as zero and [`Timeline::kernel_figures`] says
+//! so.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -48,49 +51,62 @@ pub struct Interval {
     pub at_ms: f64,
     /// Its length (the sampler can wake late).
     pub len_ms: f64,
-    /// Appends acknowledged in it, and the longest one's wait since the
-    /// store accepted it.
+    /// Appends acknowledged in it.
     pub acked: u64,
+    /// The longest wait, since the store accepted it, of an append
+    /// acknowledged in it.
     pub acked_max_ms: f64,
     /// The longest wait of an append the writer took in it.
     pub queued_max_ms: f64,
-    /// fsync rounds that ended in it, their summed time, the longest.
+    /// fsync rounds that ended in it.
     pub rounds: u64,
+    /// Those rounds' time, summed.
     pub round_ms: f64,
+    /// The longest of them.
     pub round_max_ms: f64,
-    /// The writer: building and writing batches, blocked on rounds,
-    /// answering batches and sliding windows (sums), and its longest write.
+    /// The writer building and writing batches (window slides included),
+    /// summed.
     pub write_ms: f64,
+    /// The longest of those writes.
     pub write_max_ms: f64,
+    /// The writer blocked on rounds, summed.
     pub round_wait_ms: f64,
+    /// The writer answering durable batches, summed.
     pub answer_ms: f64,
+    /// The writer sliding the segment windows, summed.
     pub slide_ms: f64,
-    /// The writer thread on a CPU, and runnable but waiting for one.
+    /// The writer thread on a CPU.
     pub writer_run_ms: f64,
+    /// The writer thread runnable but waiting for a CPU.
     pub writer_runqueue_ms: f64,
-    /// The same for all fsync helpers together.
+    /// The fsync helpers runnable but waiting for a CPU, all together.
     pub helpers_runqueue_ms: f64,
-    /// Time the hypervisor ran something else on this VM's CPUs, and the
-    /// CPUs' busy time (everything but idle, I/O wait and steal), both over
-    /// all CPUs in the kernel's 10 ms ticks.
+    /// Time the hypervisor ran something else on this VM's CPUs (all
+    /// CPUs, in the kernel's 10 ms ticks).
     pub steal_ms: f64,
+    /// The CPUs' busy time: everything but idle, I/O wait and steal (all
+    /// CPUs, in ticks).
     pub busy_ms: f64,
     /// CPU time of this process (client and service together), in the
     /// same ticks: `busy_ms` minus this is everything else on the machine.
     pub process_ms: f64,
-    /// Pressure stall information: time in which some task on the machine
-    /// waited for a CPU, for I/O, for memory (reclaim, compaction).
+    /// Time in which some task on the machine waited for a CPU (pressure
+    /// stall information).
     pub cpu_pressure_ms: f64,
+    /// Time in which some task waited for I/O.
     pub io_pressure_ms: f64,
+    /// Time in which some task waited for memory (reclaim, compaction).
     pub memory_pressure_ms: f64,
-    /// The disk under the service's directory: writes and flushes
-    /// completed, and the time the kernel counted them in flight (summed
-    /// over requests, so several in flight count several times), and
-    /// discards completed.
+    /// Writes the disk under the service's directory completed.
     pub disk_writes: u64,
+    /// The time the kernel counted writes in flight, summed over requests
+    /// (several in flight count several times).
     pub disk_write_ms: f64,
+    /// Cache flushes the disk completed.
     pub disk_flushes: u64,
+    /// The time flushes were in flight, summed over requests.
     pub disk_flush_ms: f64,
+    /// Discards (trims) the disk completed.
     pub disk_discards: u64,
 }
 
@@ -98,8 +114,9 @@ pub struct Interval {
 /// to the last late acknowledgement, with their sums.
 #[derive(Debug, Clone, Serialize)]
 pub struct Episode {
-    /// Intervals in it, and the sums and maxima over them.
+    /// Intervals in it.
     pub intervals: usize,
+    /// The sums and maxima over them; `at_ms` is the first one's start.
     pub totals: Interval,
     /// Where the kernel had the writer thread waiting (its `wchan`) at
     /// the samples taken in the episode while it was off a CPU, with how
@@ -191,6 +208,11 @@ impl Episode {
 }
 
 impl Timeline {
+    /// The episodes' windows, added up (0 without any).
+    pub fn stall_ms(&self) -> f64 {
+        self.episodes.iter().fold(0.0, |a, e| a + e.totals.len_ms)
+    }
+
     /// Groups `intervals` into a report. An append acknowledged late in
     /// an interval was accepted up to its wait before that interval began,
     /// so a stall's window reaches back that far; overlapping windows
@@ -622,6 +644,12 @@ mod tests {
         // and both reach back into the calm first interval; the last one's,
         // [35.5, 50), reaches into the calm fourth.
         assert_eq!(eps, vec![(0.0, 3, 30.0, 9.0), (30.0, 2, 20.0, 4.5)]);
+        assert_eq!(t.stall_ms(), 50.0);
+        // Without stalls the total is a plain zero (a float sum of nothing
+        // would be -0.0 in the JSON).
+        let calm = Timeline::from_intervals(&[iv(0.0, 1.0)], &[], true);
+        assert!(calm.episodes.is_empty());
+        assert!(calm.stall_ms() == 0.0 && calm.stall_ms().is_sign_positive());
         let blocked: Vec<_> = t
             .episodes
             .iter()
