@@ -421,6 +421,23 @@ impl Writer {
         start..start + len
     }
 
+    /// The lowest base at which segment `seg` may hold class `class`
+    /// (its target class there is at least that); classes rise as the
+    /// base does.
+    fn lowest_base_for(&self, seg: u64, class: u8) -> u64 {
+        let n = self.width() as u64;
+        let ew = END_WRITE_COPIES as u64;
+        // `seg` must lie below the end of the window of its class.
+        let end = match class {
+            class::EMPTY => return 0,
+            class::UNORDERED => ew + 2 * n,
+            class::ORDERED => ew + n,
+            class::END_WRITE => ew,
+            _ => 0,
+        };
+        (seg + 1).saturating_sub(end)
+    }
+
     fn target_class(&self, seg: u64) -> u8 {
         let n = self.width() as u64;
         let ew = END_WRITE_COPIES as u64;
@@ -632,14 +649,16 @@ impl Writer {
     pub fn ensure_window(&mut self) -> Result<(), StoreError> {
         // Past the windows too: a crash during a slide can keep the
         // marker of a segment the slide brought into the windows and lose
-        // those of the segments before it.
-        while self
+        // those of the segments before it. Computed, not stepped: a stray
+        // classed file far past the windows must not make an open count
+        // up to it.
+        let floor = self
             .segs
             .range(self.base..)
-            .any(|(&s, st)| st.class > self.target_class(s))
-        {
-            self.base += 1;
-        }
+            .map(|(&s, st)| self.lowest_base_for(s, st.class))
+            .max()
+            .unwrap_or(0);
+        self.base = self.base.max(floor);
         let span = self.span();
         let mut dirs: BTreeSet<PathBuf> = BTreeSet::new();
         for seg in self.base..self.base + span {
@@ -715,8 +734,9 @@ impl Writer {
             return Ok(());
         }
         let t = Instant::now();
-        // From the last segment made on, every window is new and empty.
-        let last = self.segs.keys().next_back().map_or(0, |&m| m + 1);
+        // A base a whole span on puts every window past the segments the
+        // windows hold now: new and empty (the search never goes further).
+        let last = self.base + self.span();
         // A data window that fills moves its full segments into the
         // end-write window, which then has to slide on too: the base found
         // makes room there as well, as much as the data needs, so one step

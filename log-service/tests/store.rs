@@ -2133,3 +2133,50 @@ fn any_subset_of_a_slides_markers_recovers_case(spares: u32) {
         std::fs::remove_dir_all(&crashed).unwrap();
     }
 }
+
+/// A classed segment file far past the windows (foreign or damaged: no
+/// crash leaves one there) moves the base past it at the open in one
+/// step, and the store goes on: the open must not count up to it one
+/// segment at a time (2^40 steps here).
+#[test]
+fn a_classed_segment_far_past_the_windows_does_not_stall_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = small_config(dir.path());
+    let store = Arc::new(Store::open(cfg.clone()).unwrap());
+    let mut model = Model::new();
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    append_burst(&store, &mut model, &mut rng, 30);
+    drop(store);
+    let far = 1u64 << 40;
+    std::fs::write(
+        seg_path(dir.path(), far),
+        page::class_marker(class::ORDERED),
+    )
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c = cfg.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(Store::open(c));
+    });
+    let store = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the open did not finish within 60 s")
+        .unwrap();
+    check(&store, &model);
+    let segs = store.segments_blocking();
+    let classes: Vec<(u64, u8)> = segs.iter().map(|s| (s.id, s.class)).collect();
+    assert!(
+        classes.windows(2).all(|w| w[0].1 >= w[1].1),
+        "classes {classes:?}"
+    );
+    assert!(
+        segs.iter()
+            .any(|s| s.id == far && s.class == class::ORDERED),
+        "{classes:?}"
+    );
+    let store = Arc::new(store);
+    append_burst(&store, &mut model, &mut rng, 30);
+    check(&store, &model);
+    drop(store);
+    check(&Store::open(cfg).unwrap(), &model);
+}
