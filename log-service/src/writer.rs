@@ -425,14 +425,12 @@ impl Writer {
     /// (its target class there is at least that); classes rise as the
     /// base does.
     fn lowest_base_for(&self, seg: u64, class: u8) -> u64 {
-        let n = self.width() as u64;
-        let ew = END_WRITE_COPIES as u64;
         // `seg` must lie below the end of the window of its class.
         let end = match class {
             class::EMPTY => return 0,
-            class::UNORDERED => ew + 2 * n,
-            class::ORDERED => ew + n,
-            class::END_WRITE => ew,
+            class::UNORDERED => self.window_at(Kind::Unordered, 0).end,
+            class::ORDERED => self.window_at(Kind::Ordered, 0).end,
+            class::END_WRITE => self.window_at(Kind::EndWrite, 0).end,
             _ => 0,
         };
         (seg + 1).saturating_sub(end)
@@ -700,11 +698,8 @@ impl Writer {
     fn would_have_room(&self, kind: Kind, bytes: u64, base: u64) -> bool {
         let limit = self.shared.config.segment_bytes;
         let marker = page::class_marker(class::SEALED).len() as u64;
-        let target = match kind {
-            Kind::EndWrite => class::END_WRITE,
-            Kind::Ordered => class::ORDERED,
-            _ => class::UNORDERED,
-        };
+        // A data kind's number is its window's class (`page::Kind`).
+        let target = kind as u8;
         self.window_at(kind, base).all(|s| {
             let (len, class) = self
                 .segs
@@ -719,9 +714,8 @@ impl Writer {
     /// room.
     fn has_room(&self, kind: Kind, bytes: u64) -> bool {
         let limit = self.shared.config.segment_bytes;
-        self.window(kind)
-            .iter()
-            .all(|s| self.segs.get(s).is_some_and(|st| st.len + bytes <= limit))
+        self.window_at(kind, self.base)
+            .all(|s| self.segs.get(&s).is_some_and(|st| st.len + bytes <= limit))
     }
 
     /// Slides the windows until every segment of `kind`'s window has

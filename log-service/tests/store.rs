@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use melddb_log::page::{self, class};
-use melddb_log::{Config, Faults, Store, StoreError};
+use melddb_log::{Config, Faults, SegmentInfo, Store, StoreError};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -85,6 +85,18 @@ fn windows_slid(store: &Store) -> bool {
         .segments_blocking()
         .iter()
         .any(|s| s.class == class::SEALED)
+}
+
+/// The store's segments, after asserting that classes never increase
+/// with the segment id (sealed, end-write, ordered, unordered, empty).
+fn segments_with_falling_classes(store: &Store, what: &str) -> Vec<SegmentInfo> {
+    let segs = store.segments_blocking();
+    let classes: Vec<(u64, u8)> = segs.iter().map(|s| (s.id, s.class)).collect();
+    assert!(
+        classes.windows(2).all(|w| w[0].1 >= w[1].1),
+        "{what}: classes {classes:?}"
+    );
+    segs
 }
 
 /// Where a segment's pages end.
@@ -234,12 +246,9 @@ fn random_history_matches_the_model_across_reopen_trim_and_damage() {
             }
             check(&store, &model);
         }
-        // Classes never increase with the segment id (sealed, end-write,
-        // ordered, unordered), and a stripe's pages are in distinct zones.
-        let segs = store.segments_blocking();
-        for w in segs.windows(2) {
-            assert!(w[0].class >= w[1].class, "{segs:?}");
-        }
+        // Classes never increase with the segment id, and a stripe's
+        // pages are in distinct zones.
+        let segs = segments_with_falling_classes(&store, "random history");
         assert!(
             segs.iter().any(|s| s.class == class::SEALED),
             "the windows slid"
@@ -2114,15 +2123,7 @@ fn any_subset_of_a_slides_markers_recovers_case(spares: u32) {
         let what = format!("spares {spares}, markers kept {keep:?}");
         let store = Store::open(config(&crashed)).unwrap_or_else(|e| panic!("{what}: {e}"));
         check(&store, &model);
-        let classes: Vec<(u64, u8)> = store
-            .segments_blocking()
-            .iter()
-            .map(|s| (s.id, s.class))
-            .collect();
-        assert!(
-            classes.windows(2).all(|w| w[0].1 >= w[1].1),
-            "{what}: classes {classes:?}"
-        );
+        segments_with_falling_classes(&store, &what);
         let mut model = model.clone();
         for i in 0..40u32 {
             append_one(&store, &mut model, vec![i as u8; 3000]);
@@ -2163,16 +2164,11 @@ fn a_classed_segment_far_past_the_windows_does_not_stall_the_open() {
         .expect("the open did not finish within 60 s")
         .unwrap();
     check(&store, &model);
-    let segs = store.segments_blocking();
-    let classes: Vec<(u64, u8)> = segs.iter().map(|s| (s.id, s.class)).collect();
-    assert!(
-        classes.windows(2).all(|w| w[0].1 >= w[1].1),
-        "classes {classes:?}"
-    );
+    let segs = segments_with_falling_classes(&store, "after the open");
     assert!(
         segs.iter()
             .any(|s| s.id == far && s.class == class::ORDERED),
-        "{classes:?}"
+        "{segs:?}"
     );
     let store = Arc::new(store);
     append_burst(&store, &mut model, &mut rng, 30);
