@@ -24,7 +24,7 @@ pub mod meta;
 pub mod page;
 pub mod protocol;
 mod recovery;
-mod request_ids;
+pub mod request_ids;
 pub mod samples;
 mod sched;
 pub mod scrub;

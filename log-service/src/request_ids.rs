@@ -3,82 +3,357 @@
 //! with its first position instead of being written again. Recovery
 //! rebuilds it from the end-writes; the writer adds to it as batches are
 //! answered.
+//!
+//! Ids are kept as runs, not one entry each. A client batch takes
+//! consecutive request ids and lands at consecutive positions, so the 64
+//! ids of a batch are one or two runs `first request -> first position,
+//! length`, each within one bucket of 64 request ids of one client. The
+//! table the service had before held one hash entry per id (1 Mi ids in
+//! a 66 MB table sized up front) and cost a cache and TLB miss per append
+//! on the writer thread for the lookup, and two more for the insert and
+//! the eviction; runs keep the table to a few tens of thousands of
+//! buckets that stay in cache (`log-service/benches/request_ids.rs`,
+//! which keeps the old table as its baseline). Ids that are not
+//! consecutive cost one bucket each, as the old table did.
+//!
+//! Which ids are in the window is decided by counting: every remember is
+//! an occurrence with a number, and an id answers only while its latest
+//! occurrence is among the last `window`. A run is dropped when all of it
+//! is out of the window; the ids of a run partly out are refused by their
+//! number until then.
 
-use std::collections::VecDeque;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 
-use crate::writer::IdMap;
+/// Request ids per bucket, as a power of two: a run never crosses a
+/// bucket, so a client batch of 64 is one or two runs.
+const BUCKET_BITS: u32 = 6;
 
-/// Ids the table is sized for up front (at most the configured window).
-/// The default window, 1 Mi ids, takes about 66 MB (table and order),
-/// resident from the open on (see [`RequestIds::new`]).
+/// Ids the table is sized for up front (at most the configured window);
+/// see [`RequestIds::new`].
 const PRESIZE: usize = 4 << 20;
 
-/// The last `window` request ids and their positions.
-pub(crate) struct RequestIds {
-    positions: IdMap<u64>,
-    /// The ids in the order they were remembered, oldest first.
-    order: VecDeque<(u64, u64)>,
-    window: usize,
+/// A run: consecutive request ids of one bucket, at consecutive
+/// positions, remembered one after another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Run {
+    /// The first id's offset in the bucket.
+    first: u8,
+    /// Ids in the run (1 to 64).
+    len: u8,
+    /// Position of the first id.
+    first_pos: u64,
+    /// Occurrence number of the first id; the run's ids follow it.
+    first_occ: u64,
+    /// The entry of the remember order this run is (part of), named by
+    /// its first occurrence: a run is split when one of its ids is
+    /// remembered again, and the parts are dropped together.
+    origin: u64,
 }
 
-impl RequestIds {
-    /// An empty table for `window` ids, reserved and made resident now.
-    ///
-    /// Sized for the whole window (capped at [`PRESIZE`], so a huge
-    /// configured window does not reserve gigabytes): growing it later
-    /// rehashes every id while the writer waits, which stalled appends
-    /// for tens of milliseconds each time the table doubled under load.
-    ///
-    /// Every page of the table and its order queue is touched here. The
-    /// table becomes resident page by page and ids land at random places
-    /// in it, so the first appends after a start faulted in a new page
-    /// almost every time. On a VM whose host backs guest memory lazily
-    /// (this benchmark machine) such a first touch took about 2.5 ms, and
-    /// a fresh service's first batches stalled for 25–70 ms while
-    /// recording their ids (2 of 6 four-second light-load probes: p99
-    /// 39–51 ms against 4–6 ms; docs/benchmarks-log-history.md). Paying it
-    /// here costs the open about 65 ms with the default window.
-    pub(crate) fn new(window: usize) -> RequestIds {
-        let n = window.min(PRESIZE) + 1;
-        let mut positions = IdMap::with_capacity_and_hasher(n, Default::default());
-        let mut order = VecDeque::with_capacity(n);
-        // Distinct keys, so they spread over the whole table; the queue is
-        // filled in order, so any value touches all of it.
-        positions.extend((0..n as u64).map(|i| ((u64::MAX, i), 0)));
-        order.resize(n, (0, 0));
-        positions.clear();
-        order.clear();
-        RequestIds {
-            positions,
-            order,
-            window,
+impl Run {
+    /// The id at `off` in the bucket, as an index into the run.
+    fn index_of(&self, off: u8) -> Option<u8> {
+        let i = off.checked_sub(self.first)?;
+        (i < self.len).then_some(i)
+    }
+}
+
+/// A bucket's runs: almost always one (a batch aligned to the buckets) or
+/// two (batches that are not); inline for the one.
+#[derive(Debug)]
+enum Runs {
+    One(Run),
+    Many(Vec<Run>),
+}
+
+impl Runs {
+    fn as_slice(&self) -> &[Run] {
+        match self {
+            Runs::One(r) => std::slice::from_ref(r),
+            Runs::Many(v) => v,
         }
     }
 
-    /// The position `(client, request)` was appended at, if it is among
-    /// the last `window` ids.
-    #[inline]
-    pub(crate) fn get(&self, id: (u64, u64)) -> Option<u64> {
-        self.positions.get(&id).copied()
+    fn as_mut_slice(&mut self) -> &mut [Run] {
+        match self {
+            Runs::One(r) => std::slice::from_mut(r),
+            Runs::Many(v) => v,
+        }
     }
 
-    /// Remembers that `id` was appended at `pos`, forgetting the oldest
-    /// id once there are more than `window`.
-    #[inline]
-    pub(crate) fn remember(&mut self, id: (u64, u64), pos: u64) {
-        self.positions.insert(id, pos);
-        self.order.push_back(id);
-        while self.order.len() > self.window {
-            if let Some(old) = self.order.pop_front() {
-                self.positions.remove(&old);
+    fn push(&mut self, run: Run) {
+        match self {
+            Runs::One(r) => *self = Runs::Many(vec![*r, run]),
+            Runs::Many(v) => v.push(run),
+        }
+    }
+
+    /// Keeps the runs `keep` says to; whether any are left.
+    fn retain(&mut self, keep: impl Fn(&Run) -> bool) -> bool {
+        match self {
+            Runs::One(r) => keep(r),
+            Runs::Many(v) => {
+                v.retain(keep);
+                !v.is_empty()
             }
         }
     }
+
+    /// Takes the id at `off` out of the run holding it, if one does.
+    fn take_out(&mut self, off: u8) {
+        let Some((k, i)) = self
+            .as_slice()
+            .iter()
+            .enumerate()
+            .find_map(|(k, r)| Some((k, r.index_of(off)?)))
+        else {
+            return;
+        };
+        let run = self.as_slice()[k];
+        let mut parts = Vec::with_capacity(2);
+        if i > 0 {
+            parts.push(Run { len: i, ..run });
+        }
+        if i + 1 < run.len {
+            let skip = i + 1;
+            parts.push(Run {
+                first: off + 1,
+                len: run.len - skip,
+                first_pos: run.first_pos + u64::from(skip),
+                first_occ: run.first_occ + u64::from(skip),
+                origin: run.origin,
+            });
+        }
+        let mut all: Vec<Run> = self.as_slice().to_vec();
+        all.splice(k..=k, parts);
+        // An empty bucket is removed by the caller's remember, which puts
+        // the id back in it at once.
+        *self = match all.len() {
+            1 => Runs::One(all[0]),
+            _ => Runs::Many(all),
+        };
+    }
+}
+
+/// One entry of the remember order: a run as it was remembered.
+#[derive(Debug, Clone, Copy)]
+struct Remembered {
+    client: u64,
+    first_request: u64,
+    first_pos: u64,
+    /// Ids remembered; their occurrences are `origin..origin + len`.
+    len: u64,
+    /// The first occurrence.
+    origin: u64,
+}
+
+/// The last `window` request ids and their positions.
+pub struct RequestIds {
+    /// Runs by (client, request id / 64).
+    buckets: HashMap<(u64, u64), Runs, foldhash::fast::RandomState>,
+    /// The runs in the order they were remembered, oldest first.
+    order: VecDeque<Remembered>,
+    /// Occurrences so far: the next remember's number.
+    total: u64,
+    window: u64,
+}
+
+impl RequestIds {
+    /// An empty table for the last `window` ids.
+    ///
+    /// The buckets are sized for the window's ids in runs of 32 (up to
+    /// [`PRESIZE`] ids), so batched clients never make the table grow,
+    /// and every page of it is touched here: on this benchmark VM the
+    /// first touch of a page cost up to milliseconds, and a fresh
+    /// service's first batches stalled on them
+    /// (docs/benchmarks-log-history.md). Clients whose ids are not
+    /// consecutive take a bucket per id and make the table double a few
+    /// times on the way to the window, each time rehashing it while the
+    /// writer waits.
+    pub fn new(window: usize) -> RequestIds {
+        let n = window.min(PRESIZE) / 32 + 1;
+        let mut buckets = HashMap::with_capacity_and_hasher(n, Default::default());
+        let mut order = VecDeque::with_capacity(n);
+        let placeholder = Run {
+            first: 0,
+            len: 1,
+            first_pos: 0,
+            first_occ: 0,
+            origin: 0,
+        };
+        // Distinct keys, so they spread over the whole table; the queue is
+        // filled in order, so any value touches all of it.
+        for i in 0..n as u64 {
+            buckets.insert((u64::MAX, i), Runs::One(placeholder));
+        }
+        order.resize(
+            n,
+            Remembered {
+                client: 0,
+                first_request: 0,
+                first_pos: 0,
+                len: 0,
+                origin: 0,
+            },
+        );
+        buckets.clear();
+        order.clear();
+        RequestIds {
+            buckets,
+            order,
+            total: 0,
+            window: window as u64,
+        }
+    }
+
+    /// The lowest occurrence number still in the window.
+    fn oldest_kept(&self) -> u64 {
+        self.total.saturating_sub(self.window)
+    }
+
+    /// The position `(client, request)` was last appended at, if that
+    /// append is among the last `window` remembered.
+    pub fn get(&self, (client, request): (u64, u64)) -> Option<u64> {
+        let runs = self.buckets.get(&(client, request >> BUCKET_BITS))?;
+        let off = offset(request);
+        runs.as_slice().iter().find_map(|r| {
+            let i = u64::from(r.index_of(off)?);
+            (r.first_occ + i >= self.oldest_kept()).then(|| r.first_pos + i)
+        })
+    }
+
+    /// Remembers that `id` was appended at `pos`, forgetting what falls
+    /// out of the window.
+    pub fn remember(&mut self, id: (u64, u64), pos: u64) {
+        if self.window == 0 {
+            return;
+        }
+        let (client, request) = id;
+        let occ = self.total;
+        self.total += 1;
+        let key = (client, request >> BUCKET_BITS);
+        let off = offset(request);
+        // The next id of the run remembered last, in the same bucket, at
+        // the next position: the run grows (every id of a client batch
+        // but the first of each bucket).
+        let follows = self.order.back().copied().filter(|l| {
+            l.client == client
+                && l.first_request >> BUCKET_BITS == key.1
+                && l.first_request.checked_add(l.len) == Some(request)
+                && l.first_pos.checked_add(l.len) == Some(pos)
+        });
+        let origin = follows.map_or(occ, |l| l.origin);
+        let new = Run {
+            first: off,
+            len: 1,
+            first_pos: pos,
+            first_occ: occ,
+            origin,
+        };
+        match self.buckets.entry(key) {
+            Entry::Vacant(e) => {
+                e.insert(Runs::One(new));
+            }
+            Entry::Occupied(mut e) => {
+                let runs = e.get_mut();
+                // Held already (the window grew since it was appended
+                // twice, or an occurrence out of the window not dropped
+                // yet): the new occurrence replaces it.
+                runs.take_out(off);
+                let before = follows.and_then(|_| {
+                    runs.as_mut_slice()
+                        .iter_mut()
+                        .find(|r| r.origin == origin && r.first + r.len == off)
+                });
+                match before {
+                    Some(r) => r.len += 1,
+                    None => runs.push(new),
+                }
+            }
+        }
+        match (follows, self.order.back_mut()) {
+            (Some(_), Some(l)) => l.len += 1,
+            _ => self.order.push_back(Remembered {
+                client,
+                first_request: request,
+                first_pos: pos,
+                len: 1,
+                origin: occ,
+            }),
+        }
+        self.drop_expired();
+    }
+
+    /// Drops the remembered runs whose every occurrence is out of the
+    /// window, with their parts in the buckets.
+    fn drop_expired(&mut self) {
+        let kept = self.oldest_kept();
+        while let Some(r) = self.order.front().copied() {
+            if r.origin + r.len > kept {
+                break;
+            }
+            self.order.pop_front();
+            let key = (r.client, r.first_request >> BUCKET_BITS);
+            if let Entry::Occupied(mut e) = self.buckets.entry(key) {
+                if !e.get_mut().retain(|run| run.origin != r.origin) {
+                    e.remove();
+                }
+            }
+        }
+    }
+
+    /// Runs held, runs in the order, and the ids those cover (for the
+    /// memory bound's tests).
+    #[cfg(test)]
+    fn held_runs(&self) -> (usize, usize, u64) {
+        let runs = self.buckets.values().map(|r| r.as_slice().len()).sum();
+        let ids = self.order.iter().map(|r| r.len).sum();
+        (runs, self.order.len(), ids)
+    }
+}
+
+/// `request`'s offset in its bucket.
+fn offset(request: u64) -> u8 {
+    // Masked to BUCKET_BITS bits, so it fits.
+    (request & ((1 << BUCKET_BITS) - 1)) as u8
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    /// The table's meaning with nothing left out: every remember kept,
+    /// numbered; an id answers with its latest remember while that one is
+    /// among the last `window`.
+    struct Model {
+        latest: HashMap<(u64, u64), (u64, u64)>,
+        total: u64,
+        window: u64,
+    }
+
+    impl Model {
+        fn new(window: usize) -> Model {
+            Model {
+                latest: HashMap::new(),
+                total: 0,
+                window: window as u64,
+            }
+        }
+        fn remember(&mut self, id: (u64, u64), pos: u64) {
+            if self.window == 0 {
+                return;
+            }
+            self.latest.insert(id, (pos, self.total));
+            self.total += 1;
+        }
+        fn get(&self, id: (u64, u64)) -> Option<u64> {
+            let (pos, occ) = *self.latest.get(&id)?;
+            (occ + self.window >= self.total).then_some(pos)
+        }
+    }
 
     #[test]
     fn only_the_last_window_of_ids_is_remembered() {
@@ -93,8 +368,126 @@ mod tests {
             assert_eq!(ids.get((7, r)), Some(100 + r), "request {r}");
         }
         assert_eq!(ids.get((8, 4)), None, "another client's id");
+        assert_eq!(ids.get((6, 4)), None, "another client's id");
         let mut none = RequestIds::new(0);
         none.remember((1, 1), 5);
         assert_eq!(none.get((1, 1)), None, "a window of 0 remembers nothing");
+    }
+
+    #[test]
+    fn a_client_batch_is_one_run_and_dropped_runs_free_their_memory() {
+        let mut ids = RequestIds::new(1000);
+        // 64 clients, batches of 64 consecutive ids at consecutive
+        // positions, interleaved by batch, as the service sees them.
+        let mut pos = 0;
+        for batch in 0..200u64 {
+            for client in 1..=64u64 {
+                for i in 0..64 {
+                    ids.remember((client, batch * 64 + i), pos);
+                    pos += 1;
+                }
+            }
+        }
+        let (runs, order, _) = ids.held_runs();
+        // 1,000 ids span at most 17 runs of 64, and one more partly out.
+        assert!(runs <= 18 && order <= 18, "{runs} runs, {order} in order");
+        assert_eq!(ids.get((64, 199 * 64 + 63)), Some(pos - 1));
+        assert_eq!(ids.get((64, 199 * 64 - 1000)), None);
+    }
+
+    #[test]
+    fn an_id_remembered_again_answers_with_its_latest_position() {
+        let mut ids = RequestIds::new(10);
+        for r in 0..6u64 {
+            ids.remember((1, r), r);
+        }
+        // Request 2 again, elsewhere (the window grew after a restart).
+        ids.remember((1, 2), 50);
+        assert_eq!(ids.get((1, 2)), Some(50));
+        for r in [0, 1, 3, 4, 5] {
+            assert_eq!(ids.get((1, r)), Some(r), "request {r}");
+        }
+        // The first run's ids fall out one by one; request 2's newer
+        // occurrence stays until its own turn.
+        for r in 100..106u64 {
+            ids.remember((2, r), r);
+        }
+        assert_eq!(ids.get((1, 0)), None);
+        assert_eq!(ids.get((1, 2)), Some(50));
+        assert_eq!(ids.get((1, 5)), Some(5));
+        for r in 106..110u64 {
+            ids.remember((2, r), r);
+        }
+        assert_eq!(ids.get((1, 5)), None);
+        assert_eq!(ids.get((1, 2)), None);
+    }
+
+    #[test]
+    fn extreme_ids_neither_overflow_nor_merge() {
+        let mut ids = RequestIds::new(8);
+        ids.remember((u64::MAX, u64::MAX - 1), u64::MAX - 1);
+        ids.remember((u64::MAX, u64::MAX), u64::MAX);
+        ids.remember((u64::MAX, 0), 0);
+        ids.remember((0, u64::MAX), 3);
+        assert_eq!(ids.get((u64::MAX, u64::MAX)), Some(u64::MAX));
+        assert_eq!(ids.get((u64::MAX, u64::MAX - 1)), Some(u64::MAX - 1));
+        assert_eq!(ids.get((u64::MAX, 0)), Some(0));
+        assert_eq!(ids.get((0, u64::MAX)), Some(3));
+        assert_eq!(ids.get((0, 0)), None);
+    }
+
+    /// An operation of the property test: remember an id at a position
+    /// that continues the previous one or not.
+    #[derive(Debug, Clone)]
+    struct Op {
+        client: u64,
+        request: u64,
+        next_pos: bool,
+        pos: u64,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        (0u64..3, 0u64..24, any::<bool>(), 0u64..40).prop_map(|(client, request, next_pos, pos)| {
+            Op {
+                client,
+                request,
+                next_pos,
+                pos,
+            }
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Against the model after every remember, on every id of a small
+        /// space, so runs grow, split, repeat ids and fall out.
+        #[test]
+        fn agrees_with_the_model(window in 0usize..12, ops in prop::collection::vec(op(), 0..120), runs_of in 1u64..6) {
+            let mut ids = RequestIds::new(window);
+            let mut model = Model::new(window);
+            let (mut last_client, mut last_req, mut last_pos) = (0u64, 0u64, 0u64);
+            for (n, o) in ops.iter().enumerate() {
+                // Every few ops, continue the last id's run.
+                let (client, request, pos) = if n as u64 % runs_of != 0 {
+                    (last_client, last_req + 1, last_pos + 1)
+                } else {
+                    (o.client, o.request, if o.next_pos { last_pos + 1 } else { o.pos })
+                };
+                ids.remember((client, request), pos);
+                model.remember((client, request), pos);
+                (last_client, last_req, last_pos) = (client, request, pos);
+                for c in 0..3 {
+                    for r in 0..(24 + ops.len() as u64) {
+                        prop_assert_eq!(ids.get((c, r)), model.get((c, r)), "id ({}, {}) after op {}", c, r, n);
+                    }
+                }
+                let (runs, order, held) = ids.held_runs();
+                // Only runs with an id in the window stay in the order, and
+                // no id is held in two runs.
+                prop_assert!(order <= window + 1, "{} runs in order, window {}", order, window);
+                prop_assert!(runs as u64 <= held, "{} runs held for {} ids", runs, held);
+            }
+        }
     }
 }
