@@ -31,8 +31,8 @@ fn main() {
     let opened = resident_mib();
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let mut longest = Duration::ZERO;
-    let mut pos = 0u64;
-    // Two windows: the table full, then a whole window of evictions.
+    // Two windows: the table full, then a whole window of evictions; the
+    // i-th id at position i.
     for n in 0..2 * WINDOW as u64 {
         let (client, request) = if scattered {
             (1 + n % 64, rng.random::<u64>())
@@ -42,9 +42,8 @@ fn main() {
             (1 + batch % 64, (batch / 64) * 64 + n % 64)
         };
         let t = Instant::now();
-        ids.remember((client, request), pos);
+        ids.remember((client, request), n);
         longest = longest.max(t.elapsed());
-        pos += 1;
     }
     println!(
         "{}: resident {:.1} MiB at the open, {:.1} MiB after two windows of ids; longest remember {:.2} ms",
