@@ -24,6 +24,7 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
 
 /// Request ids per bucket, as a power of two: a run never crosses a
 /// bucket, so a client batch of 64 is one or two runs.
@@ -32,6 +33,17 @@ const BUCKET_BITS: u32 = 6;
 /// Ids the table is sized for up front (at most the configured window);
 /// see [`RequestIds::new`].
 const PRESIZE: usize = 4 << 20;
+
+/// The bucket map is split into this many shards, each a hash map of its
+/// own, so that growing one rehashes a sixty-fourth of the table.
+const SHARDS: usize = 64;
+
+/// Remembers between two looks for a shard to grow ahead of need
+/// ([`RequestIds::grow_ahead`]).
+const GROW_EVERY: u64 = 1024;
+
+/// One shard of the bucket map: runs by (client, request id / 64).
+type Shard = HashMap<(u64, u64), Runs, foldhash::fast::RandomState>;
 
 /// A run: consecutive request ids of one bucket, at consecutive
 /// positions, remembered one after another.
@@ -150,8 +162,12 @@ struct Remembered {
 
 /// The last `window` request ids and their positions.
 pub struct RequestIds {
-    /// Runs by (client, request id / 64).
-    buckets: HashMap<(u64, u64), Runs, foldhash::fast::RandomState>,
+    /// Runs by (client, request id / 64), in [`SHARDS`] shards.
+    shards: Vec<Shard>,
+    /// Picks a key's shard. Seeded apart from the shards' own hashers:
+    /// theirs place a key within its shard, and keys that share this
+    /// hash's bits must not share those.
+    pick: foldhash::fast::RandomState,
     /// The runs in the order they were remembered, oldest first.
     order: VecDeque<Remembered>,
     /// Occurrences so far: the next remember's number.
@@ -162,19 +178,18 @@ pub struct RequestIds {
 impl RequestIds {
     /// An empty table for the last `window` ids.
     ///
-    /// The buckets are sized for the window's ids in runs of 32 (up to
-    /// [`PRESIZE`] ids), so batched clients never make the table grow,
+    /// The buckets are sized for the window's ids in runs of 32 (for at
+    /// most 4 Mi ids), so batched clients never make the table grow,
     /// and every page of it is touched here: on this benchmark VM the
     /// first touch of a page cost up to milliseconds, and a fresh
     /// service's first batches stalled on them
     /// (docs/benchmarks-log-history.md). Clients whose ids are not
-    /// consecutive take a bucket per id and make the table double a few
-    /// times on the way to the window, each time rehashing it while the
-    /// writer waits.
+    /// consecutive take a bucket per id, and the table grows on the way
+    /// to the window a sixty-fourth at a time, ahead of need, so no
+    /// remember waits for the whole table to rehash.
     pub fn new(window: usize) -> RequestIds {
         let n = window.min(PRESIZE) / 32 + 1;
-        let mut buckets = HashMap::with_capacity_and_hasher(n, Default::default());
-        let mut order = VecDeque::with_capacity(n);
+        let per_shard = n / SHARDS + 1;
         let placeholder = Run {
             first: 0,
             len: 1,
@@ -182,11 +197,19 @@ impl RequestIds {
             first_occ: 0,
             origin: 0,
         };
-        // Distinct keys, so they spread over the whole table; the queue is
-        // filled in order, so any value touches all of it.
-        for i in 0..n as u64 {
-            buckets.insert((u64::MAX, i), Runs::One(placeholder));
-        }
+        let shards = (0..SHARDS)
+            .map(|_| {
+                let mut shard = Shard::with_capacity_and_hasher(per_shard, Default::default());
+                // Distinct keys, so they spread over the whole shard.
+                for i in 0..per_shard as u64 {
+                    shard.insert((u64::MAX, i), Runs::One(placeholder));
+                }
+                shard.clear();
+                shard
+            })
+            .collect();
+        let mut order = VecDeque::with_capacity(n);
+        // Filled in order, so any value touches all of it.
         order.resize(
             n,
             Remembered {
@@ -197,13 +220,40 @@ impl RequestIds {
                 origin: 0,
             },
         );
-        buckets.clear();
         order.clear();
         RequestIds {
-            buckets,
+            shards,
+            pick: Default::default(),
             order,
             total: 0,
             window: window as u64,
+        }
+    }
+
+    /// The shard `key` lives in.
+    fn shard_of(&self, key: &(u64, u64)) -> usize {
+        (self.pick.hash_one(key) % SHARDS as u64) as usize
+    }
+
+    /// Grows the first shard with less than a quarter of its room left,
+    /// doubling it to twice what it holds, if there is one.
+    ///
+    /// Called every [`GROW_EVERY`] remembers, so the shards grow one at a
+    /// time, each a sixty-fourth of the table. Left to themselves they
+    /// would grow when full, and with ids spread evenly they fill at the
+    /// same pace: the table would double all at once, holding the writer
+    /// for as long as a rehash of the whole (84 ms for one window of
+    /// random ids on the benchmark VM before the shards). A shard past
+    /// 4,096 entries takes at least 64 looks to fill its last quarter,
+    /// time enough for every other shard's turn.
+    fn grow_ahead(&mut self) {
+        if let Some(shard) = self
+            .shards
+            .iter_mut()
+            .find(|s| s.len() * 4 > s.capacity() * 3)
+        {
+            let held = shard.len();
+            shard.reserve(held);
         }
     }
 
@@ -215,7 +265,8 @@ impl RequestIds {
     /// The position `(client, request)` was last appended at, if that
     /// append is among the last `window` remembered.
     pub fn get(&self, (client, request): (u64, u64)) -> Option<u64> {
-        let runs = self.buckets.get(&(client, request >> BUCKET_BITS))?;
+        let key = (client, request >> BUCKET_BITS);
+        let runs = self.shards[self.shard_of(&key)].get(&key)?;
         let off = offset(request);
         runs.as_slice().iter().find_map(|r| {
             let i = u64::from(r.index_of(off)?);
@@ -251,7 +302,8 @@ impl RequestIds {
             first_occ: occ,
             origin,
         };
-        match self.buckets.entry(key) {
+        let shard = self.shard_of(&key);
+        match self.shards[shard].entry(key) {
             Entry::Vacant(e) => {
                 e.insert(Runs::One(new));
             }
@@ -283,6 +335,9 @@ impl RequestIds {
             }),
         }
         self.drop_expired();
+        if occ % GROW_EVERY == 0 {
+            self.grow_ahead();
+        }
     }
 
     /// Drops the remembered runs whose every occurrence is out of the
@@ -295,7 +350,8 @@ impl RequestIds {
             }
             self.order.pop_front();
             let key = (r.client, r.first_request >> BUCKET_BITS);
-            if let Entry::Occupied(mut e) = self.buckets.entry(key) {
+            let shard = self.shard_of(&key);
+            if let Entry::Occupied(mut e) = self.shards[shard].entry(key) {
                 if !e.get_mut().retain(|run| run.origin != r.origin) {
                     e.remove();
                 }
@@ -307,7 +363,12 @@ impl RequestIds {
     /// memory bound's tests).
     #[cfg(test)]
     fn held_runs(&self) -> (usize, usize, u64) {
-        let runs = self.buckets.values().map(|r| r.as_slice().len()).sum();
+        let runs = self
+            .shards
+            .iter()
+            .flat_map(|s| s.values())
+            .map(|r| r.as_slice().len())
+            .sum();
         let ids = self.order.iter().map(|r| r.len).sum();
         (runs, self.order.len(), ids)
     }
@@ -323,6 +384,7 @@ fn offset(request: u64) -> u8 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use rand::{Rng, SeedableRng};
     use std::collections::HashMap;
 
     /// The table's meaning with nothing left out: every remember kept,
@@ -393,6 +455,40 @@ mod tests {
         assert!(runs <= 18 && order <= 18, "{runs} runs, {order} in order");
         assert_eq!(ids.get((64, 199 * 64 + 63)), Some(pos - 1));
         assert_eq!(ids.get((64, 199 * 64 - 1000)), None);
+    }
+
+    #[test]
+    fn random_ids_grow_the_table_a_shard_at_a_time_ahead_of_need() {
+        // Random ids fill the default window with a bucket each. Once a
+        // shard is large enough for its growth to cost, it must grow in
+        // `grow_ahead`, not when an insert finds it full, and never with
+        // another shard in the same remember.
+        let mut ids = RequestIds::new(1 << 20);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let caps =
+            |ids: &RequestIds| -> Vec<usize> { ids.shards.iter().map(|s| s.capacity()).collect() };
+        let mut before = caps(&ids);
+        let mut paced = 0;
+        for n in 0..700_000u64 {
+            ids.remember((1 + n % 64, rng.random::<u64>()), n);
+            let after = caps(&ids);
+            let grown: Vec<usize> = (0..SHARDS).filter(|&i| after[i] != before[i]).collect();
+            assert!(grown.len() <= 1, "remember {n} grew shards {grown:?}");
+            for &i in &grown {
+                if before[i] >= 4096 {
+                    assert_eq!(
+                        n % GROW_EVERY,
+                        0,
+                        "remember {n}: shard {i} of {} grew when full",
+                        before[i]
+                    );
+                    paced += 1;
+                }
+            }
+            before = after;
+        }
+        assert!(paced >= SHARDS, "only {paced} shards grew ahead");
+        assert_eq!(ids.get((1 + 699_999 % 64, 0)), None);
     }
 
     #[test]
