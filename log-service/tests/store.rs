@@ -2176,3 +2176,47 @@ fn a_classed_segment_far_past_the_windows_does_not_stall_the_open() {
     drop(store);
     check(&Store::open(cfg).unwrap(), &model);
 }
+
+#[test]
+fn a_batch_of_tiny_records_with_the_longest_log_name_fits_the_smallest_segments() {
+    // End-writes list every record with its log name, so 16,384 one-byte
+    // records under a 64-byte name take far more end-write bytes than
+    // data bytes, and far more than one 16 KiB segment (four 4 KiB
+    // pages, the least the config accepts). The batch must still land
+    // whole, read back across a reopen, and leave the store appending.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_config(dir.path());
+    cfg.segment_bytes = 4 * cfg.page_bytes as u64;
+    let store = Store::open(cfg.clone()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let log = "x".repeat(64);
+    let records: Vec<Vec<u8>> = (0..16384u32).map(|i| vec![(i % 251) as u8]).collect();
+    let pos = rt
+        .block_on(store.append_many(
+            &log,
+            7,
+            0,
+            records.iter().map(|r| r.clone().into()).collect(),
+        ))
+        .unwrap();
+    assert_eq!(pos, (0..16384).collect::<Vec<u64>>());
+    let segments = rt.block_on(store.segments()).len() as u64;
+    assert!(
+        segments < cfg.max_segments,
+        "{segments} segments of at most {}",
+        cfg.max_segments
+    );
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    let mut model = Model::new();
+    model.insert(log.clone(), (0, records));
+    check(&store, &model);
+    assert_eq!(
+        store
+            .append_blocking(&log, 7, 16384, b"after".to_vec())
+            .unwrap(),
+        16384
+    );
+}
