@@ -75,6 +75,27 @@ impl Histogram {
         self.record_n(d, 1);
     }
 
+    /// Counts each of `durations`, a run of equal ones at a time: the
+    /// appends of a client batch arrive together and are taken and
+    /// answered together, so a batch of 64 costs one bucket lookup and
+    /// two atomic adds instead of 64 of each on the writer thread.
+    pub fn record_runs(&self, durations: impl IntoIterator<Item = Duration>) {
+        let mut run: Option<(Duration, u64)> = None;
+        for d in durations {
+            run = match run {
+                Some((same, n)) if same == d => Some((same, n + 1)),
+                Some((other, n)) => {
+                    self.record_n(other, n);
+                    Some((d, 1))
+                }
+                None => Some((d, 1)),
+            };
+        }
+        if let Some((d, n)) = run {
+            self.record_n(d, n);
+        }
+    }
+
     /// Counts `n` appends that took `d` each.
     pub fn record_n(&self, d: Duration, n: u64) {
         let us = d.as_secs_f64() * 1e6;
@@ -429,6 +450,24 @@ impl StagesSnapshot {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    proptest! {
+        /// Recording runs at once counts exactly what recording each
+        /// duration alone does.
+        #[test]
+        fn runs_count_as_their_durations_one_by_one(runs in prop::collection::vec((0u64..5_000_000, 1usize..6), 0..40)) {
+            let durations: Vec<Duration> = runs
+                .iter()
+                .flat_map(|&(ns, n)| std::iter::repeat_n(Duration::from_nanos(ns), n))
+                .collect();
+            let (each, at_once) = (Histogram::default(), Histogram::default());
+            for &d in &durations {
+                each.record(d);
+            }
+            at_once.record_runs(durations.iter().copied());
+            prop_assert_eq!(each.snapshot(), at_once.snapshot());
+        }
+    }
 
     #[test]
     fn buckets_hold_their_bounds() {

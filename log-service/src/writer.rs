@@ -880,12 +880,10 @@ impl Writer {
             return;
         }
         let taken = Instant::now();
-        for r in &reqs {
-            self.shared
-                .stages
-                .queued
-                .record(taken.saturating_duration_since(r.at));
-        }
+        self.shared
+            .stages
+            .queued
+            .record_runs(reqs.iter().map(|r| taken.saturating_duration_since(r.at)));
         let mut pending: Vec<Pending> = Vec::with_capacity(reqs.len());
         let mut in_batch: IdMap<usize> =
             IdMap::with_capacity_and_hasher(reqs.len(), Default::default());
@@ -1610,14 +1608,19 @@ impl Writer {
         c.batches.fetch_add(1, Ordering::Relaxed);
         let subs = self.shared.subs().clone();
         let acked = Instant::now();
+        // Counted before any answer goes out, so whoever gets one sees
+        // its append in the figures.
+        self.shared.stages.acked.record_runs(
+            pending
+                .iter()
+                .map(|p| acked.saturating_duration_since(p.at)),
+        );
+        c.appends.fetch_add(pending.len() as u64, Ordering::Relaxed);
+        c.append_bytes.fetch_add(
+            pending.iter().map(|p| p.bytes.len() as u64).sum(),
+            Ordering::Relaxed,
+        );
         for p in &mut pending {
-            self.shared
-                .stages
-                .acked
-                .record(acked.saturating_duration_since(p.at));
-            c.appends.fetch_add(1, Ordering::Relaxed);
-            c.append_bytes
-                .fetch_add(p.bytes.len() as u64, Ordering::Relaxed);
             for r in p.replies.drain(..) {
                 let _ = r.send(Ok(p.meta.pos));
             }
