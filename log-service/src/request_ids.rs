@@ -14,7 +14,8 @@
 //! the eviction; runs keep the table to a few tens of thousands of
 //! buckets that stay in cache (`log-service/benches/request_ids.rs`,
 //! which keeps the old table as its baseline). Ids that are not
-//! consecutive cost one bucket each, as the old table did.
+//! consecutive cost a bucket each, more memory and CPU per id than the
+//! old table (docs/log-service.md has the figures).
 //!
 //! Which ids are in the window is decided by counting: every remember is
 //! an occurrence with a number, and an id answers only while its latest
@@ -139,8 +140,8 @@ impl Runs {
         }
         let mut all: Vec<Run> = self.as_slice().to_vec();
         all.splice(k..=k, parts);
-        // An empty bucket is removed by the caller's remember, which puts
-        // the id back in it at once.
+        // Left empty only for a moment: the one caller, remember, puts
+        // the id back at once.
         *self = match all.len() {
             1 => Runs::One(all[0]),
             _ => Runs::Many(all),
