@@ -7,7 +7,7 @@
 
 use bytes::Bytes;
 use melddb_log::protocol::{
-    decode_request, decode_response, encode_request, encode_response, FrameError, Request,
+    decode_request, decode_response, encode_request, encode_response, FrameError, Request, Response,
 };
 use melddb_log::samples::{check_canonical, encodings, end_write, requests, responses, root};
 use melddb_log::stripe::{decode_end_write, decode_root, encode_end_write, encode_root};
@@ -68,6 +68,54 @@ fn the_valid_encodings_decode_to_what_was_encoded() {
     assert_eq!(decode_root(&encode_root(&root()).0).unwrap(), root());
     for b in encodings() {
         check(&b).unwrap();
+    }
+}
+
+/// A batch's count is checked against the bytes left in its frame before
+/// the records' (or positions') list is allocated: a count of 4 billion in
+/// a short frame must be refused by that check, not met with an
+/// allocation of 100+ GB. Counts that fit decode.
+#[test]
+fn batch_counts_beyond_what_the_frame_holds_are_refused_before_allocating() {
+    let too_many = |at: usize, f: &Bytes, n: u32| {
+        let mut b = f.to_vec();
+        b[at..at + 4].copy_from_slice(&n.to_le_bytes());
+        Bytes::from(b)
+    };
+    for k in [0usize, 1, 5] {
+        // Empty records: each takes exactly its 4-byte length, the least
+        // a record can take, so a count of k fills the frame exactly.
+        let r = Request::AppendBatch {
+            log: "l".into(),
+            client: 1,
+            first_request: 1,
+            records: vec![Bytes::new(); k],
+        };
+        let f = encode_request(7, &r);
+        assert_eq!(decode_request(&f), Ok((7, r)));
+        // version, type, corr, the log as str8, client, first request
+        let count_at = 1 + 1 + 8 + 2 + 8 + 8;
+        for n in [k as u32 + 1, k as u32 * 4 + 4, u32::MAX] {
+            assert_eq!(
+                decode_request(&too_many(count_at, &f, n)),
+                Err((7, FrameError::Malformed("record count exceeds the frame"))),
+                "{k} records, count {n}"
+            );
+        }
+
+        let r = Response::AppendedBatch {
+            positions: (0..k as u64).collect(),
+        };
+        let f = encode_response(9, &r);
+        assert_eq!(decode_response(&f), Ok((9, r)));
+        let count_at = 1 + 1 + 8;
+        for n in [k as u32 + 1, k as u32 * 8 + 8, u32::MAX] {
+            assert_eq!(
+                decode_response(&too_many(count_at, &f, n)),
+                Err(FrameError::Malformed("position count exceeds the frame")),
+                "{k} positions, count {n}"
+            );
+        }
     }
 }
 
