@@ -95,3 +95,106 @@ fn write_atomic(dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, dir.join(FILE))?;
     sync_dir(dir)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    fn zones(n: usize) -> (tempfile::TempDir, Vec<PathBuf>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let zones = (0..n)
+            .map(|i| {
+                let z = dir.path().join(format!("z{i}"));
+                std::fs::create_dir(&z).expect("zone dir");
+                z
+            })
+            .collect();
+        (dir, zones)
+    }
+
+    fn with_version(version: u64) -> Meta {
+        Meta {
+            version,
+            stable_seq: version * 10,
+            ..Meta::default()
+        }
+    }
+
+    proptest! {
+        /// Against the set of every stripe number the ranges cover (both
+        /// ends included).
+        #[test]
+        fn discarded_ranges_cover_exactly_their_stripes(
+            ranges in proptest::collection::vec((0u64..40, 0u64..6), 0..5),
+        ) {
+            let discarded: Vec<(u64, u64)> = ranges.iter().map(|&(a, w)| (a, a + w)).collect();
+            let model: BTreeSet<u64> = discarded.iter().flat_map(|&(a, b)| a..=b).collect();
+            let m = Meta { discarded, ..Meta::default() };
+            for seq in 0..50 {
+                prop_assert_eq!(m.is_discarded(seq), model.contains(&seq), "stripe {}", seq);
+            }
+        }
+    }
+
+    #[test]
+    fn store_writes_the_next_version_to_every_zone_and_load_reads_it_back() {
+        let (_d, zs) = zones(3);
+        assert_eq!(Meta::load(&zs), Ok(None), "no copy anywhere");
+        let mut m = with_version(0);
+        m.logs.insert(
+            "a".into(),
+            LogMeta {
+                first: 3,
+                tail_floor: 9,
+            },
+        );
+        m.store(&zs).expect("store");
+        m.store(&zs).expect("store");
+        assert_eq!(m.version, 2);
+        for z in &zs {
+            assert!(!z.join("meta.json.tmp").exists(), "temporary left behind");
+            let copy: Meta =
+                serde_json::from_slice(&std::fs::read(z.join(FILE)).expect("read")).expect("parse");
+            assert_eq!(copy, m);
+        }
+        assert_eq!(Meta::load(&zs), Ok(Some(m)));
+    }
+
+    #[test]
+    fn load_takes_the_newest_copy_that_parses_whichever_zone_holds_it() {
+        for newest in 0..3 {
+            let (_d, zs) = zones(3);
+            for (i, z) in zs.iter().enumerate() {
+                let v = if i == newest { 7 } else { 5 };
+                write_atomic(z, &serde_json::to_vec(&with_version(v)).unwrap()).unwrap();
+            }
+            assert_eq!(
+                Meta::load(&zs),
+                Ok(Some(with_version(7))),
+                "newest in zone {newest}"
+            );
+            // A damaged copy of the newest: the next newest that parses.
+            std::fs::write(zs[newest].join(FILE), b"{\"version\": 9, trunc").unwrap();
+            assert_eq!(Meta::load(&zs), Ok(Some(with_version(5))));
+        }
+    }
+
+    #[test]
+    fn copies_that_exist_but_none_parses_are_an_error_naming_them() {
+        let (_d, zs) = zones(2);
+        std::fs::write(zs[0].join(FILE), b"not json").unwrap();
+        // A copy that cannot be read at all (here a directory in its place).
+        std::fs::create_dir(zs[1].join(FILE)).unwrap();
+        let e = Meta::load(&zs).expect_err("nothing parses");
+        for z in &zs {
+            assert!(e.contains(&z.join(FILE).display().to_string()), "{e}");
+        }
+        // One good copy beside them is enough.
+        let (_d2, mut more) = zones(1);
+        write_atomic(&more[0], &serde_json::to_vec(&with_version(1)).unwrap()).unwrap();
+        more.extend(zs);
+        assert_eq!(Meta::load(&more), Ok(Some(with_version(1))));
+    }
+}
