@@ -252,6 +252,27 @@ mod tests {
         assert_eq!(decode(&pad(40)).unwrap().0.page_len(), 40);
     }
 
+    /// The checksum a page stores is the CRC-32 of its bytes from offset
+    /// 8, the value end-write copies are told apart by.
+    #[test]
+    fn the_stored_checksum_is_the_crc_of_the_page_after_it() {
+        for body in [&b""[..], b"x", b"a longer body of a page"] {
+            let h = Header {
+                kind: Kind::EndWrite,
+                shard: 0,
+                k: 0,
+                m: 0,
+                body_len: body.len() as u32,
+                stripe: 3,
+                payload_len: 0,
+            };
+            let page = encode(&h, body);
+            assert_eq!(stored_crc(&page), crc32fast::hash(&page[8..]));
+            assert_eq!(stored_crc(&page[..8]), stored_crc(&page));
+        }
+        assert_eq!(stored_crc(&[0xff; 7]), 0, "too short to hold one");
+    }
+
     /// Every kind survives the trip through a page header, and a kind byte
     /// no variant has makes the bytes not a page.
     #[test]
