@@ -68,7 +68,27 @@ fn the_valid_encodings_decode_to_what_was_encoded() {
     assert_eq!(decode_root(&encode_root(&root()).0).unwrap(), root());
     for b in encodings() {
         check(&b).unwrap();
+        // Trailing bytes: refused, or (an append's record, an entry's
+        // bytes, a page's slack) part of what re-encodes.
+        for extra in [&[0u8][..], &[1, 2, 3]] {
+            let mut longer = b.clone();
+            longer.extend_from_slice(extra);
+            check(&longer).unwrap();
+        }
     }
+    // The disk records end where their contents say.
+    let mut ew = encode_end_write(&end_write());
+    ew.push(0);
+    assert!(
+        decode_end_write(&ew).is_err(),
+        "end-write with a trailing byte"
+    );
+    let mut r = encode_root(&root()).0;
+    r.push(0);
+    assert!(
+        decode_root(&r).is_err(),
+        "root payload with a trailing byte"
+    );
 }
 
 /// A batch's count is checked against the bytes left in its frame before
