@@ -6,11 +6,12 @@
 //! Inputs are arbitrary bytes and valid encodings with random edits.
 
 use bytes::Bytes;
+use melddb_log::page::Kind;
 use melddb_log::protocol::{
     decode_request, decode_response, encode_request, encode_response, FrameError, Request, Response,
 };
 use melddb_log::samples::{check_canonical, encodings, end_write, requests, responses, root};
-use melddb_log::stripe::{decode_end_write, decode_root, encode_end_write, encode_root};
+use melddb_log::stripe::{decode_end_write, decode_root, encode_end_write, encode_root, EndWrite};
 use proptest::prelude::*;
 use proptest::sample::Index;
 
@@ -89,6 +90,98 @@ fn the_valid_encodings_decode_to_what_was_encoded() {
         decode_root(&r).is_err(),
         "root payload with a trailing byte"
     );
+}
+
+/// Each rule an end-write record must meet, on both sides of its edge:
+/// a record recovery takes for real must be one the writer could have
+/// written, and one it could have written must not be refused.
+#[test]
+fn end_write_rules_hold_exactly_at_their_edges() {
+    let decodes = |ew: &EndWrite| {
+        assert_eq!(
+            decode_end_write(&encode_end_write(ew)).as_ref(),
+            Ok(ew),
+            "refused: {ew:?}"
+        );
+    };
+    let refused = |ew: &EndWrite| {
+        assert!(
+            decode_end_write(&encode_end_write(ew)).is_err(),
+            "accepted: {ew:?}"
+        );
+    };
+    let base = end_write();
+    decodes(&base);
+    // The batch's first stripe is at or below the stripe.
+    let mut e = base.clone();
+    e.batch_seq = e.stripe.seq;
+    decodes(&e);
+    e.batch_seq = e.stripe.seq + 1;
+    refused(&e);
+    // Both stripe kinds that have end-writes.
+    let mut e = base.clone();
+    e.stripe.kind = Kind::Unordered;
+    e.entries.clear();
+    decodes(&e);
+    for kind in [0u8, 3, 4, 255] {
+        // After the version byte and three u64s: ew_base, batch_seq, seq.
+        let mut b = encode_end_write(&base);
+        assert_eq!(b[25], Kind::Ordered as u8);
+        b[25] = kind;
+        assert!(decode_end_write(&b).is_err(), "kind byte {kind}");
+    }
+    // At least one data and one parity shard, with a page each.
+    for (k, m, ok) in [
+        (1u8, 1u8, true),
+        (0, 1, false),
+        (2, 0, false),
+        (0, 0, false),
+    ] {
+        let mut e = base.clone();
+        e.stripe.k = k;
+        e.stripe.m = m;
+        e.stripe.shard_len = 100;
+        e.stripe.pages = (0..u64::from(k + m)).map(|i| (i, 0)).collect();
+        if ok {
+            decodes(&e);
+        } else {
+            refused(&e);
+        }
+    }
+    // The payload fits its data shards.
+    let mut e = base.clone();
+    e.stripe.payload_len = e.stripe.shard_len * u32::from(e.stripe.k);
+    decodes(&e);
+    e.stripe.payload_len += 1;
+    refused(&e);
+    // Every record's bytes lie within the payload (the sample's second
+    // record ends exactly at it).
+    let mut e = base.clone();
+    assert_eq!(e.entries[1].offset + e.entries[1].len, e.stripe.payload_len);
+    decodes(&e);
+    e.stripe.payload_len -= 1;
+    refused(&e);
+}
+
+/// A root entry's fragment list decodes at any length the payload holds,
+/// and a count beyond it is refused before the list is allocated.
+#[test]
+fn root_fragment_lists_decode_at_any_length_and_impossible_counts_are_refused() {
+    for n in [0u64, 1, 8, 9, 64] {
+        let mut r = root();
+        r[0].fragments = (100..100 + n).collect();
+        assert_eq!(decode_root(&encode_root(&r).0), Ok(r), "{n} fragments");
+    }
+    // count, then the entry: log as str8, pos, client, request, len
+    let r = root();
+    let at = 4 + 1 + r[0].meta.log.len() + 8 + 8 + 8 + 4;
+    let b = encode_root(&r).0;
+    assert_eq!(b[at..at + 4], (r[0].fragments.len() as u32).to_le_bytes());
+    for n in [b.len() as u32 / 8 + 1, u32::MAX] {
+        let mut b = b.clone();
+        b[at..at + 4].copy_from_slice(&n.to_le_bytes());
+        assert!(decode_root(&b).is_err(), "count {n}");
+    }
 }
 
 /// A batch's count is checked against the bytes left in its frame before
