@@ -244,6 +244,126 @@ fn code_of(r: &Response) -> Option<Code> {
     }
 }
 
+/// One HTTP/1.1 request on a connection of its own, with an optional
+/// bearer token: status and body.
+async fn http_with_token(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &[u8],
+) -> (u16, String) {
+    let auth = token
+        .map(|t| format!("authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\n{auth}content-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(req.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status: u16 = text[9..12].parse().unwrap();
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+/// Over HTTP as over the binary protocol: no or an unknown token is 401,
+/// a token without the right is 403, and each right allows exactly its
+/// operations (an append-only token appends but cannot read back). The
+/// binary protocol's append-only case is checked too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_requests_need_a_token_with_the_right_for_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    for (name, logs, read, append) in [
+        ("admin", "*", true, true),
+        ("reader", "orders", true, false),
+        ("dropbox", "orders", false, true),
+    ] {
+        cfg.tokens.insert(
+            name.into(),
+            Rights {
+                logs: vec![logs.into()],
+                read,
+                append,
+            },
+        );
+    }
+    let (store, running) = start(cfg).await;
+    let at = running.http;
+    let append = "/v1/logs/orders/append";
+    for (token, want) in [
+        (None, 401),
+        (Some("nope"), 401),
+        (Some("reader"), 403),
+        (Some("dropbox"), 200),
+        (Some("admin"), 200),
+    ] {
+        let (st, body) = http_with_token(at, "POST", append, token, b"rec").await;
+        assert_eq!(st, want, "append with {token:?}: {body}");
+    }
+    assert_eq!(store.bounds("orders").1, 2, "two appends landed");
+    let read = "/v1/logs/orders/entries/1";
+    for (token, want) in [
+        (None, 401),
+        (Some("dropbox"), 403),
+        (Some("reader"), 200),
+        (Some("admin"), 200),
+    ] {
+        let (st, body) = http_with_token(at, "GET", read, token, b"").await;
+        assert_eq!(st, want, "read with {token:?}: {body}");
+        if st == 200 {
+            assert_eq!(body, "rec");
+        }
+    }
+    for (method, path, token) in [
+        ("GET", "/v1/logs/secret/tail", "reader"),
+        ("GET", "/v1/logs/orders/tail", "dropbox"),
+        ("POST", "/v1/logs/orders/trim/1", "reader"),
+        ("POST", "/v1/logs/secret/append", "dropbox"),
+    ] {
+        let (st, body) = http_with_token(at, method, path, Some(token), b"x").await;
+        assert_eq!(st, 403, "{method} {path} with {token}: {body}");
+    }
+    let (st, body) = http_with_token(at, "GET", "/v1/logs/orders/tail", Some("reader"), b"").await;
+    assert_eq!((st, body.as_str()), (200, "{\"first\":0,\"tail\":2}"));
+    assert_eq!(store.bounds("orders"), (0, 2), "nothing refused landed");
+
+    // The binary protocol: the append-only token appends, cannot read.
+    let mut s = raw_connect(&running.tcp.to_string()).await;
+    let hello = Request::Hello {
+        token: "dropbox".into(),
+    };
+    send_frame(&mut s, &protocol::encode_request(1, &hello)).await;
+    assert_eq!(recv_frame(&mut s).await.unwrap().1, Response::HelloOk);
+    let append = Request::Append {
+        log: "orders".into(),
+        client: 0,
+        request: 0,
+        bytes: Bytes::from_static(b"y"),
+    };
+    send_frame(&mut s, &protocol::encode_request(2, &append)).await;
+    assert_eq!(
+        recv_frame(&mut s).await.unwrap().1,
+        Response::Appended { pos: 2 }
+    );
+    let read = Request::Read {
+        log: "orders".into(),
+        pos: 2,
+    };
+    send_frame(&mut s, &protocol::encode_request(3, &read)).await;
+    assert_eq!(
+        code_of(&recv_frame(&mut s).await.unwrap().1),
+        Some(Code::Forbidden)
+    );
+    drop(s);
+    stop(store, running).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_oversized_and_unauthorized_frames_are_refused_and_the_service_survives() {
     let dir = tempfile::tempdir().unwrap();
