@@ -244,6 +244,27 @@ fn code_of(r: &Response) -> Option<Code> {
     }
 }
 
+/// A raw connection that said Hello with `token` and was accepted.
+async fn authenticated(addr: &str, token: &str) -> TcpStream {
+    let mut s = raw_connect(addr).await;
+    let hello = Request::Hello {
+        token: token.into(),
+    };
+    send_frame(&mut s, &protocol::encode_request(1, &hello)).await;
+    assert_eq!(recv_frame(&mut s).await.unwrap().1, Response::HelloOk);
+    s
+}
+
+/// A one-byte append to `log`, without a request id.
+fn append_to(log: &str) -> Request {
+    Request::Append {
+        log: log.into(),
+        client: 0,
+        request: 0,
+        bytes: Bytes::from_static(b"x"),
+    }
+}
+
 /// One HTTP/1.1 request on a connection of its own, with an optional
 /// bearer token: status and body.
 async fn http_with_token(
@@ -334,19 +355,8 @@ async fn http_requests_need_a_token_with_the_right_for_the_log() {
     assert_eq!(store.bounds("orders"), (0, 2), "nothing refused landed");
 
     // The binary protocol: the append-only token appends, cannot read.
-    let mut s = raw_connect(&running.tcp.to_string()).await;
-    let hello = Request::Hello {
-        token: "dropbox".into(),
-    };
-    send_frame(&mut s, &protocol::encode_request(1, &hello)).await;
-    assert_eq!(recv_frame(&mut s).await.unwrap().1, Response::HelloOk);
-    let append = Request::Append {
-        log: "orders".into(),
-        client: 0,
-        request: 0,
-        bytes: Bytes::from_static(b"y"),
-    };
-    send_frame(&mut s, &protocol::encode_request(2, &append)).await;
+    let mut s = authenticated(&running.tcp.to_string(), "dropbox").await;
+    send_frame(&mut s, &protocol::encode_request(2, &append_to("orders"))).await;
     assert_eq!(
         recv_frame(&mut s).await.unwrap().1,
         Response::Appended { pos: 2 }
@@ -414,25 +424,8 @@ async fn malformed_oversized_and_unauthorized_frames_are_refused_and_the_service
     );
 
     // Reader: may read its log, may not append, may not touch others.
-    let mut s = raw_connect(&addr).await;
-    send_frame(
-        &mut s,
-        &protocol::encode_request(
-            1,
-            &Request::Hello {
-                token: "reader".into(),
-            },
-        ),
-    )
-    .await;
-    assert_eq!(recv_frame(&mut s).await.unwrap().1, Response::HelloOk);
-    let append = Request::Append {
-        log: "orders".into(),
-        client: 0,
-        request: 0,
-        bytes: Bytes::from_static(b"x"),
-    };
-    send_frame(&mut s, &protocol::encode_request(2, &append)).await;
+    let mut s = authenticated(&addr, "reader").await;
+    send_frame(&mut s, &protocol::encode_request(2, &append_to("orders"))).await;
     assert_eq!(
         code_of(&recv_frame(&mut s).await.unwrap().1),
         Some(Code::Forbidden)
@@ -760,24 +753,9 @@ async fn websocket_speaks_the_same_frames_and_http_serves_tools() {
     }
 
     // HTTP, spoken by hand.
-    let http = |method: &str, path: &str, body: &[u8]| {
-        let addr = running.http;
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-            body.len()
-        );
-        let body = body.to_vec();
-        async move {
-            let mut s = TcpStream::connect(addr).await.unwrap();
-            s.write_all(req.as_bytes()).await.unwrap();
-            s.write_all(&body).await.unwrap();
-            let mut out = Vec::new();
-            s.read_to_end(&mut out).await.unwrap();
-            let text = String::from_utf8_lossy(&out).to_string();
-            let status: u16 = text[9..12].parse().unwrap();
-            let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-            (status, body)
-        }
+    let at = running.http;
+    let http = |method: &'static str, path: &'static str, body: &'static [u8]| {
+        http_with_token(at, method, path, None, body)
     };
     let (st, body) = http("GET", "/health", b"").await;
     assert_eq!(st, 200);
