@@ -281,7 +281,7 @@ fn run(
         }
         if flush_once {
             for (ring, path) in rings.iter().zip(paths) {
-                flush::write_back(&ring.file).map_err(|e| io("write-back", path, e))?;
+                flush::write_back(&ring.file, 0, 0).map_err(|e| io("write-back", path, e))?;
             }
         }
         // With one file, its `fdatasync`; with the service's files, the

@@ -21,6 +21,8 @@
 //! records' copy-bound writer gained from (docs/log-service.md).
 
 use std::fs::File;
+
+use crate::seg_file::SegFile;
 use std::io;
 use std::sync::{Arc, Mutex};
 
@@ -105,9 +107,9 @@ impl BufPool {
 /// behind a large one is all `head`.
 pub(crate) struct DeferredWrite {
     /// The segment's ordinary descriptor.
-    pub buffered: Arc<File>,
+    pub buffered: Arc<SegFile>,
     /// Its `O_DIRECT` descriptor, when there is a middle.
-    pub direct: Option<Arc<File>>,
+    pub direct: Option<Arc<SegFile>>,
     /// Where `head` starts.
     pub off: u64,
     pub head: Vec<u8>,
@@ -120,8 +122,8 @@ impl DeferredWrite {
     /// Holds back the write of `buf` at `off`: split around its whole
     /// blocks when `direct` is given and there are any, else whole.
     pub(crate) fn new(
-        buffered: Arc<File>,
-        direct: Option<Arc<File>>,
+        buffered: Arc<SegFile>,
+        direct: Option<Arc<SegFile>>,
         off: u64,
         buf: &[u8],
         pool: &BufPool,
@@ -239,10 +241,9 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_direct_write_is_read_back_through_the_buffered_descriptor() {
-        use std::os::unix::fs::FileExt;
         let dir = tempfile::tempdir().expect("temp dir");
         let file = crate::segment::open(&dir.path().join("f"), true).expect("create");
-        let Ok(direct) = open_direct(&file) else {
+        let Ok(direct) = file.open_direct() else {
             eprintln!("no O_DIRECT on this file system; skipped");
             return;
         };

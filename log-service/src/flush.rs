@@ -51,18 +51,25 @@ fn in_place_file_system(_dir: &Path) -> Option<&'static str> {
     None
 }
 
-/// Starts write-back of every dirty page of `file` and waits for it to
-/// complete (`sync_file_range` with WAIT_BEFORE, WRITE and WAIT_AFTER):
-/// the pages are on the device, perhaps only in its volatile cache.
+/// Starts write-back of every dirty page of `file` in the `len` bytes at
+/// `off` (`len` 0: to its end) and waits for it to complete
+/// (`sync_file_range` with WAIT_BEFORE, WRITE and WAIT_AFTER): the pages
+/// are on the device, perhaps only in its volatile cache.
 #[cfg(target_os = "linux")]
-pub fn write_back(file: &File) -> io::Result<()> {
+pub fn write_back(file: &File, off: u64, len: u64) -> io::Result<()> {
     use std::os::fd::AsRawFd;
+    let (Ok(off), Ok(len)) = (i64::try_from(off), i64::try_from(len)) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "write-back range past the largest file offset",
+        ));
+    };
     let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
         | libc::SYNC_FILE_RANGE_WRITE
         | libc::SYNC_FILE_RANGE_WAIT_AFTER;
     // SAFETY: the descriptor stays open while `file` is borrowed, and the
     // call takes no pointers.
-    let r = unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, flags) };
+    let r = unsafe { libc::sync_file_range(file.as_raw_fd(), off, len, flags) };
     if r == 0 {
         Ok(())
     } else {
@@ -100,7 +107,7 @@ pub fn start_write_back(_file: &File, _off: u64, _len: u64) {}
 /// Elsewhere nothing uses write-back ([`write_back_device`] says `None`);
 /// a full data sync keeps it correct anyway.
 #[cfg(not(target_os = "linux"))]
-pub fn write_back(file: &File) -> io::Result<()> {
+pub fn write_back(file: &File, _off: u64, _len: u64) -> io::Result<()> {
     file.sync_data()
 }
 
@@ -131,11 +138,12 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let f = File::create(dir.path().join("f")).expect("create");
         f.write_all_at(b"pages", 0).expect("write");
-        write_back(&f).expect("a regular file is written back");
+        write_back(&f, 0, 0).expect("a regular file is written back");
         // A character device has no pages to write back: ESPIPE, not a
         // silent success.
         let null = File::open("/dev/null").expect("open /dev/null");
-        assert!(write_back(&null).is_err());
+        assert!(write_back(&null, 0, 0).is_err());
+        assert!(write_back(&f, u64::MAX, 1).is_err(), "offset past i64");
     }
 
     /// Dirty and under-write-back page counts of `file`, from the

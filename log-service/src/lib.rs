@@ -28,6 +28,7 @@ pub mod request_ids;
 pub mod samples;
 mod sched;
 pub mod scrub;
+mod seg_file;
 pub mod segment;
 pub mod server;
 mod spares;

@@ -5,7 +5,6 @@
 //! into place, and rebuild segment files that are missing or damaged.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,7 +16,7 @@ use crate::error::{ConfigError, OpenError};
 use crate::meta::Meta;
 use crate::page::{self, class, Kind, HEADER};
 use crate::request_ids::RequestIds;
-use crate::segment;
+use crate::segment::{self, SegFile};
 use crate::store::{Loc, LogIndex, RecoveryReport, Shared};
 use crate::stripe::{self, EndWrite};
 use crate::syncpool::SyncPool;
@@ -67,7 +66,7 @@ const SMALL_PAGE: u64 = 4 << 10;
 
 /// Positioned reads of one segment file through a small window.
 struct Cursor<'a> {
-    file: &'a File,
+    file: &'a SegFile,
     len: u64,
     buf: Vec<u8>,
     /// File offset of `buf[0]`.
@@ -76,7 +75,7 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
-    fn new(file: &'a File, len: u64) -> Self {
+    fn new(file: &'a SegFile, len: u64) -> Self {
         Cursor {
             file,
             len,
@@ -89,7 +88,6 @@ impl<'a> Cursor<'a> {
     /// The `n` bytes at `off` (fewer at the end of the file), from the
     /// window when it holds them, else from a new read of at least `want`.
     fn get(&mut self, off: u64, n: usize, want: usize) -> std::io::Result<&[u8]> {
-        use std::os::unix::fs::FileExt;
         let n = n.min(self.len.saturating_sub(off) as usize);
         let held = off >= self.at && off + n as u64 <= self.at + self.buf.len() as u64;
         if !held {
@@ -137,8 +135,8 @@ impl<'a> Cursor<'a> {
 /// A page that runs past the end of the file is a torn-tail candidate; a
 /// page that fails its checksum is counted and kept; an unreadable header
 /// is damage: the scan stops there and the segment is marked for repair.
-pub(crate) fn scan(path: &Path, file: &File, near: u64) -> std::io::Result<Scan> {
-    let len = file.metadata()?.len();
+pub(crate) fn scan(path: &Path, file: &SegFile, near: u64) -> std::io::Result<Scan> {
+    let len = file.size()?;
     let mut cur = Cursor::new(file, len);
     let mut s = Scan::default();
     let mut off = 0u64;
@@ -340,8 +338,7 @@ fn plausible(ew: &EndWrite, seg: u64, bounds: Bounds) -> bool {
 
 /// One past the last non-zero byte of the file in `from..to` (`from`
 /// itself when there is none), read backwards in blocks.
-fn data_end(file: &File, to: u64, from: u64, read: &mut u64) -> std::io::Result<u64> {
-    use std::os::unix::fs::FileExt;
+fn data_end(file: &SegFile, to: u64, from: u64, read: &mut u64) -> std::io::Result<u64> {
     let mut end = to;
     // No bigger than the range: most calls look at a tail of a few pages.
     let mut buf = vec![0u8; to.saturating_sub(from).min(1 << 20) as usize];
@@ -380,7 +377,7 @@ fn last_non_zero(buf: &[u8]) -> Option<usize> {
 }
 
 /// A segment file opened and scanned.
-type Scanned = std::io::Result<(File, Scan)>;
+type Scanned = std::io::Result<(SegFile, Scan)>;
 
 /// Threads that scan segments at once. A scan is mostly small reads at
 /// scattered offsets (page headers), which a cold start waits on one at a
@@ -839,7 +836,6 @@ pub(crate) fn recover(
             let Some((at, end)) = cut else {
                 continue;
             };
-            use std::os::unix::fs::FileExt;
             tracing::warn!(
                 segment = id,
                 offset = at,
@@ -968,7 +964,7 @@ mod tests {
     fn segment(pages: &[Vec<u8>], zeros: usize) -> (tempfile::TempDir, std::path::PathBuf, u64) {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("seg");
-        let mut f = File::create(&path).expect("create");
+        let mut f = std::fs::File::create(&path).expect("create");
         let mut data = 0;
         for p in pages {
             f.write_all(p).expect("write");
@@ -979,7 +975,7 @@ mod tests {
     }
 
     fn scan_of(path: &Path) -> Scan {
-        let file = File::open(path).expect("open");
+        let file = SegFile::whole(std::fs::File::open(path).expect("open"));
         scan(path, &file, NEAR).expect("scan")
     }
 

@@ -7,10 +7,11 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
+
+pub use crate::seg_file::SegFile;
 
 /// The file name of segment `id`.
 pub fn file_name(id: u64) -> String {
@@ -37,13 +38,14 @@ pub fn path(zones: &[PathBuf], id: u64) -> PathBuf {
 }
 
 /// Opens (creating if asked) a segment file for reading and writing.
-pub fn open(path: &Path, create: bool) -> io::Result<File> {
+pub fn open(path: &Path, create: bool) -> io::Result<SegFile> {
     OpenOptions::new()
         .read(true)
         .write(true)
         .create(create)
         .truncate(false)
         .open(path)
+        .map(SegFile::whole)
 }
 
 /// Faults to inject into segment writes. All counters are shared, so a
@@ -85,7 +87,7 @@ static ZEROS: [u8; PAD_MAX] = [0; PAD_MAX];
 /// Writes `buf` at `off` and then `pad` zeros (at most [`PAD_MAX`]), as
 /// one `pwritev` unless the system takes part of it (then the rest follows
 /// in further calls).
-fn write_all_padded(file: &File, buf: &[u8], pad: usize, off: u64) -> io::Result<()> {
+fn write_all_padded(file: &SegFile, buf: &[u8], pad: usize, off: u64) -> io::Result<()> {
     let zeros = ZEROS.get(..pad).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -95,14 +97,7 @@ fn write_all_padded(file: &File, buf: &[u8], pad: usize, off: u64) -> io::Result
     if pad == 0 {
         return file.write_all_at(buf, off);
     }
-    let done = loop {
-        let parts = [io::IoSlice::new(buf), io::IoSlice::new(zeros)];
-        match rustix::io::pwritev(file, &parts, off) {
-            Ok(n) => break n,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    };
+    let done = file.pwritev(&[io::IoSlice::new(buf), io::IoSlice::new(zeros)], off)?;
     // Short writes are rare (a full disk, a signal): finish piecewise.
     if done < buf.len() {
         file.write_all_at(&buf[done..], off + done as u64)?;
@@ -150,6 +145,7 @@ impl Faults {
     /// durable either way.
     pub(crate) fn write_deferred(&self, w: &crate::direct::DeferredWrite) -> io::Result<()> {
         let file = &*w.buffered;
+        let file: &SegFile = file;
         let mid = w.middle();
         if self.armed_failure() {
             if self.tear.load(Ordering::SeqCst) {
@@ -185,7 +181,7 @@ impl Faults {
     /// writes), so the zeros go in the same call as the bytes before them.
     pub(crate) fn write_padded_at(
         &self,
-        file: &File,
+        file: &SegFile,
         buf: &[u8],
         pad: usize,
         off: u64,
@@ -198,7 +194,7 @@ impl Faults {
 
     /// The armed delay and failure of a write; a torn failure writes the
     /// first half of `buf` to `file` first.
-    fn before_write(&self, file: &File, buf: &[u8], off: u64) -> io::Result<()> {
+    fn before_write(&self, file: &SegFile, buf: &[u8], off: u64) -> io::Result<()> {
         if self.armed_failure() {
             if self.tear.load(Ordering::SeqCst) {
                 file.write_all_at(&buf[..buf.len() / 2], off)?;
@@ -226,7 +222,7 @@ impl Faults {
     }
 
     /// fsyncs `file` unless syncs are set to fail.
-    pub fn sync(&self, file: &File) -> io::Result<()> {
+    pub fn sync(&self, file: &SegFile) -> io::Result<()> {
         self.before_sync()?;
         #[cfg(test)]
         if self.traced("fsync", file) {
@@ -249,7 +245,7 @@ impl Faults {
 
     /// Records the call; whether the file's fsync is set to fail.
     #[cfg(test)]
-    fn traced(&self, what: &'static str, file: &File) -> bool {
+    fn traced(&self, what: &'static str, file: &SegFile) -> bool {
         let ino = inode(file);
         let thread = std::thread::current().name().unwrap_or("").to_string();
         crate::locks::lock(&self.trace).push((what, ino, thread));
@@ -260,20 +256,20 @@ impl Faults {
     /// without a device cache flush or metadata (`sync_file_range`),
     /// unless syncs are set to fail; the armed delay applies as to
     /// [`Faults::sync`].
-    pub(crate) fn write_back(&self, file: &File) -> io::Result<()> {
+    pub(crate) fn write_back(&self, file: &SegFile) -> io::Result<()> {
         self.before_sync()?;
         #[cfg(test)]
         self.traced("write-back", file);
-        crate::flush::write_back(file)
+        file.write_back()
     }
 }
 
 /// Unit tests: `file`'s inode number, which the traces record (0 if
 /// unknown).
 #[cfg(test)]
-fn inode(file: &File) -> u64 {
+fn inode(file: &SegFile) -> u64 {
     use std::os::unix::fs::MetadataExt;
-    file.metadata().map(|m| m.ino()).unwrap_or(0)
+    file.file().metadata().map(|m| m.ino()).unwrap_or(0)
 }
 
 /// fsyncs a directory so a create, rename or unlink in it is durable.
@@ -312,8 +308,9 @@ mod tests {
 
     /// Drops `file`'s pages from the page cache (they must be clean).
     #[cfg(target_os = "linux")]
-    fn evict(file: &File) {
+    fn evict(file: &SegFile) {
         use std::os::fd::AsRawFd;
+        let file = file.file();
         file.sync_all().expect("sync");
         // SAFETY: the descriptor is open; the call takes no pointers.
         let r = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
@@ -334,6 +331,7 @@ mod tests {
             .create(true)
             .truncate(true)
             .open(dir.path().join("zeros"))
+            .map(SegFile::whole)
             .expect("create");
         f.write_all_at(&[0u8; 64 << 10], 0).expect("zeros");
         evict(&f);
@@ -361,20 +359,20 @@ mod tests {
         assert!(back[1000..8192].iter().all(|&b| b == 0));
         assert!(back[8192..9192].iter().all(|&b| b == 2));
         assert!(back[9192..].iter().all(|&b| b == 0));
-        assert_eq!(f.metadata().expect("metadata").len(), 64 << 10);
+        assert_eq!(f.size().expect("size"), 64 << 10);
     }
 
     #[test]
     fn padding_over_a_block_is_refused_and_none_is_a_plain_write() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let f = File::create(dir.path().join("f")).expect("create");
+        let f = SegFile::whole(File::create(dir.path().join("f")).expect("create"));
         let e = write_all_padded(&f, b"abc", PAD_MAX + 1, 0).expect_err("too much padding");
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-        assert_eq!(f.metadata().expect("metadata").len(), 0, "nothing written");
+        assert_eq!(f.size().expect("size"), 0, "nothing written");
         write_all_padded(&f, b"abc", 0, 5).expect("no padding");
-        assert_eq!(f.metadata().expect("metadata").len(), 8);
+        assert_eq!(f.size().expect("size"), 8);
         write_all_padded(&f, b"de", 3, 8).expect("padding");
-        assert_eq!(f.metadata().expect("metadata").len(), 13);
+        assert_eq!(f.size().expect("size"), 13);
         let back = std::fs::read(dir.path().join("f")).expect("read");
         assert_eq!(back, b"\0\0\0\0\0abcde\0\0\0");
     }

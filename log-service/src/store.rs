@@ -4,9 +4,7 @@
 //! parity), trim, subscribe, scrub.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::num::NonZeroUsize;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
@@ -24,7 +22,7 @@ use crate::error::{OpenError, StoreError};
 use crate::locks;
 use crate::page::{self, Kind};
 pub use crate::scrub::ScrubReport;
-use crate::segment::Faults;
+use crate::segment::{Faults, SegFile};
 use crate::stripe::{self, RootEntry, StripeRef};
 pub use crate::writer::SegmentInfo;
 use crate::writer::{AppendReq, Cmd};
@@ -111,7 +109,7 @@ pub(crate) struct Counters {
 pub(crate) struct Shared {
     pub config: Config,
     pub faults: Arc<Faults>,
-    pub files: RwLock<BTreeMap<u64, Arc<File>>>,
+    pub files: RwLock<BTreeMap<u64, Arc<SegFile>>>,
     pub index: RwLock<Index>,
     pub cache: Mutex<Option<LruCache<u64, Arc<Parsed>>>>,
     pub subs: Mutex<HashMap<String, broadcast::Sender<(u64, Entry)>>>,
@@ -129,10 +127,10 @@ impl Shared {
     pub(crate) fn index_mut(&self) -> RwLockWriteGuard<'_, Index> {
         locks::write(&self.index)
     }
-    pub(crate) fn files(&self) -> RwLockReadGuard<'_, BTreeMap<u64, Arc<File>>> {
+    pub(crate) fn files(&self) -> RwLockReadGuard<'_, BTreeMap<u64, Arc<SegFile>>> {
         locks::read(&self.files)
     }
-    pub(crate) fn files_mut(&self) -> RwLockWriteGuard<'_, BTreeMap<u64, Arc<File>>> {
+    pub(crate) fn files_mut(&self) -> RwLockWriteGuard<'_, BTreeMap<u64, Arc<SegFile>>> {
         locks::write(&self.files)
     }
     pub(crate) fn cache(&self) -> MutexGuard<'_, Option<LruCache<u64, Arc<Parsed>>>> {

@@ -19,7 +19,6 @@
 //! durable. The helper that finished the last file issues that flush
 //! itself (one of them, with several devices) rather than waking another.
 
-use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
@@ -27,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 
 use crate::direct::DeferredWrite;
-use crate::segment::Faults;
+use crate::segment::{Faults, SegFile};
 
 /// Called once when every file of a round is synced.
 pub(crate) type OnDone = Arc<dyn Fn() + Send + Sync>;
@@ -48,7 +47,7 @@ pub(crate) enum How {
 
 /// One file of a round, as the writer hands it over.
 pub(crate) struct RoundFile {
-    pub file: Arc<File>,
+    pub file: Arc<SegFile>,
     pub how: How,
     /// Held-back writes, done in order before the sync.
     pub writes: Vec<DeferredWrite>,
@@ -59,7 +58,7 @@ pub(crate) struct RoundFile {
 
 impl RoundFile {
     /// A file with nothing to write first and no wait.
-    pub(crate) fn sync(file: Arc<File>, how: How) -> RoundFile {
+    pub(crate) fn sync(file: Arc<SegFile>, how: How) -> RoundFile {
         RoundFile {
             file,
             how,
@@ -73,7 +72,7 @@ impl RoundFile {
 /// `done` with its index.
 struct Job {
     index: usize,
-    file: Arc<File>,
+    file: Arc<SegFile>,
     how: How,
     /// Held-back writes of the file's pages, done in order before the
     /// sync ([`crate::direct`]).
@@ -437,29 +436,32 @@ impl Drop for SyncPool {
 mod tests {
     use super::*;
 
-    fn temp_files(n: usize) -> (tempfile::TempDir, Vec<Arc<File>>) {
+    fn temp_files(n: usize) -> (tempfile::TempDir, Vec<Arc<SegFile>>) {
         let dir = tempfile::tempdir().expect("temp dir");
         let files = (0..n)
-            .map(|i| Arc::new(File::create(dir.path().join(format!("f{i}"))).expect("create")))
+            .map(|i| {
+                let f = std::fs::File::create(dir.path().join(format!("f{i}"))).expect("create");
+                Arc::new(SegFile::whole(f))
+            })
             .collect();
         (dir, files)
     }
 
-    fn synced(files: &[Arc<File>]) -> Vec<(Arc<File>, How)> {
+    fn synced(files: &[Arc<SegFile>]) -> Vec<(Arc<SegFile>, How)> {
         files.iter().map(|f| (f.clone(), How::Sync)).collect()
     }
 
     /// The round of `files`, each synced as given.
-    fn round_of(files: &[(Arc<File>, How)]) -> Vec<RoundFile> {
+    fn round_of(files: &[(Arc<SegFile>, How)]) -> Vec<RoundFile> {
         files
             .iter()
             .map(|(f, how)| RoundFile::sync(f.clone(), *how))
             .collect()
     }
 
-    fn ino(f: &File) -> u64 {
+    fn ino(f: &SegFile) -> u64 {
         use std::os::unix::fs::MetadataExt;
-        f.metadata().expect("metadata").ino()
+        f.file().metadata().expect("metadata").ino()
     }
 
     #[test]
@@ -505,7 +507,7 @@ mod tests {
             let trace = crate::locks::lock(&faults.trace).clone();
             // 3 write-backs, 2 fsyncs of their own, 2 flushes.
             assert_eq!(trace.len(), 7, "{helpers} helpers: {trace:?}");
-            let count = |what: &str, f: &File| {
+            let count = |what: &str, f: &SegFile| {
                 trace
                     .iter()
                     .filter(|(w, i, _)| *w == what && *i == ino(f))
@@ -562,7 +564,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, f)| {
-                    let direct = crate::direct::open_direct(f).ok().map(Arc::new);
+                    let direct = f.open_direct().ok().map(Arc::new);
                     let bytes = vec![i as u8 + 1; 3 * 4096 + 100];
                     RoundFile {
                         writes: vec![DeferredWrite::new(f.clone(), direct, 100, &bytes, &bufs)],
@@ -574,7 +576,7 @@ mod tests {
             let r = pool.start(round, Arc::new(|| {})).wait();
             assert!(r.iter().all(|r| r.is_ok()), "{helpers} helpers: {r:?}");
             let trace = crate::locks::lock(&faults.trace).clone();
-            let at = |what: &str, f: &File| {
+            let at = |what: &str, f: &SegFile| {
                 trace
                     .iter()
                     .position(|(w, i, _)| *w == what && *i == ino(f))

@@ -30,7 +30,7 @@ use crate::error::StoreError;
 use crate::meta::{LogMeta, Meta};
 use crate::page::{self, class, Header, Kind, HEADER};
 use crate::request_ids::RequestIds;
-use crate::segment;
+use crate::segment::{self, SegFile};
 use crate::spares::Spares;
 use crate::store::{Loc, LogIndex, Shared};
 use crate::stripe::{self, EndWrite, EntryMeta, RootRef, StripeRef};
@@ -94,7 +94,7 @@ pub(crate) struct EndWriteCopies {
 }
 
 /// Where one end-write copy is: its offset, and the segment's file.
-pub(crate) type CopyAt = (u64, Arc<File>);
+pub(crate) type CopyAt = (u64, Arc<SegFile>);
 
 /// One segment file as the writer sees it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -111,7 +111,7 @@ pub struct SegmentInfo {
 
 /// The writer's view of one segment file.
 pub(crate) struct SegState {
-    pub file: Arc<File>,
+    pub file: Arc<SegFile>,
     /// End of the data.
     pub len: u64,
     /// File length: the data plus zero-filled space ahead of it. Pages
@@ -147,7 +147,7 @@ pub(crate) enum DirectFd {
     /// Not needed yet.
     #[default]
     Unopened,
-    Open(Arc<File>),
+    Open(Arc<SegFile>),
     /// The file system refused `O_DIRECT`: this file is written buffered.
     Refused,
 }
@@ -350,7 +350,6 @@ const EARLY_WRITE_BACK_MAX: usize = 256 << 10;
 /// Returns the bytes of zeros written (they reach the disk too, and count
 /// in `bytes_written`).
 fn zero_ahead(st: &mut SegState, upto: u64, limit: u64) -> io::Result<u64> {
-    use std::os::unix::fs::FileExt;
     if upto <= st.zeroed {
         return Ok(0);
     }
@@ -376,11 +375,11 @@ fn block_pad(st: &SegState, len: usize) -> usize {
 
 /// `st`'s descriptor for direct writes, opened on first use; `None` where
 /// the file system refuses `O_DIRECT` (then asked once per file).
-fn direct_fd(seg: u64, st: &mut SegState) -> Option<Arc<File>> {
+fn direct_fd(seg: u64, st: &mut SegState) -> Option<Arc<SegFile>> {
     match &st.direct {
         DirectFd::Open(f) => Some(f.clone()),
         DirectFd::Refused => None,
-        DirectFd::Unopened => match direct::open_direct(&st.file) {
+        DirectFd::Unopened => match st.file.open_direct() {
             Ok(f) => {
                 let f = Arc::new(f);
                 st.direct = DirectFd::Open(f.clone());
@@ -1107,7 +1106,6 @@ impl Writer {
     /// records the batch's stripe numbers as discarded, so recovery never
     /// takes a half-written stripe for a complete one.
     fn roll_back(&mut self, lens_before: &BTreeMap<u64, u64>, first_seq: u64) {
-        use std::os::unix::fs::FileExt;
         self.dirty.clear();
         // Held-back writes belong to the batch written last:
         // those of the part being rolled back go; an earlier part's stay.
@@ -1141,12 +1139,22 @@ impl Writer {
                     Some(_) => {}
                 }
             }
-            if let Err(e) = st.file.set_len(before).and_then(|_| st.file.sync_all()) {
+            let written = st.len.max(torn.unwrap_or(0));
+            if let Err(e) = st
+                .file
+                .cut(before, written)
+                .and_then(|_| st.file.sync_all())
+            {
                 trouble.push(format!("segment {seg}: {e}"));
             }
             st.len = before;
-            st.zeroed = before;
-            st.prepared = st.prepared.min(before);
+            // A device slot keeps its size and its zeros (the cut wrote
+            // zeros back), so it stays prepared; a file cut is shorter,
+            // and its next pages extend it.
+            if !st.file.is_slot() {
+                st.zeroed = before;
+                st.prepared = st.prepared.min(before);
+            }
             st.markers.retain(|&(o, _)| o < before);
             st.ew_pages.retain(|&(o, _)| o < before);
             st.class = st
@@ -1483,7 +1491,7 @@ impl Writer {
             }
             if now && fsync && buf.len() <= EARLY_WRITE_BACK_MAX {
                 // Its I/O overlaps the round in flight (see the function).
-                crate::flush::start_write_back(&st.file, st.len, buf.len() as u64);
+                st.file.start_write_back(st.len, buf.len() as u64);
             }
             st.len += buf.len() as u64;
             st.zeroed = st.zeroed.max(st.len);
@@ -1516,7 +1524,7 @@ impl Writer {
         if !self.shared.config.fsync || dirty.is_empty() {
             return None;
         }
-        let (segs, files): (Vec<u64>, Vec<(Arc<File>, How)>) = dirty
+        let (segs, files): (Vec<u64>, Vec<(Arc<SegFile>, How)>) = dirty
             .iter()
             .filter_map(|&s| {
                 let st = self.segs.get(&s)?;
@@ -1740,7 +1748,7 @@ impl Writer {
 
     /// Where each live end-write's three copies are.
     fn end_write_copies(&self) -> Vec<EndWriteCopies> {
-        let mut found: HashMap<u64, Vec<(u64, u64, Arc<File>)>> = HashMap::new();
+        let mut found: HashMap<u64, Vec<(u64, u64, Arc<SegFile>)>> = HashMap::new();
         for (&seg, st) in &self.segs {
             for &(off, seq) in &st.ew_pages {
                 let in_set = self
@@ -1988,8 +1996,7 @@ impl Writer {
 }
 
 /// Reads the end-write page of stripe `seq` at `off`, if it is intact.
-pub(crate) fn read_ew_page(file: &File, off: u64, seq: u64) -> Option<Vec<u8>> {
-    use std::os::unix::fs::FileExt;
+pub(crate) fn read_ew_page(file: &SegFile, off: u64, seq: u64) -> Option<Vec<u8>> {
     let mut head = [0u8; HEADER];
     file.read_exact_at(&mut head, off).ok()?;
     let h = page::header(&head).ok()?;

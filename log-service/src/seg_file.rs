@@ -1,0 +1,251 @@
+//! A segment's descriptor: either a whole segment file, or a fixed-size
+//! slot of a raw device (a block device, or a file standing in for one)
+//! that holds one segment at a time ([`crate::device`]).
+//!
+//! Everything above this type addresses a segment from offset 0, as if it
+//! were its own file; a slot adds its base on the device and refuses
+//! anything past its end, so a bug or a lying page never writes into the
+//! neighbouring segment.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+/// A segment's descriptor (see the module docs).
+#[derive(Debug)]
+pub struct SegFile {
+    file: File,
+    /// Device offset of the segment's byte 0 (0 for a whole file).
+    base: u64,
+    /// The slot's size, `None` for a whole file (which grows as written).
+    size: Option<u64>,
+}
+
+impl SegFile {
+    /// A whole segment file.
+    pub fn whole(file: File) -> SegFile {
+        SegFile {
+            file,
+            base: 0,
+            size: None,
+        }
+    }
+
+    /// `size` bytes of a device from `base`.
+    pub fn slot(file: File, base: u64, size: u64) -> SegFile {
+        SegFile {
+            file,
+            base,
+            size: Some(size),
+        }
+    }
+
+    /// Whether this is a slot of a device (fixed size, never cut or
+    /// grown: its space beyond the data holds zeros).
+    pub fn is_slot(&self) -> bool {
+        self.size.is_some()
+    }
+
+    /// The underlying descriptor, for calls that act on all of it
+    /// (`fdatasync`: on a device, every slot's written pages).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Where this segment's byte 0 is in the underlying file.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// The device offset of `len` bytes at `off`, or an error if they do
+    /// not lie inside the slot.
+    fn at(&self, off: u64, len: usize) -> io::Result<u64> {
+        match self.size {
+            Some(size) if off.checked_add(len as u64).is_none_or(|end| end > size) => {
+                Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{len} bytes at offset {off} run past the segment's slot of {size} bytes"
+                    ),
+                ))
+            }
+            _ => Ok(self.base + off),
+        }
+    }
+
+    /// Reads up to `buf.len()` bytes at `off`; a slot ends at its size as
+    /// a file ends at its length.
+    pub fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
+        let n = match self.size {
+            Some(size) => (size.saturating_sub(off)).min(buf.len() as u64) as usize,
+            None => buf.len(),
+        };
+        if n == 0 {
+            return Ok(0);
+        }
+        self.file.read_at(&mut buf[..n], self.base + off)
+    }
+
+    /// Reads exactly `buf.len()` bytes at `off`.
+    pub fn read_exact_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        let at = self
+            .at(off, buf.len())
+            .map_err(|e| io::Error::new(io::ErrorKind::UnexpectedEof, e.to_string()))?;
+        self.file.read_exact_at(buf, at)
+    }
+
+    /// Writes all of `buf` at `off`.
+    pub fn write_all_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        let at = self.at(off, buf.len())?;
+        self.file.write_all_at(buf, at)
+    }
+
+    /// Writes `parts` one after another from `off` with one `pwritev`,
+    /// returning how many bytes the system took.
+    pub fn pwritev(&self, parts: &[io::IoSlice<'_>], off: u64) -> io::Result<usize> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let at = self.at(off, total)?;
+        loop {
+            match rustix::io::pwritev(&self.file, parts, at) {
+                Ok(n) => return Ok(n),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// The segment's length: the file's, or the whole slot.
+    pub fn size(&self) -> io::Result<u64> {
+        match self.size {
+            Some(size) => Ok(size),
+            None => Ok(self.file.metadata()?.len()),
+        }
+    }
+
+    /// Makes the written data durable (`fdatasync`).
+    pub fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    /// Makes the written data and the file's size durable (`fsync`).
+    pub fn sync_all(&self) -> io::Result<()> {
+        self.file.sync_all()
+    }
+
+    /// Cuts the segment back to `len` bytes of which `written` were
+    /// written: a file is truncated; a slot cannot shrink, so its bytes
+    /// from `len` to `written` become zeros again, which is what the rest
+    /// of a slot holds. Not durable until synced.
+    pub fn cut(&self, len: u64, written: u64) -> io::Result<()> {
+        match self.size {
+            None => self.file.set_len(len),
+            Some(_) if written <= len => Ok(()),
+            Some(_) => {
+                // In 1 MiB steps: a cut may cover a whole batch.
+                const STEP: u64 = 1 << 20;
+                let zeros = vec![0u8; STEP.min(written - len) as usize];
+                let mut at = len;
+                while at < written {
+                    let n = STEP.min(written - at) as usize;
+                    self.write_all_at(&zeros[..n], at)?;
+                    at += n as u64;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes every dirty page of the segment to the device and waits
+    /// ([`crate::flush::write_back`]); for a slot, only the slot's range.
+    pub fn write_back(&self) -> io::Result<()> {
+        crate::flush::write_back(&self.file, self.base, self.size.unwrap_or(0))
+    }
+
+    /// Starts write-back of `len` bytes at `off` without waiting
+    /// ([`crate::flush::start_write_back`]).
+    pub fn start_write_back(&self, off: u64, len: u64) {
+        crate::flush::start_write_back(&self.file, self.base + off, len)
+    }
+
+    /// A second descriptor of the same segment for direct writes
+    /// ([`crate::direct::open_direct`]).
+    pub(crate) fn open_direct(&self) -> io::Result<SegFile> {
+        Ok(SegFile {
+            file: crate::direct::open_direct(&self.file)?,
+            base: self.base,
+            size: self.size,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(bytes: u64) -> (tempfile::TempDir, File) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("dev"))
+            .expect("create");
+        f.set_len(bytes).expect("size");
+        (dir, f)
+    }
+
+    #[test]
+    fn a_slot_adds_its_base_and_stays_inside_its_size() {
+        let (_d, f) = device(3 * 4096);
+        let slot = SegFile::slot(f.try_clone().expect("clone"), 4096, 4096);
+        slot.write_all_at(b"abc", 0).expect("write");
+        slot.write_all_at(b"z", 4095).expect("last byte");
+        let mut back = [0u8; 3];
+        f.read_exact_at(&mut back, 4096).expect("read device");
+        assert_eq!(&back, b"abc");
+        let mut one = [0u8; 1];
+        f.read_exact_at(&mut one, 8191).expect("read device");
+        assert_eq!(&one, b"z");
+        // Neither neighbour was touched.
+        let mut rest = vec![1u8; 4096];
+        f.read_exact_at(&mut rest, 0).expect("before");
+        assert!(rest.iter().all(|&b| b == 0));
+        f.read_exact_at(&mut rest, 8192).expect("after");
+        assert!(rest.iter().all(|&b| b == 0));
+        // Past the slot: refused, and a read ends there like a file.
+        for (off, len) in [(4095, 2), (4096, 1), (u64::MAX, 1)] {
+            let e = slot
+                .write_all_at(&vec![7u8; len], off)
+                .expect_err("past the slot");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{off}+{len}");
+        }
+        let parts = [io::IoSlice::new(b"ab"), io::IoSlice::new(b"cd")];
+        assert!(slot.pwritev(&parts, 4093).is_err());
+        assert_eq!(slot.pwritev(&parts, 4092).expect("fits"), 4);
+        let mut buf = [0u8; 8];
+        assert_eq!(slot.read_at(&mut buf, 4092).expect("read"), 4);
+        assert_eq!(&buf[..4], b"abcd");
+        assert_eq!(slot.read_at(&mut buf, 4096).expect("at the end"), 0);
+        assert!(slot.read_exact_at(&mut buf, 4092).is_err());
+        assert_eq!(slot.size().expect("size"), 4096);
+    }
+
+    #[test]
+    fn a_cut_truncates_a_file_and_zeros_a_slot() {
+        let (_d, f) = device(8192);
+        let whole = SegFile::whole(f.try_clone().expect("clone"));
+        whole.cut(100, 8192).expect("cut");
+        assert_eq!(whole.size().expect("size"), 100);
+        f.set_len(3 << 20).expect("size");
+        let slot = SegFile::slot(f.try_clone().expect("clone"), 0, 3 << 20);
+        slot.write_all_at(&vec![5u8; (2 << 20) + 10], 0)
+            .expect("fill");
+        slot.cut(10, (2 << 20) + 10).expect("cut");
+        assert_eq!(slot.size().expect("size"), 3 << 20, "a slot keeps its size");
+        let mut back = vec![9u8; 3 << 20];
+        f.read_exact_at(&mut back, 0).expect("read");
+        assert!(back[..10].iter().all(|&b| b == 5));
+        assert!(back[10..].iter().all(|&b| b == 0));
+    }
+}
