@@ -27,6 +27,16 @@ pub struct Config {
     /// `s % zones.len()`, so any `zones.len()` consecutive segments are in
     /// different zones.
     pub zones: Vec<PathBuf>,
+    /// Raw devices, one per zone in the order of `zones` (empty, the
+    /// default: segments are files in the zone directories). Each is a
+    /// block device or a fixed-size file standing in for one, cut into
+    /// slots of `segment_bytes` plus headers; zone `z`'s segments live in
+    /// slots of device `z`, and its directory keeps only the metadata
+    /// file. A device is labelled at its first open if its first 4 KiB
+    /// are zeros, and refused if they are anything but its own label
+    /// (docs/log-service.md, "Raw devices").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<PathBuf>,
     /// Data pages per stripe (Reed-Solomon data shards).
     #[serde(default = "defaults::data_shards")]
     pub data_shards: usize,
@@ -299,6 +309,7 @@ impl Config {
     pub fn with_zones(zones: Vec<PathBuf>) -> Config {
         Config {
             zones,
+            devices: Vec::new(),
             data_shards: defaults::data_shards(),
             parity_shards: defaults::parity_shards(),
             page_bytes: defaults::page_bytes(),
@@ -369,6 +380,27 @@ impl Config {
                 "max_segments must exceed the {window} segments the three windows occupy"
             ));
         }
+        if !self.devices.is_empty() {
+            if self.devices.len() != self.zones.len() {
+                return bad(format!(
+                    "{} devices configured for {} zones: give one device per zone, in the order of zones",
+                    self.devices.len(),
+                    self.zones.len()
+                ));
+            }
+            let distinct: std::collections::BTreeSet<_> = self.devices.iter().collect();
+            if distinct.len() != self.devices.len() {
+                return bad(
+                    "every zone needs its own device: a path appears twice in devices".into(),
+                );
+            }
+            if self.segment_bytes % 4096 != 0 {
+                return bad(
+                    "segment_bytes must be a multiple of 4096 on devices (slots are block-aligned)"
+                        .into(),
+                );
+            }
+        }
         if self.prepared_segments > MAX_PREPARED_SEGMENTS {
             return bad(format!(
                 "prepared_segments must be at most {MAX_PREPARED_SEGMENTS} per zone"
@@ -432,6 +464,35 @@ mod tests {
         assert_eq!(ex.prepare_mib_s, defaults::prepare_mib_s());
         assert_eq!(ex.realtime_priority, 0);
         assert!(ex.disable_transparent_huge_pages);
+    }
+
+    #[test]
+    fn devices_need_one_per_zone_each_its_own_and_block_aligned_segments() {
+        let mut c = Config::with_zones(vec!["a".into(), "b".into(), "c".into()]);
+        c.devices = vec!["/dev/x".into(), "/dev/y".into(), "/dev/z".into()];
+        assert!(c.validate().is_ok());
+        for (devices, segment_bytes, says) in [
+            (
+                vec!["/dev/x", "/dev/y"],
+                256 << 20,
+                "2 devices configured for 3 zones",
+            ),
+            (
+                vec!["/dev/x", "/dev/y", "/dev/x"],
+                256 << 20,
+                "appears twice",
+            ),
+            (
+                vec!["/dev/x", "/dev/y", "/dev/z"],
+                (256 << 20) + 512,
+                "multiple of 4096",
+            ),
+        ] {
+            c.devices = devices.into_iter().map(PathBuf::from).collect();
+            c.segment_bytes = segment_bytes;
+            let err = c.validate().unwrap_err().to_string();
+            assert!(err.contains(says), "{err}");
+        }
     }
 
     #[test]

@@ -94,8 +94,9 @@ pub enum StoreError {
         /// Limit.
         limit: usize,
     },
-    /// Every allowed segment is in use; trim the log.
-    #[error("the log is full: {0} segments in use (max_segments); trim old positions")]
+    /// Every allowed segment is in use (`max_segments`, or every slot of
+    /// a zone's device); trim the log.
+    #[error("the log is full: {0} segments in use (max_segments, or every slot of a zone's device); trim old positions")]
     Full(u64),
     /// A write failed; the append was not acknowledged and may be retried
     /// with the same request id.

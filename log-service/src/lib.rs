@@ -15,6 +15,7 @@
 mod chunked;
 pub mod client;
 pub mod config;
+pub mod device;
 mod direct;
 pub mod error;
 pub mod flush;

@@ -386,26 +386,29 @@ const SCANNERS: usize = 8;
 
 /// Opens and scans every segment, on up to [`SCANNERS`] threads; results in
 /// the order given.
-fn scan_all(found: &[(u64, std::path::PathBuf)], near: u64) -> Vec<Scanned> {
+fn scan_all(shared: &Shared, found: &[Found], near: u64) -> Vec<Scanned> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
-    let one = |path: &Path| -> Scanned {
-        let file = segment::open(path, false)?;
-        let s = scan(path, &file, near)?;
+    let one = |f: &Found| -> Scanned {
+        let file = match f.slot {
+            Some((zone, slot)) => shared.devices[zone].seg_file(slot)?,
+            None => segment::open(&f.path, false)?,
+        };
+        let s = scan(&f.path, &file, near)?;
         Ok((file, s))
     };
     let threads = SCANNERS.min(found.len());
     if threads <= 1 {
-        return found.iter().map(|(_, p)| one(p)).collect();
+        return found.iter().map(one).collect();
     }
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<Scanned>>> = Mutex::new(found.iter().map(|_| None).collect());
     let work = || loop {
         let i = next.fetch_add(1, Ordering::Relaxed);
-        let Some((_, path)) = found.get(i) else {
+        let Some(f) = found.get(i) else {
             break;
         };
-        let r = one(path);
+        let r = one(f);
         results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
     };
     std::thread::scope(|sc| {
@@ -428,6 +431,14 @@ fn scan_all(found: &[(u64, std::path::PathBuf)], near: u64) -> Vec<Scanned> {
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(std::io::Error::other("a segment scan thread stopped"))))
         .collect()
+}
+
+/// A segment recovery found: a file, or a slot of a zone's device (then
+/// `path` names the device and slot, for messages).
+struct Found {
+    id: u64,
+    path: std::path::PathBuf,
+    slot: Option<(usize, u64)>,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> OpenError + '_ {
@@ -459,8 +470,32 @@ pub(crate) fn recover(
     let near = 2 * (config.page_bytes as u64 + HEADER as u64) + WINDOW as u64;
     // Segments: found first, scanned in parallel, then taken in the order
     // found.
-    let mut found: Vec<(u64, std::path::PathBuf)> = Vec::new();
-    for (zi, z) in zones.iter().enumerate() {
+    let mut found: Vec<Found> = Vec::new();
+    for (zi, dev) in shared.devices.iter().enumerate() {
+        for (id, slot) in dev.segments() {
+            let path = std::path::PathBuf::from(format!("{} slot {slot}", dev.path().display()));
+            if id % nz != zi as u64 {
+                return Err(OpenError::Config(ConfigError::Invalid(format!(
+                    "{} holds segment {id}, which belongs to zone {}, but the device is zone {zi}'s",
+                    path.display(),
+                    id % nz
+                ))));
+            }
+            found.push(Found {
+                id,
+                path,
+                slot: Some((zi, slot)),
+            });
+        }
+    }
+    // With devices, segment files in the zone directories are not read:
+    // the devices hold the log.
+    let dirs = if shared.devices.is_empty() {
+        &zones[..]
+    } else {
+        &[]
+    };
+    for (zi, z) in dirs.iter().enumerate() {
         for entry in std::fs::read_dir(z).map_err(io(z))? {
             let entry = entry.map_err(io(z))?;
             let name = entry.file_name();
@@ -474,10 +509,14 @@ pub(crate) fn recover(
                     id % nz
                 ))));
             }
-            found.push((id, entry.path()));
+            found.push(Found {
+                id,
+                path: entry.path(),
+                slot: None,
+            });
         }
     }
-    let scanned = scan_all(&found, near);
+    let scanned = scan_all(&shared, &found, near);
     // An end-write that passes its checksum but describes a stripe this
     // store cannot have written ([`plausible`]) counts as a corrupt page;
     // what it can have written is bounded by every segment the scans saw.
@@ -485,18 +524,18 @@ pub(crate) fn recover(
         segment_len: config.segment_bytes,
         last_segment: 0,
     };
-    for ((id, _), r) in found.iter().zip(&scanned) {
+    for (f, r) in found.iter().zip(&scanned) {
         if let Ok((_, s)) = r {
             bounds.segment_len = bounds.segment_len.max(s.zeroed);
         }
-        bounds.last_segment = bounds.last_segment.max(*id);
+        bounds.last_segment = bounds.last_segment.max(f.id);
     }
     let mut segs: BTreeMap<u64, SegState> = BTreeMap::new();
     // Every plausible copy of every end-write, with the segment it is on.
     let mut all_copies: BTreeMap<u64, Vec<Copy>> = BTreeMap::new();
-    for ((id, path), r) in found.iter().zip(scanned) {
-        let (file, s) = r.map_err(io(path))?;
-        let id = *id;
+    for (f, r) in found.iter().zip(scanned) {
+        let (file, s) = r.map_err(io(&f.path))?;
+        let id = f.id;
         report.segments += 1;
         report.bytes += s.len;
         report.bytes_read += s.read;
@@ -518,6 +557,11 @@ pub(crate) fn recover(
                 page_crc,
             });
         }
+        // Whether a reopened file's blocks are all written and committed
+        // is not known (a kill can leave allocations uncommitted): it is
+        // fsynced file by file until sealed. A device slot has nothing to
+        // allocate.
+        let prepared = if file.is_slot() { s.zeroed } else { 0 };
         let file = Arc::new(file);
         shared.files_mut().insert(id, file.clone());
         segs.insert(
@@ -526,10 +570,7 @@ pub(crate) fn recover(
                 file,
                 len: s.len,
                 zeroed: s.zeroed,
-                // Whether a reopened file's blocks are all written and
-                // committed is not known (a kill can leave allocations
-                // uncommitted): it is fsynced file by file until sealed.
-                prepared: 0,
+                prepared,
                 class,
                 markers: s.markers,
                 ew_pages,
@@ -777,9 +818,13 @@ pub(crate) fn recover(
             .config
             .zones
             .iter()
-            .map(|z| {
+            .enumerate()
+            .map(|(zi, z)| {
                 (shared.config.fsync && shared.config.flush_once_per_device)
-                    .then(|| crate::flush::write_back_device(z))
+                    .then(|| match shared.device(zi) {
+                        Some(dev) => crate::device::flush_key(dev.path()),
+                        None => crate::flush::write_back_device(z),
+                    })
                     .flatten()
             })
             .collect(),

@@ -90,29 +90,56 @@ impl Inner {
         self.shared.counters.batches.load(Ordering::Relaxed)
     }
 
-    /// Picks the zone with the fewest spares, if any has fewer than wanted,
-    /// and a number for its next spare.
-    fn claim(&self, st: &mut State) -> Option<(usize, u64)> {
-        let zone = (0..st.ready.len())
-            .filter(|&z| st.ready[z].len() < self.want())
-            .min_by_key(|&z| st.ready[z].len())?;
-        st.next += 1;
-        Some((zone, st.next - 1))
+    /// Spares ready in `zone`: files in the pool, or a device's spare
+    /// slots.
+    fn count(&self, st: &State, zone: usize) -> usize {
+        match self.shared.device(zone) {
+            Some(dev) => dev.spares(),
+            None => st.ready[zone].len(),
+        }
     }
 
-    /// Spare `n` of `zone` is written: it joins the pool.
+    /// Picks the zone with the fewest spares, if any has fewer than wanted,
+    /// and a number for its next spare: a new file's, or on a device a
+    /// free slot, taken (a zone whose device has none is passed over).
+    fn claim(&self, st: &mut State) -> Option<(usize, u64)> {
+        let mut short: Vec<(usize, usize)> = (0..st.ready.len())
+            .map(|z| (self.count(st, z), z))
+            .filter(|&(n, _)| n < self.want())
+            .collect();
+        short.sort_unstable();
+        for (_, zone) in short {
+            match self.shared.device(zone) {
+                Some(dev) => {
+                    if let Some(slot) = dev.take_free() {
+                        return Some((zone, slot));
+                    }
+                }
+                None => {
+                    st.next += 1;
+                    return Some((zone, st.next - 1));
+                }
+            }
+        }
+        None
+    }
+
+    /// Spare `n` of `zone` is written: it joins the pool (a device's
+    /// table has it already).
     fn add(&self, zone: usize, n: u64) {
         self.shared
             .counters
             .segments_prepared
             .fetch_add(1, Ordering::Relaxed);
         let mut st = self.lock();
-        st.ready[zone].push_back(n);
+        if self.shared.device(zone).is_none() {
+            st.ready[zone].push_back(n);
+        }
         self.publish_ready(&st);
     }
 
     fn publish_ready(&self, st: &State) {
-        let n: usize = st.ready.iter().map(VecDeque::len).sum();
+        let n: usize = (0..st.ready.len()).map(|z| self.count(st, z)).sum();
         self.shared
             .counters
             .spares_ready
@@ -149,13 +176,66 @@ impl Inner {
         } else {
             0
         };
+        if let Some(dev) = self.shared.device(zone) {
+            let chunk = vec![0u8; 1 << 20];
+            let result = dev
+                .seg_file(n)
+                .and_then(|f| {
+                    let write = |at: u64, len: u64| f.write_all_at(&chunk[..len as usize], at);
+                    self.zero(background, rate, dev.slot_bytes(), write, || f.sync_data())
+                })
+                .and_then(|done| {
+                    if done {
+                        dev.make_spare(n)?;
+                    }
+                    Ok(done)
+                });
+            if !matches!(result, Ok(true)) {
+                dev.give_back(n, crate::device::Held::Free);
+            }
+            return result;
+        }
         let dir = &self.shared.config.zones[zone];
         let tmp = dir.join(spare_name(n, true));
         let done = dir.join(spare_name(n, false));
         let result = (|| {
-            let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            let f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
             let chunk = vec![0u8; 1 << 20];
-            let total = self.shared.config.segment_bytes;
+            let write = |_at: u64, len: u64| (&f).write_all(&chunk[..len as usize]);
+            if !self.zero(
+                background,
+                rate,
+                self.shared.config.segment_bytes,
+                write,
+                || f.sync_data(),
+            )? {
+                return Ok(false);
+            }
+            f.sync_all()?;
+            std::fs::rename(&tmp, &done)?;
+            segment::sync_dir(dir)?;
+            Ok(true)
+        })();
+        if !matches!(result, Ok(true)) {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// Writes `total` bytes of zeros with `write(at, len)` in 1 MiB steps:
+    /// `background`, it syncs every [`SYNC_EVERY`], stands aside while
+    /// the log is busy and keeps to `rate` bytes/s (0: no limit). Returns
+    /// false if the pool stopped meanwhile.
+    fn zero(
+        &self,
+        background: bool,
+        rate: u64,
+        total: u64,
+        mut write: impl FnMut(u64, u64) -> io::Result<()>,
+        sync: impl Fn() -> io::Result<()>,
+    ) -> io::Result<bool> {
+        const CHUNK: u64 = 1 << 20;
+        {
             let mut t0 = Instant::now();
             let mut paced = 0u64;
             let mut written = 0u64;
@@ -166,7 +246,7 @@ impl Inner {
                 }
                 if background && written % SYNC_EVERY == 0 {
                     if written > 0 {
-                        f.sync_data()?;
+                        sync()?;
                     }
                     // Appends since the last look: stand aside until quiet.
                     if self.batches() != seen {
@@ -178,9 +258,9 @@ impl Inner {
                         paced = written;
                     }
                 }
-                let n = (total - written).min(chunk.len() as u64) as usize;
-                f.write_all(&chunk[..n])?;
-                written += n as u64;
+                let n = (total - written).min(CHUNK);
+                write(written, n)?;
+                written += n;
                 if rate > 0 {
                     // Stay under the rate: sleep until this many bytes are due.
                     let due = Duration::from_secs_f64((written - paced) as f64 / rate as f64);
@@ -189,15 +269,8 @@ impl Inner {
                     }
                 }
             }
-            f.sync_all()?;
-            std::fs::rename(&tmp, &done)?;
-            segment::sync_dir(dir)?;
             Ok(true)
-        })();
-        if !matches!(result, Ok(true)) {
-            let _ = std::fs::remove_file(&tmp);
         }
-        result
     }
 
     fn run(&self) {
@@ -245,7 +318,14 @@ impl Spares {
         let zones = config.zones.len();
         let mut ready = vec![Vec::new(); zones];
         let mut next = 0u64;
-        for (zi, z) in config.zones.iter().enumerate() {
+        // On devices, spares are slots (the device's table knows them);
+        // the zone directories hold no spare files to take stock of.
+        let dirs = if shared.devices.is_empty() {
+            &config.zones[..]
+        } else {
+            &[]
+        };
+        for (zi, z) in dirs.iter().enumerate() {
             let io_err = |source| OpenError::Io {
                 path: z.clone(),
                 source,
@@ -293,9 +373,8 @@ impl Spares {
         // already prepared.
         let missing: usize = {
             let st = inner.lock();
-            st.ready
-                .iter()
-                .map(|r| inner.want().saturating_sub(r.len()))
+            (0..zones)
+                .map(|z| inner.want().saturating_sub(inner.count(&st, z)))
                 .sum()
         };
         if missing > 0 {
@@ -342,6 +421,12 @@ impl Spares {
             inner,
             thread: Some(thread),
         }))
+    }
+
+    /// A spare was used (a device's slot): the refill may have work.
+    pub(crate) fn wake(&self) {
+        self.inner.publish_ready(&self.inner.lock());
+        self.inner.wake.notify_one();
     }
 
     /// Moves a spare of `zone` to `path` (which must not exist) and returns

@@ -110,6 +110,9 @@ pub(crate) struct Shared {
     pub config: Config,
     pub faults: Arc<Faults>,
     pub files: RwLock<BTreeMap<u64, Arc<SegFile>>>,
+    /// The zones' raw devices (`devices`), in zone order; empty when
+    /// segments are files.
+    pub devices: Vec<crate::device::Device>,
     pub index: RwLock<Index>,
     pub cache: Mutex<Option<LruCache<u64, Arc<Parsed>>>>,
     pub subs: Mutex<HashMap<String, broadcast::Sender<(u64, Entry)>>>,
@@ -121,6 +124,11 @@ pub(crate) struct Shared {
 
 /// The locks of [`Shared`], taken past poisoning ([`crate::locks`]).
 impl Shared {
+    /// Zone `zone`'s device, when segments live on devices.
+    pub(crate) fn device(&self, zone: usize) -> Option<&crate::device::Device> {
+        self.devices.get(zone)
+    }
+
     pub(crate) fn index(&self) -> RwLockReadGuard<'_, Index> {
         locks::read(&self.index)
     }
@@ -271,10 +279,19 @@ impl Store {
             crate::thp::disable();
         }
         let cache = NonZeroUsize::new(config.read_cache_stripes).map(LruCache::new);
+        let devices = config
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(z, path)| {
+                crate::device::Device::open(path, z, config.zones.len(), config.segment_bytes)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let shared = Arc::new(Shared {
             config: config.clone(),
             faults,
             files: RwLock::new(BTreeMap::new()),
+            devices,
             index: RwLock::new(Index::default()),
             cache: Mutex::new(cache),
             subs: Mutex::new(HashMap::new()),

@@ -586,8 +586,11 @@ impl Writer {
         if self.segs.len() as u64 >= self.shared.config.max_segments {
             return Err(StoreError::Full(self.segs.len() as u64));
         }
-        let path = segment::path(self.zones(), seg);
         let zone = segment::zone(self.zones(), seg);
+        if self.shared.device(zone).is_some() {
+            return self.create_slot_segment(seg, zone);
+        }
+        let path = segment::path(self.zones(), seg);
         // Every new segment is made from a spare when one is ready, a new
         // store's first three end-write segments too: an end-write segment
         // that starts as an empty file grows with every round, so each
@@ -610,6 +613,13 @@ impl Writer {
         } else {
             0
         };
+        self.add_new_segment(seg, file, zeroed);
+        Ok(())
+    }
+
+    /// Records new, empty segment `seg` whose first `zeroed` bytes are
+    /// zeros already written and committed.
+    fn add_new_segment(&mut self, seg: u64, file: SegFile, zeroed: u64) {
         let file = Arc::new(file);
         self.shared.files_mut().insert(seg, file.clone());
         self.segs.insert(
@@ -628,6 +638,36 @@ impl Writer {
                 direct: DirectFd::Unopened,
             },
         );
+    }
+
+    /// Creates segment `seg` in a zeroed slot of zone `zone`'s device (a
+    /// spare, or a free slot zeroed now), its header written but not
+    /// durable yet: the caller syncs the device before any page of it is
+    /// written ([`Writer::ensure_window`]).
+    fn create_slot_segment(&mut self, seg: u64, zone: usize) -> Result<(), StoreError> {
+        let dev = self
+            .shared
+            .device(zone)
+            .ok_or_else(|| StoreError::WriteFailed(format!("zone {zone} has no device")))?;
+        let failed = |e: io::Error| {
+            StoreError::WriteFailed(format!("segment {seg} on {}: {e}", dev.path().display()))
+        };
+        let Some(slot) = dev.zeroed_slot().map_err(failed)? else {
+            tracing::warn!(device = %dev.path().display(), slots = dev.slots(), "every slot of the device holds a segment; trim the log");
+            return Err(StoreError::Full(self.segs.len() as u64));
+        };
+        let file = match dev.assign(slot, seg) {
+            Ok(f) => f,
+            Err(e) => {
+                dev.give_back(slot, crate::device::Held::Free);
+                return Err(failed(e));
+            }
+        };
+        if let Some(s) = &self.spares {
+            s.wake();
+        }
+        let size = file.size().map_err(failed)?;
+        self.add_new_segment(seg, file, size);
         Ok(())
     }
 
@@ -657,19 +697,31 @@ impl Writer {
             .unwrap_or(0);
         self.base = self.base.max(floor);
         let span = self.span();
-        let mut dirs: BTreeSet<PathBuf> = BTreeSet::new();
+        let new: Vec<u64> = (self.base..self.base + span)
+            .filter(|s| !self.segs.contains_key(s))
+            .collect();
+        self.check_capacity(&new)?;
+        let mut zones: BTreeSet<usize> = BTreeSet::new();
         for seg in self.base..self.base + span {
             if !self.segs.contains_key(&seg) {
                 self.create_segment(seg)?;
-                if let Some(dir) = segment::path(self.zones(), seg).parent() {
-                    dirs.insert(dir.to_path_buf());
-                }
+                zones.insert(segment::zone(self.zones(), seg));
             }
         }
-        for dir in &dirs {
-            segment::sync_dir(dir).map_err(|e| {
-                StoreError::WriteFailed(format!("sync directory {}: {e}", dir.display()))
-            })?;
+        for zone in zones {
+            match self.shared.device(zone) {
+                // The new slots' headers (the device's counterpart of the
+                // directory entries).
+                Some(dev) => dev.sync().map_err(|e| {
+                    StoreError::WriteFailed(format!("sync device {}: {e}", dev.path().display()))
+                })?,
+                None => {
+                    let dir = &self.zones()[zone];
+                    segment::sync_dir(dir).map_err(|e| {
+                        StoreError::WriteFailed(format!("sync directory {}: {e}", dir.display()))
+                    })?
+                }
+            }
         }
         let mut changes: Vec<(u64, u8)> = self
             .segs
@@ -688,6 +740,29 @@ impl Writer {
         }
         self.raise_classes(&changes)
             .map_err(StoreError::WriteFailed)
+    }
+
+    /// Refuses, before anything changes, a slide that needs segments
+    /// `new` when `max_segments` or a zone's device has no room for them,
+    /// so a full log answers appends with [`StoreError::Full`] and takes
+    /// them again once a trim frees segments (rather than failing the
+    /// store half-way through a slide).
+    fn check_capacity(&self, new: &[u64]) -> Result<(), StoreError> {
+        let in_use = self.segs.len() as u64;
+        if in_use + new.len() as u64 > self.shared.config.max_segments {
+            return Err(StoreError::Full(in_use));
+        }
+        for (zone, dev) in self.shared.devices.iter().enumerate() {
+            let need = new
+                .iter()
+                .filter(|&&s| segment::zone(self.zones(), s) == zone)
+                .count();
+            if need > dev.available() {
+                tracing::warn!(device = %dev.path().display(), slots = dev.slots(), need, "every slot of the device holds a segment; trim the log");
+                return Err(StoreError::Full(in_use));
+            }
+        }
+        Ok(())
     }
 
     /// Whether every segment of `kind`'s window would have `bytes` of room
@@ -743,17 +818,28 @@ impl Writer {
         while base < last && !fits(base) {
             base += 1;
         }
-        self.base = base;
-        let mut r = self.ensure_window();
+        let mut r = self.slide_to(base);
         self.shared.stages.slide.record(t.elapsed());
         // The estimate is a shortcut, not a promise: should the window
         // still lack room, slide on one segment at a time (each step is
         // counted as a slide of its own).
         while r.is_ok() && !self.has_room(kind, bytes) {
             let t = Instant::now();
-            self.base += 1;
-            r = self.ensure_window();
+            r = self.slide_to(self.base + 1);
             self.shared.stages.slide.record(t.elapsed());
+        }
+        r
+    }
+
+    /// Moves the base to `base` and makes the windows match; a slide the
+    /// segments have no room for ([`Writer::check_capacity`]) changes
+    /// nothing, and the base stays.
+    fn slide_to(&mut self, base: u64) -> Result<(), StoreError> {
+        let before = self.base;
+        self.base = base;
+        let r = self.ensure_window();
+        if matches!(r, Err(StoreError::Full(_))) {
+            self.base = before;
         }
         r
     }
@@ -1726,13 +1812,9 @@ impl Writer {
             .map(|(&id, _)| id)
             .collect();
         for seg in victims {
-            let path = segment::path(self.zones(), seg);
-            if let Err(e) = std::fs::remove_file(&path) {
+            if let Err(e) = self.remove_segment(seg) {
                 tracing::warn!(segment = seg, error = %e, "could not free segment");
                 continue;
-            }
-            if let Some(dir) = path.parent() {
-                let _ = segment::sync_dir(dir);
             }
             self.segs.remove(&seg);
             self.shared.files_mut().remove(&seg);
@@ -1780,6 +1862,66 @@ impl Writer {
                 }
             })
             .collect()
+    }
+
+    /// Deletes segment `seg`'s file, or frees its device slot (then the
+    /// spare refill zeroes it for reuse).
+    fn remove_segment(&self, seg: u64) -> io::Result<()> {
+        let zone = segment::zone(self.zones(), seg);
+        if let Some(dev) = self.shared.device(zone) {
+            if let Some(slot) = dev.slot_of(seg) {
+                dev.free(slot)?;
+                dev.sync()?;
+            }
+            if let Some(s) = &self.spares {
+                s.wake();
+            }
+            return Ok(());
+        }
+        let path = segment::path(self.zones(), seg);
+        std::fs::remove_file(&path)?;
+        if let Some(dir) = path.parent() {
+            let _ = segment::sync_dir(dir);
+        }
+        Ok(())
+    }
+
+    /// Writes the rebuilt bytes of segment `seg` into a zeroed slot of its
+    /// zone's device, makes them durable, then points the slot's header at
+    /// `seg` and frees the slot that held it: a crash before the header
+    /// leaves the old slot in charge, after it the newer header wins
+    /// ([`crate::device`]).
+    fn replace_in_slot(&self, seg: u64, bytes: &[u8]) -> Result<SegFile, String> {
+        let zone = segment::zone(self.zones(), seg);
+        let dev = self
+            .shared
+            .device(zone)
+            .ok_or_else(|| format!("zone {zone} has no device"))?;
+        let at = |e: io::Error| format!("{}: {e}", dev.path().display());
+        let slot = dev.zeroed_slot().map_err(at)?.ok_or_else(|| {
+            format!(
+                "{} has no free slot to rebuild segment {seg} in; trim the log",
+                dev.path().display()
+            )
+        })?;
+        let old = dev.slot_of(seg);
+        let written = dev
+            .seg_file(slot)
+            .and_then(|f| f.write_all_at(bytes, 0).and_then(|_| f.sync_data()));
+        if let Err(e) = written {
+            // Its zeros are gone: free, not spare.
+            dev.give_back(slot, crate::device::Held::Free);
+            return Err(at(e));
+        }
+        let file = dev.assign(slot, seg).map_err(at)?;
+        dev.sync().map_err(at)?;
+        if let Some(old) = old {
+            dev.free(old).and_then(|_| dev.sync()).map_err(at)?;
+        }
+        if let Some(s) = &self.spares {
+            s.wake();
+        }
+        Ok(file)
     }
 
     /// Rebuilds segment `seg` beside the old file and renames it over:
@@ -1946,17 +2088,33 @@ impl Writer {
                 }
             }
         }
-        let path = segment::path(self.zones(), seg);
-        let tmp = path.with_extension("repair");
-        std::fs::write(&tmp, &file).map_err(|e| format!("write {}: {e}", tmp.display()))?;
-        File::open(&tmp)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| format!("fsync {}: {e}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).map_err(|e| format!("rename {}: {e}", path.display()))?;
-        if let Some(dir) = path.parent() {
-            segment::sync_dir(dir).map_err(|e| e.to_string())?;
-        }
-        let f = Arc::new(segment::open(&path, false).map_err(|e| e.to_string())?);
+        let f = if self
+            .shared
+            .device(segment::zone(self.zones(), seg))
+            .is_some()
+        {
+            self.replace_in_slot(seg, &file)?
+        } else {
+            let path = segment::path(self.zones(), seg);
+            let tmp = path.with_extension("repair");
+            std::fs::write(&tmp, &file).map_err(|e| format!("write {}: {e}", tmp.display()))?;
+            File::open(&tmp)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| format!("fsync {}: {e}", tmp.display()))?;
+            std::fs::rename(&tmp, &path).map_err(|e| format!("rename {}: {e}", path.display()))?;
+            if let Some(dir) = path.parent() {
+                segment::sync_dir(dir).map_err(|e| e.to_string())?;
+            }
+            segment::open(&path, false).map_err(|e| e.to_string())?
+        };
+        // A slot is zeros past the data, and nothing to allocate.
+        let zeroed = if f.is_slot() {
+            f.size().map_err(|e| e.to_string())?
+        } else {
+            file.len() as u64
+        };
+        let prepared = if f.is_slot() { zeroed } else { 0 };
+        let f = Arc::new(f);
         self.shared.files_mut().insert(seg, f.clone());
         let max_seq = refs
             .iter()
@@ -1970,8 +2128,8 @@ impl Writer {
             SegState {
                 file: f,
                 len: file.len() as u64,
-                zeroed: file.len() as u64,
-                prepared: 0,
+                zeroed,
+                prepared,
                 class,
                 markers: new_markers,
                 ew_pages: new_ew,

@@ -576,6 +576,46 @@ fn trim_frees_segments_and_positions_are_never_reused() {
     assert_eq!(&store.read("t", 400).unwrap()[..], b"next");
 }
 
+/// At `max_segments` an append is refused with `Full` and nothing else
+/// changes: a trim lets appends go on at the next position, without a
+/// restart. (Until 2026-11-27 the failed slide left the store refusing
+/// every append until restarted.)
+#[test]
+fn a_log_at_max_segments_refuses_appends_until_a_trim() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_config(dir.path());
+    // The windows take 9 segments: room for a few slides.
+    cfg.max_segments = 15;
+    let store = Store::open(cfg.clone()).unwrap();
+    let rec = vec![3u8; 3000];
+    let mut acked = 0u64;
+    let err = loop {
+        match store.append_blocking("t", 0, 0, rec.clone()) {
+            Ok(p) => {
+                assert_eq!(p, acked);
+                acked += 1;
+            }
+            Err(e) => break e,
+        }
+        assert!(acked < 10_000, "never full");
+    };
+    assert!(matches!(err, StoreError::Full(_)), "{err}");
+    // Refused again, the same way, while nothing is trimmed.
+    let again = store.append_blocking("t", 0, 0, rec.clone()).unwrap_err();
+    assert!(matches!(again, StoreError::Full(_)), "{again}");
+    for p in 0..acked {
+        assert_eq!(&store.read("t", p).unwrap()[..], &rec[..]);
+    }
+    store.trim_blocking("t", acked).unwrap();
+    assert_eq!(
+        store.append_blocking("t", 0, 0, rec.clone()).unwrap(),
+        acked
+    );
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    assert_eq!(store.bounds("t"), (acked, acked + 1));
+}
+
 #[test]
 fn bad_arguments_are_typed_errors() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,0 +1,705 @@
+//! Raw devices as segment stores (`devices` in the configuration): one
+//! device per zone, a block device or a fixed-size file standing in for
+//! one, cut into slots that each hold one segment at a time.
+//!
+//! A file system gives segments names: creating, renaming and deleting a
+//! file is how a segment comes, goes and is replaced. A raw device has no
+//! names, so each slot starts with a header that says what the slot holds,
+//! and the device starts with a label that says how it is cut:
+//!
+//! ```text
+//! 0                        label (4 KiB): magic "MLDV", crc32, version,
+//!                          zone, zones, segment_bytes, slot_bytes
+//! 4096 + i * (4096 + S)    slot i header (4 KiB): magic "MLDS", crc32,
+//!                          version, state, i, S, segment, generation
+//! 8192 + i * (4096 + S)    slot i data: S = slot_bytes bytes
+//! ```
+//!
+//! A slot is *free* (contents unknown: a header that does not verify
+//! counts as free), *spare* (data all zeros) or holds *segment* `id`. A
+//! segment's space beyond its data holds zeros, as in a spare file, so a
+//! scan finds where the data ends: a slot is zeroed before it takes a
+//! segment. Every header write carries the device's next generation, so
+//! when two slots name the same segment (a crash in the middle of a
+//! repair, which writes the rebuilt segment into another slot, then its
+//! header, then frees the old slot) the newer one wins.
+//!
+//! Writing a header is the device's counterpart of a rename plus a
+//! directory fsync: the writer makes it durable before any page of the
+//! segment is written, so a crash never leaves pages in a slot whose
+//! header says something else.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::error::{ConfigError, OpenError};
+use crate::seg_file::SegFile;
+
+/// Bytes of the device label and of each slot header: one block, so a
+/// header write never shares a block with segment data and direct writes
+/// keep their alignment.
+pub const HEADER_BYTES: u64 = 4096;
+
+/// Room a slot has beyond `segment_bytes`: the windows count a segment
+/// full at `segment_bytes`, but class markers (a few dozen bytes each, at
+/// most four per segment) may land after that.
+pub const SLOT_SLACK: u64 = 64 << 10;
+
+const LABEL_MAGIC: &[u8; 4] = b"MLDV";
+const SLOT_MAGIC: &[u8; 4] = b"MLDS";
+const VERSION: u8 = 1;
+
+/// How a device is cut, as its label records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Label {
+    /// The zone the device belongs to.
+    pub zone: u32,
+    /// How many zones the store has.
+    pub zones: u32,
+    /// The configured `segment_bytes`.
+    pub segment_bytes: u64,
+    /// Data bytes of each slot.
+    pub slot_bytes: u64,
+}
+
+/// Bytes of an encoded label (the rest of its block is zeros).
+const LABEL_LEN: usize = 40;
+
+impl Label {
+    /// The label's bytes.
+    pub fn encode(&self) -> [u8; LABEL_LEN] {
+        let mut b = [0u8; LABEL_LEN];
+        b[..4].copy_from_slice(LABEL_MAGIC);
+        b[8] = VERSION;
+        b[12..16].copy_from_slice(&self.zone.to_le_bytes());
+        b[16..20].copy_from_slice(&self.zones.to_le_bytes());
+        b[24..32].copy_from_slice(&self.segment_bytes.to_le_bytes());
+        b[32..40].copy_from_slice(&self.slot_bytes.to_le_bytes());
+        let crc = crc32fast::hash(&b[8..]);
+        b[4..8].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// A label from the device's first bytes, if they are one.
+    pub fn decode(b: &[u8]) -> Option<Label> {
+        let b = b.get(..LABEL_LEN)?;
+        if &b[..4] != LABEL_MAGIC
+            || u32::from_le_bytes(b[4..8].try_into().ok()?) != crc32fast::hash(&b[8..])
+            || b[8] != VERSION
+        {
+            return None;
+        }
+        Some(Label {
+            zone: u32::from_le_bytes(b[12..16].try_into().ok()?),
+            zones: u32::from_le_bytes(b[16..20].try_into().ok()?),
+            segment_bytes: u64::from_le_bytes(b[24..32].try_into().ok()?),
+            slot_bytes: u64::from_le_bytes(b[32..40].try_into().ok()?),
+        })
+    }
+}
+
+/// What a slot holds, as its header records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// Nothing; its bytes are unknown.
+    Free,
+    /// Nothing; its data is all zeros.
+    Spare,
+    /// Segment `id`.
+    Segment(u64),
+}
+
+/// Bytes of an encoded slot header.
+const SLOT_LEN: usize = 48;
+
+/// A slot header's bytes: what slot `slot` of `slot_bytes` holds, written
+/// at generation `gen`.
+pub fn encode_slot(held: Held, slot: u64, slot_bytes: u64, gen: u64) -> [u8; SLOT_LEN] {
+    let mut b = [0u8; SLOT_LEN];
+    b[..4].copy_from_slice(SLOT_MAGIC);
+    b[8] = VERSION;
+    let (state, id) = match held {
+        Held::Free => (0, 0),
+        Held::Spare => (1, 0),
+        Held::Segment(id) => (2, id),
+    };
+    b[9] = state;
+    b[16..24].copy_from_slice(&slot.to_le_bytes());
+    b[24..32].copy_from_slice(&slot_bytes.to_le_bytes());
+    b[32..40].copy_from_slice(&id.to_le_bytes());
+    b[40..48].copy_from_slice(&gen.to_le_bytes());
+    let crc = crc32fast::hash(&b[8..]);
+    b[4..8].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// What slot `slot` of `slot_bytes` holds and the header's generation,
+/// if `b` is a header written for exactly that slot of that size (one
+/// left over from a device cut another way does not count).
+pub fn decode_slot(b: &[u8], slot: u64, slot_bytes: u64) -> Option<(Held, u64)> {
+    let b = b.get(..SLOT_LEN)?;
+    let u64_at = |at: usize| b[at..at + 8].try_into().ok().map(u64::from_le_bytes);
+    if &b[..4] != SLOT_MAGIC
+        || u32::from_le_bytes(b[4..8].try_into().ok()?) != crc32fast::hash(&b[8..])
+        || b[8] != VERSION
+        || u64_at(16)? != slot
+        || u64_at(24)? != slot_bytes
+    {
+        return None;
+    }
+    let held = match b[9] {
+        0 => Held::Free,
+        1 => Held::Spare,
+        2 => Held::Segment(u64_at(32)?),
+        _ => return None,
+    };
+    Some((held, u64_at(40)?))
+}
+
+/// A slot as the device's table tracks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// As the header says.
+    At(Held),
+    /// Taken by someone who is zeroing or assigning it.
+    Busy,
+}
+
+struct Table {
+    slots: Vec<Slot>,
+    /// The generation the next header write gets.
+    gen: u64,
+}
+
+/// One zone's device, cut into slots.
+pub struct Device {
+    path: PathBuf,
+    file: File,
+    zone: usize,
+    slot_bytes: u64,
+    table: Mutex<Table>,
+}
+
+/// Data bytes per slot for segments of `segment_bytes`: the segment, the
+/// slack for markers, rounded up to a block.
+pub fn slot_bytes(segment_bytes: u64) -> u64 {
+    (segment_bytes + SLOT_SLACK).next_multiple_of(HEADER_BYTES)
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("path", &self.path)
+            .field("zone", &self.zone)
+            .field("slots", &self.slots())
+            .finish()
+    }
+}
+
+fn bad(why: String) -> OpenError {
+    OpenError::Config(ConfigError::Invalid(why))
+}
+
+impl Device {
+    /// Opens zone `zone`'s device (of `zones`) at `path`, labelling it if
+    /// its first block is all zeros (a new or wiped device), and reads
+    /// every slot header. Refuses a device labelled for another zone or
+    /// another segment size, one whose first block is something else
+    /// (never overwritten: it may be another program's data), and one too
+    /// small for a slot. Two slots naming one segment: the later header
+    /// wins and the other slot is freed.
+    pub fn open(
+        path: &Path,
+        zone: usize,
+        zones: usize,
+        segment_bytes: u64,
+    ) -> Result<Device, OpenError> {
+        let io_err = |source| OpenError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = open_exclusive(path).map_err(io_err)?;
+        let size = device_size(&file).map_err(io_err)?;
+        let want = Label {
+            zone: zone as u32,
+            zones: zones as u32,
+            segment_bytes,
+            slot_bytes: slot_bytes(segment_bytes),
+        };
+        let slot_span = HEADER_BYTES + want.slot_bytes;
+        let slots = size.saturating_sub(HEADER_BYTES) / slot_span;
+        if slots == 0 {
+            return Err(bad(format!(
+                "device {} has {size} bytes, too small for one slot of {slot_span} bytes (segment_bytes {segment_bytes} plus headers)",
+                path.display()
+            )));
+        }
+        let mut first = vec![0u8; HEADER_BYTES as usize];
+        file.read_exact_at(&mut first, 0).map_err(io_err)?;
+        match Label::decode(&first) {
+            Some(l) if l == want => {}
+            Some(l) => {
+                return Err(bad(format!(
+                    "device {} is labelled for zone {} of {} with segment_bytes {}, but is configured as zone {zone} of {zones} with segment_bytes {segment_bytes}: the devices list changed order or segment_bytes changed",
+                    path.display(),
+                    l.zone,
+                    l.zones,
+                    l.segment_bytes
+                )))
+            }
+            None if first.iter().all(|&b| b == 0) => {
+                tracing::info!(device = %path.display(), zone, slots, "labelling a new device");
+                first[..LABEL_LEN].copy_from_slice(&want.encode());
+                file.write_all_at(&first, 0)
+                    .and_then(|_| file.sync_data())
+                    .map_err(io_err)?;
+            }
+            None => {
+                return Err(bad(format!(
+                    "device {} holds data that is not a MeldDB log label; if it is meant for the log, zero its first 4 KiB (dd if=/dev/zero of={} bs=4096 count=1)",
+                    path.display(),
+                    path.display()
+                )))
+            }
+        }
+        let dev = Device {
+            path: path.to_path_buf(),
+            file,
+            zone,
+            slot_bytes: want.slot_bytes,
+            table: Mutex::new(Table {
+                slots: Vec::new(),
+                gen: 1,
+            }),
+        };
+        let mut held = Vec::with_capacity(slots as usize);
+        let mut gen = 0;
+        let mut buf = [0u8; SLOT_LEN];
+        for i in 0..slots {
+            dev.file
+                .read_exact_at(&mut buf, dev.header_at(i))
+                .map_err(io_err)?;
+            let h = decode_slot(&buf, i, dev.slot_bytes);
+            gen = gen.max(h.map_or(0, |h| h.1));
+            held.push(h);
+        }
+        // Newest header per segment; the rest are stale.
+        let mut newest: std::collections::BTreeMap<u64, (u64, u64)> = Default::default();
+        for (i, h) in held.iter().enumerate() {
+            if let Some((Held::Segment(id), g)) = h {
+                let e = newest.entry(*id).or_insert((*g, i as u64));
+                if *g > e.0 {
+                    *e = (*g, i as u64);
+                }
+            }
+        }
+        let mut stale = Vec::new();
+        let table: Vec<Slot> = held
+            .iter()
+            .enumerate()
+            .map(|(i, h)| match h {
+                Some((Held::Segment(id), _)) if newest[id].1 != i as u64 => {
+                    stale.push(i as u64);
+                    Slot::At(Held::Free)
+                }
+                Some((held, _)) => Slot::At(*held),
+                None => Slot::At(Held::Free),
+            })
+            .collect();
+        {
+            let mut t = dev.lock();
+            t.slots = table;
+            t.gen = gen + 1;
+        }
+        for i in stale {
+            tracing::warn!(device = %path.display(), slot = i, "freeing a slot whose segment a newer slot holds (a repair was cut short)");
+            dev.write_header(i, Held::Free).map_err(io_err)?;
+        }
+        if !newest.is_empty() {
+            dev.file.sync_data().map_err(io_err)?;
+        }
+        Ok(dev)
+    }
+
+    /// The segments the device holds, as `(segment, slot)`, by segment.
+    pub fn segments(&self) -> Vec<(u64, u64)> {
+        let mut v: Vec<(u64, u64)> = self
+            .lock()
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match s {
+                Slot::At(Held::Segment(id)) => Some((*id, i as u64)),
+                _ => None,
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        crate::locks::lock(&self.table)
+    }
+
+    /// The device's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Slots on the device.
+    pub fn slots(&self) -> u64 {
+        self.lock().slots.len() as u64
+    }
+
+    /// Data bytes per slot.
+    pub fn slot_bytes(&self) -> u64 {
+        self.slot_bytes
+    }
+
+    fn header_at(&self, slot: u64) -> u64 {
+        HEADER_BYTES + slot * (HEADER_BYTES + self.slot_bytes)
+    }
+
+    /// Segment data of `slot`, as its own descriptor.
+    pub fn seg_file(&self, slot: u64) -> io::Result<SegFile> {
+        Ok(SegFile::slot(
+            self.file.try_clone()?,
+            self.header_at(slot) + HEADER_BYTES,
+            self.slot_bytes,
+        ))
+    }
+
+    /// Writes `slot`'s header (not durable until [`Device::sync`]) and
+    /// records it in the table.
+    fn write_header(&self, slot: u64, held: Held) -> io::Result<()> {
+        let mut t = self.lock();
+        let gen = t.gen;
+        t.gen += 1;
+        let mut block = vec![0u8; HEADER_BYTES as usize];
+        block[..SLOT_LEN].copy_from_slice(&encode_slot(held, slot, self.slot_bytes, gen));
+        self.file.write_all_at(&block, self.header_at(slot))?;
+        if let Some(s) = t.slots.get_mut(slot as usize) {
+            *s = Slot::At(held);
+        }
+        Ok(())
+    }
+
+    /// Makes every header and zero written so far durable.
+    pub fn sync(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    /// Spare slots ready.
+    pub fn spares(&self) -> usize {
+        self.lock()
+            .slots
+            .iter()
+            .filter(|s| **s == Slot::At(Held::Spare))
+            .count()
+    }
+
+    /// Slots that can take a new segment: every slot not holding one (a
+    /// spare being zeroed by the refill counts: it will be ready).
+    pub fn available(&self) -> usize {
+        self.lock()
+            .slots
+            .iter()
+            .filter(|s| !matches!(s, Slot::At(Held::Segment(_))))
+            .count()
+    }
+
+    /// Takes a slot in state `from` for the caller (lowest first).
+    fn take(&self, from: Held) -> Option<u64> {
+        let mut t = self.lock();
+        let i = t.slots.iter().position(|s| *s == Slot::At(from))?;
+        t.slots[i] = Slot::Busy;
+        Some(i as u64)
+    }
+
+    /// Takes a spare slot, if there is one.
+    pub fn take_spare(&self) -> Option<u64> {
+        self.take(Held::Spare)
+    }
+
+    /// Takes a free slot (to zero), if there is one.
+    pub fn take_free(&self) -> Option<u64> {
+        self.take(Held::Free)
+    }
+
+    /// Gives back a slot taken and not used: it is free (its header was
+    /// not changed, so whatever it says, the slot's contents are not
+    /// relied on; a spare's header stays true and it stays spare).
+    pub fn give_back(&self, slot: u64, was: Held) {
+        if let Some(s) = self.lock().slots.get_mut(slot as usize) {
+            *s = Slot::At(was);
+        }
+    }
+
+    /// Writes `len` zeros into `slot`'s data at `off`.
+    pub fn zero(&self, slot: u64, off: u64, len: u64) -> io::Result<()> {
+        self.seg_file(slot)?.cut(off, off + len)
+    }
+
+    /// A slot taken and zeroed becomes a spare (durable when this returns).
+    pub fn make_spare(&self, slot: u64) -> io::Result<()> {
+        self.sync()?;
+        self.write_header(slot, Held::Spare)?;
+        self.sync()
+    }
+
+    /// A taken, zeroed slot now holds segment `seg` (durable after
+    /// [`Device::sync`]).
+    pub fn assign(&self, slot: u64, seg: u64) -> io::Result<SegFile> {
+        self.write_header(slot, Held::Segment(seg))?;
+        self.seg_file(slot)
+    }
+
+    /// The slot holding segment `seg`.
+    pub fn slot_of(&self, seg: u64) -> Option<u64> {
+        self.lock()
+            .slots
+            .iter()
+            .position(|s| *s == Slot::At(Held::Segment(seg)))
+            .map(|i| i as u64)
+    }
+
+    /// Frees slot `slot` (durable after [`Device::sync`]).
+    pub fn free(&self, slot: u64) -> io::Result<()> {
+        self.write_header(slot, Held::Free)
+    }
+
+    /// A zeroed slot for a new segment: a spare, or else a free slot
+    /// zeroed now (on the caller's thread: `len` bytes at disk speed).
+    /// `None` when every slot is in use.
+    pub fn zeroed_slot(&self) -> io::Result<Option<u64>> {
+        if let Some(s) = self.take_spare() {
+            return Ok(Some(s));
+        }
+        let Some(s) = self.take_free() else {
+            return Ok(None);
+        };
+        tracing::warn!(device = %self.path.display(), slot = s, bytes = self.slot_bytes, "no spare slot; zeroing one for a new segment");
+        match self.zero(s, 0, self.slot_bytes) {
+            Ok(()) => Ok(Some(s)),
+            Err(e) => {
+                self.give_back(s, Held::Free);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Opens a device for reading and writing. A block device is opened with
+/// `O_EXCL`, which Linux turns into an exclusive claim (it fails while the
+/// device is mounted or another process has claimed it); every file is
+/// also locked (`flock`), so two services never share one.
+fn open_exclusive(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let block = std::fs::metadata(path)?.file_type().is_block_device();
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true).write(true);
+    if block {
+        o.custom_flags(libc::O_EXCL);
+    }
+    let in_use = |e: &dyn std::fmt::Display| {
+        io::Error::new(
+            io::ErrorKind::ResourceBusy,
+            format!("the device is in use: mounted, or held by another process ({e}); is a second service running on it?"),
+        )
+    };
+    let file = o.open(path).map_err(|e| match e.raw_os_error() {
+        Some(libc::EBUSY) => in_use(&e),
+        _ => e,
+    })?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        .map_err(|e| in_use(&e))?;
+    Ok(file)
+}
+
+/// A device's size: a block device's from seeking to its end (its
+/// metadata says 0), a file's from its metadata.
+fn device_size(file: &File) -> io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let meta = file.metadata()?;
+    if meta.is_file() {
+        return Ok(meta.len());
+    }
+    let mut f = file.try_clone()?;
+    f.seek(SeekFrom::End(0))
+}
+
+/// The device a flush of `path` covers, for ending a round with one
+/// flush per device ([`crate::flush`]), if write-back is sound there: a
+/// block device is written in place and flushed by an `fdatasync` of it,
+/// so its own number; a file standing in for one only where its file
+/// system qualifies.
+pub(crate) fn flush_key(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.file_type().is_block_device() {
+        // Block device numbers and file system device numbers come from
+        // one space, and a file system on this device cannot be mounted
+        // while the service holds it.
+        return Some(meta.rdev());
+    }
+    crate::flush::write_back_device(path.parent()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SEG: u64 = 64 << 10;
+
+    fn image(slots: u64) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("dev.img");
+        let f = File::create(&path).expect("create");
+        f.set_len(HEADER_BYTES + slots * (HEADER_BYTES + slot_bytes(SEG)) + 100)
+            .expect("size");
+        (dir, path)
+    }
+
+    #[test]
+    fn labels_and_slot_headers_round_trip_and_any_changed_byte_is_refused() {
+        let l = Label {
+            zone: 3,
+            zones: 9,
+            segment_bytes: SEG,
+            slot_bytes: slot_bytes(SEG),
+        };
+        let b = l.encode();
+        assert_eq!(Label::decode(&b), Some(l));
+        for i in 0..b.len() {
+            let mut c = b;
+            c[i] ^= 1;
+            assert_eq!(Label::decode(&c), None, "label byte {i}");
+        }
+        for held in [Held::Free, Held::Spare, Held::Segment(77)] {
+            let h = encode_slot(held, 5, 4096, 12);
+            assert_eq!(decode_slot(&h, 5, 4096), Some((held, 12)));
+            assert_eq!(decode_slot(&h, 6, 4096), None, "another slot's header");
+            assert_eq!(decode_slot(&h, 5, 8192), None, "another cut's header");
+            for i in 0..h.len() {
+                let mut c = h;
+                c[i] ^= 1;
+                assert_eq!(decode_slot(&c, 5, 4096), None, "header byte {i}");
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_are_never_a_label_or_header_by_accident(b in proptest::collection::vec(any::<u8>(), 0..64), slot in 0u64..4) {
+            // Random bytes almost never carry the magic and checksum; the
+            // point is that decoding them does not panic.
+            let _ = Label::decode(&b);
+            let _ = decode_slot(&b, slot, 4096);
+        }
+    }
+
+    #[test]
+    fn a_zeroed_device_is_labelled_and_a_foreign_or_mismatched_one_refused() {
+        let (_d, path) = image(3);
+        let dev = Device::open(&path, 1, 5, SEG).expect("new device");
+        let found = dev.segments();
+        assert_eq!(dev.slots(), 3);
+        assert!(found.is_empty());
+        drop(dev);
+        let dev = Device::open(&path, 1, 5, SEG).expect("reopen");
+        drop(dev);
+        for (zone, zones, seg) in [(2, 5, SEG), (1, 6, SEG), (1, 5, 2 * SEG)] {
+            let e = Device::open(&path, zone, zones, seg).expect_err("mismatch");
+            assert!(e.to_string().contains("is labelled for zone 1 of 5"), "{e}");
+        }
+        let (_d2, other) = image(3);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&other)
+            .and_then(|f| f.write_all_at(b"ext4 or whatever", 1024))
+            .expect("foreign data");
+        let e = Device::open(&other, 0, 5, SEG).expect_err("foreign");
+        assert!(e.to_string().contains("not a MeldDB log label"), "{e}");
+        let mut first = vec![9u8; 16];
+        File::open(&other)
+            .and_then(|f| f.read_exact_at(&mut first, 1024))
+            .expect("read");
+        assert_eq!(&first, b"ext4 or whatever", "left as it was");
+        let small = _d2.path().join("small");
+        File::create(&small)
+            .and_then(|f| f.set_len(HEADER_BYTES + slot_bytes(SEG)))
+            .expect("small");
+        let e = Device::open(&small, 0, 5, SEG).expect_err("too small");
+        assert!(e.to_string().contains("too small for one slot"), "{e}");
+    }
+
+    #[test]
+    fn a_second_open_of_a_held_device_is_refused() {
+        let (_d, path) = image(2);
+        let dev = Device::open(&path, 0, 3, SEG).expect("open");
+        let e = Device::open(&path, 0, 3, SEG).expect_err("held");
+        assert!(e.to_string().contains("the device is in use"), "{e}");
+        drop(dev);
+        Device::open(&path, 0, 3, SEG).expect("released");
+    }
+
+    #[test]
+    fn slots_keep_their_segments_across_opens_and_the_newest_header_wins() {
+        let (_d, path) = image(4);
+        let dev = Device::open(&path, 0, 3, SEG).expect("open");
+        let a = dev.zeroed_slot().expect("zero").expect("slot");
+        let f = dev.assign(a, 30).expect("assign");
+        f.write_all_at(b"page of segment 30", 0).expect("write");
+        let s = dev.zeroed_slot().expect("zero").expect("slot");
+        dev.make_spare(s).expect("spare");
+        dev.sync().expect("sync");
+        assert_eq!(dev.spares(), 1);
+        drop((dev, f));
+        let dev = Device::open(&path, 0, 3, SEG).expect("reopen");
+        let found = dev.segments();
+        assert_eq!(found, vec![(30, a)]);
+        assert_eq!(dev.spares(), 1);
+        let mut back = [0u8; 18];
+        dev.seg_file(a)
+            .and_then(|f| f.read_exact_at(&mut back, 0))
+            .expect("read");
+        assert_eq!(&back, b"page of segment 30");
+        // A repair cut short: a second slot names segment 30 with a newer
+        // header; the open keeps it and frees the first.
+        let b = dev.take_spare().expect("spare");
+        dev.assign(b, 30).expect("assign");
+        dev.sync().expect("sync");
+        drop(dev);
+        let dev = Device::open(&path, 0, 3, SEG).expect("reopen");
+        let found = dev.segments();
+        assert_eq!(found, vec![(30, b)]);
+        assert_eq!(dev.slot_of(30), Some(b));
+        drop(dev);
+        let found = Device::open(&path, 0, 3, SEG).expect("reopen").segments();
+        assert_eq!(found, vec![(30, b)], "the stale slot stays free");
+    }
+
+    #[test]
+    fn a_full_device_has_no_slot_and_a_freed_slot_comes_back_zeroed() {
+        let (_d, path) = image(2);
+        let dev = Device::open(&path, 0, 3, SEG).expect("open");
+        let a = dev.zeroed_slot().expect("zero").expect("first");
+        let fa = dev.assign(a, 3).expect("assign");
+        let b = dev.zeroed_slot().expect("zero").expect("second");
+        dev.assign(b, 6).expect("assign");
+        assert_eq!(dev.zeroed_slot().expect("no error"), None);
+        fa.write_all_at(&[7u8; 5000], 100).expect("write");
+        dev.free(a).expect("free");
+        let c = dev.zeroed_slot().expect("zero").expect("freed slot");
+        assert_eq!(c, a);
+        let mut back = vec![1u8; dev.slot_bytes() as usize];
+        dev.seg_file(c)
+            .and_then(|f| f.read_exact_at(&mut back, 0))
+            .expect("read");
+        assert!(back.iter().all(|&x| x == 0), "reused slot is zeros");
+    }
+}

@@ -1,0 +1,489 @@
+//! Segments on raw devices (`devices`): the store against a model across
+//! reopen, trim (slots freed and reused), lost slot headers and corrupt
+//! pages; against the file layout, byte for byte; on real block devices
+//! (loop devices) where this machine allows them; and the open's refusals.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use melddb_log::device::{decode_slot, slot_bytes, Held, HEADER_BYTES};
+use melddb_log::{Config, Store, StoreError};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const SEG: u64 = 64 << 10;
+
+fn file_config(dir: &Path) -> Config {
+    let zones: Vec<PathBuf> = (0..3).map(|z| dir.join(format!("zone{z}"))).collect();
+    let mut c = Config::with_zones(zones);
+    c.page_bytes = 4096;
+    c.segment_bytes = SEG;
+    c.max_record_bytes = 256 << 10;
+    c
+}
+
+/// The file configuration with one device image of `slots` slots per
+/// zone (sparse files of zeros: new devices).
+fn device_config(dir: &Path, slots: u64) -> Config {
+    let mut c = file_config(dir);
+    c.devices = (0..3)
+        .map(|z| {
+            let p = dir.join(format!("dev{z}.img"));
+            let f = std::fs::File::create(&p).unwrap();
+            f.set_len(HEADER_BYTES + slots * (HEADER_BYTES + slot_bytes(SEG)))
+                .unwrap();
+            p
+        })
+        .collect();
+    c
+}
+
+/// Where slot `slot`'s header is.
+fn header_at(slot: u64) -> u64 {
+    HEADER_BYTES + slot * (HEADER_BYTES + slot_bytes(SEG))
+}
+
+/// Every segment on the devices, read from the slot headers as the open
+/// reads them (newest header per segment): its device and slot.
+fn slots(cfg: &Config) -> BTreeMap<u64, (PathBuf, u64)> {
+    let mut newest: BTreeMap<u64, (u64, PathBuf, u64)> = BTreeMap::new();
+    for dev in &cfg.devices {
+        let f = std::fs::File::open(dev).unwrap();
+        let n = (f.metadata().unwrap().len() - HEADER_BYTES) / (HEADER_BYTES + slot_bytes(SEG));
+        for slot in 0..n {
+            let mut b = [0u8; 64];
+            f.read_exact_at(&mut b, header_at(slot)).unwrap();
+            if let Some((Held::Segment(id), gen)) = decode_slot(&b, slot, slot_bytes(SEG)) {
+                if newest.get(&id).is_none_or(|e| e.0 < gen) {
+                    newest.insert(id, (gen, dev.clone(), slot));
+                }
+            }
+        }
+    }
+    newest
+        .into_iter()
+        .map(|(id, (_, d, s))| (id, (d, s)))
+        .collect()
+}
+
+/// A slot's data bytes.
+fn slot_data(dev: &Path, slot: u64) -> Vec<u8> {
+    let mut b = vec![0u8; slot_bytes(SEG) as usize];
+    std::fs::File::open(dev)
+        .unwrap()
+        .read_exact_at(&mut b, header_at(slot) + HEADER_BYTES)
+        .unwrap();
+    b
+}
+
+/// Where a slot's data ends (the rest is zeros).
+fn data_end(bytes: &[u8]) -> usize {
+    bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)
+}
+
+type Model = BTreeMap<String, (u64, Vec<Vec<u8>>)>;
+
+fn record(rng: &mut ChaCha8Rng) -> Vec<u8> {
+    let len = match rng.random_range(0..10) {
+        0 => rng.random_range(8137..40_000), // multi-stripe
+        1..=2 => rng.random_range(2000..8000),
+        _ => rng.random_range(1..300),
+    };
+    (0..len).map(|_| rng.random()).collect()
+}
+
+fn check(store: &Store, model: &Model, what: &str) {
+    for (log, (first, recs)) in model {
+        assert_eq!(
+            store.bounds(log),
+            (*first, *first + recs.len() as u64),
+            "{what}: bounds of {log}"
+        );
+        for (i, r) in recs.iter().enumerate() {
+            let pos = first + i as u64;
+            let got = store
+                .read(log, pos)
+                .unwrap_or_else(|e| panic!("{what}: {log}@{pos}: {e}"));
+            assert_eq!(&got[..], &r[..], "{what}: {log}@{pos}");
+        }
+    }
+}
+
+/// Appends from four threads at once, so the writer forms real batches.
+fn append_burst(store: &Arc<Store>, model: &mut Model, rng: &mut ChaCha8Rng, n: usize) {
+    let logs = ["alpha", "beta", "gamma"];
+    let work: Vec<(String, Vec<u8>)> = (0..n)
+        .map(|_| (logs[rng.random_range(0..3)].to_string(), record(rng)))
+        .collect();
+    let done: Vec<(String, Vec<u8>, u64)> = std::thread::scope(|s| {
+        let hs: Vec<_> = work
+            .chunks(n.div_ceil(4).max(1))
+            .map(|chunk| {
+                let store = store.clone();
+                s.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|(l, b)| {
+                            (
+                                l.clone(),
+                                b.clone(),
+                                store.append_blocking(l, 0, 0, b.clone()).unwrap(),
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    let mut by_log: BTreeMap<String, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
+    for (l, b, p) in done {
+        by_log.entry(l).or_default().push((p, b));
+    }
+    for (l, mut v) in by_log {
+        v.sort_by_key(|x| x.0);
+        let e = model.entry(l.clone()).or_insert((0, Vec::new()));
+        for (p, b) in v {
+            assert_eq!(p, e.0 + e.1.len() as u64, "positions of {l} are dense");
+            e.1.push(b);
+        }
+    }
+}
+
+/// The model test of `tests/store.rs` on devices small enough that trim
+/// must free slots for the log to go on: every acknowledged record reads
+/// back across reopens, trims, slot headers wiped while closed (the
+/// device's "deleted file": recovery rebuilds the segment into another
+/// slot) and bytes flipped in a segment's data (scrub repairs it, again
+/// into another slot).
+#[test]
+fn random_history_on_devices_matches_the_model_and_reuses_slots() {
+    for seed in 0..6u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = device_config(dir.path(), 24);
+        cfg.strict_end_writes = seed % 2 == 1;
+        // Spare slots zeroed ahead, or every slot zeroed when taken.
+        cfg.prepared_segments = if seed % 3 == 0 { 0 } else { 2 };
+        cfg.direct_writes = seed % 3 != 2;
+        cfg.direct_write_min_bytes = 4096;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut model = Model::new();
+        let mut store = Arc::new(Store::open(cfg.clone()).unwrap());
+        let mut highest = 0;
+        let mut freed = 0;
+        for step in 0..24 {
+            let what = format!("seed {seed} step {step}");
+            let n = rng.random_range(1..60);
+            append_burst(&store, &mut model, &mut rng, n);
+            check(&store, &model, &what);
+            highest = highest.max(slots(&cfg).keys().copied().max().unwrap_or(0));
+            match rng.random_range(0..5) {
+                0 | 1 => {
+                    // Trim every log most of the way: the devices are
+                    // small, and freed slots must be reused.
+                    for (log, (first, recs)) in model.iter_mut() {
+                        let cut = recs.len() * 3 / 4;
+                        store.trim_blocking(log, *first + cut as u64).unwrap();
+                        recs.drain(..cut);
+                        *first += cut as u64;
+                    }
+                }
+                2 => {
+                    freed += store.stats().segments_freed;
+                    drop(store);
+                    store = Arc::new(Store::open(cfg.clone()).unwrap());
+                }
+                3 => {
+                    // Wipe one segment's slot header while closed.
+                    freed += store.stats().segments_freed;
+                    drop(store);
+                    let all: Vec<(u64, (PathBuf, u64))> = slots(&cfg).into_iter().collect();
+                    let (victim, (dev, slot)) = &all[rng.random_range(0..all.len())];
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(dev)
+                        .unwrap()
+                        .write_all_at(&[0u8; HEADER_BYTES as usize], header_at(*slot))
+                        .unwrap();
+                    store = Arc::new(Store::open(cfg.clone()).unwrap());
+                    let rebuilt = &store.recovery().repaired_segments;
+                    let now = slots(&cfg);
+                    assert!(
+                        !rebuilt.contains(victim) || now.contains_key(victim),
+                        "{what}: segment {victim} was rebuilt into a slot: {now:?}"
+                    );
+                }
+                _ => {
+                    // Flip a byte inside a random segment's data.
+                    let all: Vec<(u64, (PathBuf, u64))> = slots(&cfg).into_iter().collect();
+                    let (_, (dev, slot)) = &all[rng.random_range(0..all.len())];
+                    let data = slot_data(dev, *slot);
+                    let end = data_end(&data);
+                    if end > 0 {
+                        let at = rng.random_range(0..end);
+                        let f = std::fs::OpenOptions::new().write(true).open(dev).unwrap();
+                        f.write_all_at(
+                            &[data[at] ^ 0x5a],
+                            header_at(*slot) + HEADER_BYTES + at as u64,
+                        )
+                        .unwrap();
+                    }
+                    check(&store, &model, &what);
+                    let report = store.scrub_blocking();
+                    assert!(
+                        report.unrecoverable.is_empty() && report.failed.is_empty(),
+                        "{what}: {report:?}"
+                    );
+                    assert_eq!(
+                        store.scrub_blocking().bad_pages,
+                        0,
+                        "{what}: scrub after repair is clean"
+                    );
+                }
+            }
+            check(&store, &model, &what);
+        }
+        // Segment ids went past what the slots could hold without reuse.
+        assert!(
+            highest / 3 > 24,
+            "seed {seed}: the devices never had to reuse a slot (highest segment {highest})"
+        );
+        freed += store.stats().segments_freed;
+        assert!(freed > 24, "seed {seed}: {freed} segments freed");
+        drop(store);
+        let store = Store::open(cfg.clone()).unwrap();
+        check(&store, &model, &format!("seed {seed}, last open"));
+    }
+}
+
+/// The same appends, one at a time (so the batches are the same), on
+/// files and on devices: every segment has the same bytes, and a slot
+/// holds zeros after them.
+#[test]
+fn devices_hold_exactly_the_bytes_segment_files_hold() {
+    let files_dir = tempfile::tempdir().unwrap();
+    let dev_dir = tempfile::tempdir().unwrap();
+    let files_cfg = file_config(files_dir.path());
+    // Few slots, so that trims free them and later segments reuse them.
+    let dev_cfg = device_config(dev_dir.path(), 10);
+    let files = Store::open(files_cfg.clone()).unwrap();
+    let devs = Store::open(dev_cfg.clone()).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    for i in 0..600u64 {
+        let log = ["a", "b"][rng.random_range(0..2)];
+        let rec = record(&mut rng);
+        let p = files.append_blocking(log, 1, i + 1, rec.clone()).unwrap();
+        assert_eq!(devs.append_blocking(log, 1, i + 1, rec).unwrap(), p);
+        if i % 50 == 49 {
+            for s in [&files, &devs] {
+                for log in ["a", "b"] {
+                    let (_, tail) = s.bounds(log);
+                    s.trim_blocking(log, tail.saturating_sub(5)).unwrap();
+                }
+            }
+        }
+    }
+    drop((files, devs));
+    let on_devices = slots(&dev_cfg);
+    let mut file_segs = BTreeMap::new();
+    for (z, zone) in files_cfg.zones.iter().enumerate() {
+        for e in std::fs::read_dir(zone).unwrap() {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            if let Some(id) = melddb_log::segment::parse_name(&name) {
+                assert_eq!(id % 3, z as u64);
+                file_segs.insert(id, std::fs::read(zone.join(&name)).unwrap());
+            }
+        }
+    }
+    let highest = *file_segs.keys().next_back().unwrap();
+    assert!(
+        highest / 3 > 10,
+        "slots were reused: highest segment {highest}"
+    );
+    assert_eq!(
+        on_devices.keys().collect::<Vec<_>>(),
+        file_segs.keys().collect::<Vec<_>>(),
+        "the same segments live (trim freed the same ones)"
+    );
+    for (id, bytes) in &file_segs {
+        let (dev, slot) = &on_devices[id];
+        let data = slot_data(dev, *slot);
+        assert_eq!(&data[..bytes.len()], &bytes[..], "segment {id}");
+        assert!(
+            data[bytes.len()..].iter().all(|&b| b == 0),
+            "segment {id}: zeros after its data"
+        );
+    }
+}
+
+#[test]
+fn a_full_device_refuses_appends_until_a_trim_frees_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    // The windows take 3 + 2 * 3 = 9 segments, 3 per zone: 5 slots per
+    // device leave room for two slides.
+    let cfg = device_config(dir.path(), 5);
+    let store = Store::open(cfg.clone()).unwrap();
+    let rec = vec![7u8; 3000];
+    let mut acked = 0u64;
+    let err = loop {
+        match store.append_blocking("x", 0, 0, rec.clone()) {
+            Ok(p) => {
+                assert_eq!(p, acked);
+                acked += 1;
+            }
+            Err(e) => break e,
+        }
+        assert!(acked < 10_000, "the devices never filled");
+    };
+    assert!(matches!(err, StoreError::Full(_)), "{err}");
+    assert!(err.to_string().contains("trim"), "{err}");
+    // Everything acknowledged is there; a trim frees sealed segments'
+    // slots and appends go on, at the next position.
+    for p in 0..acked {
+        assert_eq!(&store.read("x", p).unwrap()[..], &rec[..]);
+    }
+    store.trim_blocking("x", acked).unwrap();
+    let p = store.append_blocking("x", 0, 0, rec.clone()).unwrap();
+    assert_eq!(p, acked, "positions are never reused");
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    assert_eq!(store.bounds("x"), (acked, acked + 1));
+}
+
+#[test]
+fn the_open_refuses_foreign_swapped_and_held_devices_with_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = device_config(dir.path(), 12);
+    let store = Store::open(cfg.clone()).unwrap();
+    store.append_blocking("x", 0, 0, b"kept".to_vec()).unwrap();
+    // A second store on the same devices.
+    let e = Store::open(cfg.clone()).err().expect("devices held");
+    assert!(e.to_string().contains("the device is in use"), "{e}");
+    drop(store);
+    // Zones' devices swapped.
+    let mut swapped = cfg.clone();
+    swapped.devices.swap(0, 1);
+    let e = Store::open(swapped).err().expect("swapped");
+    assert!(
+        e.to_string().contains("the devices list changed order"),
+        "{e}"
+    );
+    // Another segment size.
+    let mut resized = cfg.clone();
+    resized.segment_bytes = 2 * SEG;
+    let e = Store::open(resized).err().expect("resized");
+    assert!(e.to_string().contains("segment_bytes"), "{e}");
+    // A device with someone else's data is never written.
+    let mut foreign = cfg.clone();
+    let other = dir.path().join("other.img");
+    std::fs::write(&other, vec![0xabu8; 1 << 20]).unwrap();
+    foreign.devices[2] = other.clone();
+    let e = Store::open(foreign).err().expect("foreign");
+    assert!(e.to_string().contains("not a MeldDB log label"), "{e}");
+    assert!(std::fs::read(&other).unwrap().iter().all(|&b| b == 0xab));
+    // And the real configuration still opens with its record.
+    let store = Store::open(cfg).unwrap();
+    assert_eq!(&store.read("x", 0).unwrap()[..], b"kept");
+}
+
+/// Loop devices over image files, detached when dropped.
+struct Loops(Vec<PathBuf>);
+
+impl Drop for Loops {
+    fn drop(&mut self) {
+        for d in &self.0 {
+            let _ = std::process::Command::new("losetup")
+                .arg("-d")
+                .arg(d)
+                .status();
+        }
+    }
+}
+
+/// Attaches a loop device to each image, or `None` where this machine
+/// does not allow it (no `losetup`, not root, no loop driver).
+fn loop_devices(images: &[PathBuf]) -> Option<Loops> {
+    let mut loops = Loops(Vec::new());
+    for img in images {
+        let out = std::process::Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(img)
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            eprintln!(
+                "skipped: losetup: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            return None;
+        }
+        loops
+            .0
+            .push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
+    }
+    Some(loops)
+}
+
+/// The same history as the model test, shorter, on real block devices:
+/// a block device's size comes from seeking to its end, it is claimed
+/// exclusively, and flushed by its own `fdatasync`.
+#[test]
+fn a_log_on_loop_block_devices_survives_reopen_trim_and_a_lost_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = device_config(dir.path(), 30);
+    cfg.prepared_segments = 2;
+    let Some(loops) = loop_devices(&cfg.devices) else {
+        return;
+    };
+    let images = std::mem::replace(&mut cfg.devices, loops.0.clone());
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let mut model = Model::new();
+    let mut store = Arc::new(Store::open(cfg.clone()).unwrap());
+    for step in 0..12 {
+        let what = format!("loop step {step}");
+        append_burst(&store, &mut model, &mut rng, 40);
+        check(&store, &model, &what);
+        if step % 3 == 2 {
+            for (log, (first, recs)) in model.iter_mut() {
+                let cut = recs.len() / 2;
+                store.trim_blocking(log, *first + cut as u64).unwrap();
+                recs.drain(..cut);
+                *first += cut as u64;
+            }
+        }
+        if step % 4 == 3 {
+            drop(store);
+            store = Arc::new(Store::open(cfg.clone()).unwrap());
+            check(&store, &model, &what);
+        }
+    }
+    // A second open while the first holds the devices is refused.
+    let e = Store::open(cfg.clone()).err().expect("held");
+    assert!(e.to_string().contains("the device is in use"), "{e}");
+    drop(store);
+    // Lose a header through the block device; the segment is rebuilt.
+    let img_cfg = Config {
+        devices: images,
+        ..cfg.clone()
+    };
+    let on = slots(&img_cfg);
+    let (victim, (img, slot)) = on.iter().next().map(|(k, v)| (*k, v.clone())).unwrap();
+    let z = cfg.devices[img_cfg.devices.iter().position(|d| *d == img).unwrap()].clone();
+    let f = std::fs::OpenOptions::new().write(true).open(&z).unwrap();
+    f.write_all_at(&[0u8; HEADER_BYTES as usize], header_at(slot))
+        .unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let store = Store::open(cfg.clone()).unwrap();
+    check(&store, &model, "after a lost header");
+    assert!(
+        !store.recovery().repaired_segments.contains(&victim)
+            || slots(&img_cfg).contains_key(&victim),
+        "{:?}",
+        store.recovery()
+    );
+    drop(store);
+    drop(loops);
+}
