@@ -178,6 +178,8 @@ struct Table {
 pub struct Device {
     path: PathBuf,
     file: File,
+    /// A block device (zeroed by the device itself, see [`Device::zero`]).
+    block: bool,
     zone: usize,
     slot_bytes: u64,
     table: Mutex<Table>,
@@ -221,7 +223,7 @@ impl Device {
             path: path.to_path_buf(),
             source,
         };
-        let file = open_exclusive(path).map_err(io_err)?;
+        let (file, block) = open_exclusive(path).map_err(io_err)?;
         let size = device_size(&file).map_err(io_err)?;
         let want = Label {
             zone: zone as u32,
@@ -268,6 +270,7 @@ impl Device {
         let dev = Device {
             path: path.to_path_buf(),
             file,
+            block,
             zone,
             slot_bytes: want.slot_bytes,
             table: Mutex::new(Table {
@@ -438,9 +441,43 @@ impl Device {
         }
     }
 
-    /// Writes `len` zeros into `slot`'s data at `off`.
+    /// Makes `len` bytes of `slot`'s data at `off` zeros (not durable
+    /// until [`Device::sync`]). A block device is asked to zero the range
+    /// itself (`fallocate` with `FALLOC_FL_ZERO_RANGE`, which Linux turns
+    /// into the device's write-zeroes command where it has one, so an
+    /// NVMe drive need not be sent the zeros); where it refuses, and on a
+    /// file standing in for a device, zeros are written. (On a file,
+    /// `ZERO_RANGE` would leave unwritten extents, whose first write is a
+    /// metadata change, and a slot's pages must overwrite written blocks:
+    /// see `flush_once_per_device`.)
     pub fn zero(&self, slot: u64, off: u64, len: u64) -> io::Result<()> {
-        self.seg_file(slot)?.cut(off, off + len)
+        if off.checked_add(len).is_none_or(|end| end > self.slot_bytes) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "zeroing {len} bytes at {off} runs past a slot of {} bytes",
+                    self.slot_bytes
+                ),
+            ));
+        }
+        let at = self.header_at(slot) + HEADER_BYTES + off;
+        if self.block {
+            use rustix::fs::FallocateFlags as F;
+            match rustix::fs::fallocate(&self.file, F::ZERO_RANGE | F::KEEP_SIZE, at, len) {
+                Ok(()) => return Ok(()),
+                Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::INVAL => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        const STEP: u64 = 1 << 20;
+        let zeros = vec![0u8; STEP.min(len) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = STEP.min(len - done);
+            self.file.write_all_at(&zeros[..n as usize], at + done)?;
+            done += n;
+        }
+        Ok(())
     }
 
     /// A slot taken and zeroed becomes a spare (durable when this returns).
@@ -496,7 +533,7 @@ impl Device {
 /// `O_EXCL`, which Linux turns into an exclusive claim (it fails while the
 /// device is mounted or another process has claimed it); every file is
 /// also locked (`flock`), so two services never share one.
-fn open_exclusive(path: &Path) -> io::Result<File> {
+fn open_exclusive(path: &Path) -> io::Result<(File, bool)> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let block = std::fs::metadata(path)?.file_type().is_block_device();
     let mut o = std::fs::OpenOptions::new();
@@ -516,7 +553,7 @@ fn open_exclusive(path: &Path) -> io::Result<File> {
     })?;
     rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
         .map_err(|e| in_use(&e))?;
-    Ok(file)
+    Ok((file, block))
 }
 
 /// A device's size: a block device's from seeking to its end (its

@@ -177,13 +177,9 @@ impl Inner {
             0
         };
         if let Some(dev) = self.shared.device(zone) {
-            let chunk = vec![0u8; 1 << 20];
-            let result = dev
-                .seg_file(n)
-                .and_then(|f| {
-                    let write = |at: u64, len: u64| f.write_all_at(&chunk[..len as usize], at);
-                    self.zero(background, rate, dev.slot_bytes(), write, || f.sync_data())
-                })
+            let write = |at: u64, len: u64| dev.zero(n, at, len);
+            let result = self
+                .zero(background, rate, dev.slot_bytes(), write, || dev.sync())
                 .and_then(|done| {
                     if done {
                         dev.make_spare(n)?;

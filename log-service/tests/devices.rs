@@ -434,6 +434,18 @@ fn a_log_on_loop_block_devices_survives_reopen_trim_and_a_lost_header() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = device_config(dir.path(), 30);
     cfg.prepared_segments = 2;
+    // Old data in every slot: a slot must be zeroed (on a block device by
+    // the device: `fallocate` ZERO_RANGE) before it takes a segment.
+    for img in &cfg.devices {
+        let f = std::fs::OpenOptions::new().write(true).open(img).unwrap();
+        for slot in 0..30 {
+            f.write_all_at(
+                &vec![OLD; slot_bytes(SEG) as usize],
+                header_at(slot) + HEADER_BYTES,
+            )
+            .unwrap();
+        }
+    }
     let Some(loops) = loop_devices(&cfg.devices) else {
         return;
     };
@@ -486,4 +498,16 @@ fn a_log_on_loop_block_devices_survives_reopen_trim_and_a_lost_header() {
     );
     drop(store);
     drop(loops);
+    // No segment kept a block of the old data: its slot was zeroed first.
+    for (id, (img, slot)) in slots(&img_cfg) {
+        let data = slot_data(&img, slot);
+        assert!(
+            !data.chunks(4096).any(|b| b.iter().all(|&x| x == OLD)),
+            "segment {id} in {} slot {slot} holds old data",
+            img.display()
+        );
+    }
 }
+
+/// What the loop test's slots hold before the log uses them.
+const OLD: u8 = 0xee;
