@@ -1050,6 +1050,29 @@ pub struct ProbeSettings {
     pub before: Option<PointSpec>,
     /// Seconds the service is left idle right before the measured run.
     pub idle_secs: f64,
+    /// Put each zone's segments in slots of a device image (`devices`): a
+    /// sparse file of [`DEVICE_SLOTS`] slots beside the zone directories.
+    pub devices: bool,
+}
+
+/// Slots of each device image a probe with `devices` makes: far more than
+/// a probe fills (the images are sparse; only what is written takes
+/// space).
+pub const DEVICE_SLOTS: u64 = 64;
+
+/// One sparse device image per zone of `cfg`, in `dir`, for `devices`.
+fn device_images(dir: &Path, cfg: &Config) -> Result<Vec<PathBuf>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let slot = melddb_log::device::HEADER_BYTES + melddb_log::device::slot_bytes(cfg.segment_bytes);
+    (0..cfg.zones.len())
+        .map(|z| {
+            let p = dir.join(format!("device{z}.img"));
+            std::fs::File::create(&p)
+                .and_then(|f| f.set_len(melddb_log::device::HEADER_BYTES + DEVICE_SLOTS * slot))
+                .map_err(|e| format!("{}: {e}", p.display()))?;
+            Ok(p)
+        })
+        .collect()
 }
 
 /// Runs one load point for `secs` on a fresh service with `settings`;
@@ -1072,6 +1095,9 @@ pub fn probe(
         cfg.disable_transparent_huge_pages = !settings.keep_thp;
         cfg.flush_once_per_device = !settings.fsync_each_file;
         cfg.direct_writes = settings.direct;
+        if settings.devices {
+            cfg.devices = device_images(&dir, &cfg)?;
+        }
         let (store, running, _) = start_prepared(cfg, spares).await?;
         let addr = running.tcp.to_string();
         if settings.warmup_secs > 0.0 {

@@ -155,6 +155,11 @@ struct Args {
     /// before its half-target point.
     #[arg(long)]
     disk_alone: bool,
+    /// Log suite with `--point`: segments in slots of one device image
+    /// per zone (`devices`; sparse files standing in for raw devices)
+    /// instead of segment files.
+    #[arg(long)]
+    devices: bool,
 }
 
 fn main() {
@@ -1193,6 +1198,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         data_shards: args.data_shards,
         before: args.before,
         idle_secs: args.idle,
+        devices: args.devices,
     };
     let r = melddb_bench::logsvc::probe(spec, args.secs, spares, settings)?;
     let p = &r.point;

@@ -508,24 +508,54 @@ impl Device {
         self.write_header(slot, Held::Free)
     }
 
-    /// A zeroed slot for a new segment: a spare, or else a free slot
-    /// zeroed now (on the caller's thread: `len` bytes at disk speed).
-    /// `None` when every slot is in use.
-    pub fn zeroed_slot(&self) -> io::Result<Option<u64>> {
+    /// A zeroed slot for a new segment, and whether its zeros are written
+    /// blocks (then pages overwrite them with nothing to allocate, and a
+    /// round may write them back and flush once): a spare; else a free
+    /// slot zeroed now. On a block device the device zeroes it. A file
+    /// standing in for a device is asked for a zero range, which its file
+    /// system records as unwritten extents at once instead of the writer
+    /// writing `slot_bytes` of zeros while appends wait; its first write
+    /// then changes metadata, so such a segment is fsynced each round, as
+    /// a segment file made without a spare is. `None` when every slot
+    /// holds a segment.
+    pub fn zeroed_slot(&self) -> io::Result<Option<(u64, bool)>> {
         if let Some(s) = self.take_spare() {
-            return Ok(Some(s));
+            return Ok(Some((s, true)));
         }
         let Some(s) = self.take_free() else {
             return Ok(None);
         };
-        tracing::warn!(device = %self.path.display(), slot = s, bytes = self.slot_bytes, "no spare slot; zeroing one for a new segment");
-        match self.zero(s, 0, self.slot_bytes) {
-            Ok(()) => Ok(Some(s)),
+        let at = self.header_at(s) + HEADER_BYTES;
+        let r = if self.block {
+            self.zero(s, 0, self.slot_bytes).map(|()| true)
+        } else {
+            use rustix::fs::FallocateFlags as F;
+            match rustix::fs::fallocate(
+                &self.file,
+                F::ZERO_RANGE | F::KEEP_SIZE,
+                at,
+                self.slot_bytes,
+            ) {
+                Ok(()) => Ok(false),
+                Err(_) => {
+                    tracing::warn!(device = %self.path.display(), slot = s, bytes = self.slot_bytes, "no spare slot, and the file system cannot zero a range: writing zeros for a new segment");
+                    self.zero(s, 0, self.slot_bytes).map(|()| true)
+                }
+            }
+        };
+        match r {
+            Ok(written) => Ok(Some((s, written))),
             Err(e) => {
                 self.give_back(s, Held::Free);
                 Err(e)
             }
         }
+    }
+
+    /// Whether this is a block device (its slots are written in place
+    /// with nothing to allocate, whatever happened before an open).
+    pub fn is_block(&self) -> bool {
+        self.block
     }
 }
 
@@ -688,10 +718,10 @@ mod tests {
     fn slots_keep_their_segments_across_opens_and_the_newest_header_wins() {
         let (_d, path) = image(4);
         let dev = Device::open(&path, 0, 3, SEG).expect("open");
-        let a = dev.zeroed_slot().expect("zero").expect("slot");
+        let a = dev.zeroed_slot().expect("zero").expect("slot").0;
         let f = dev.assign(a, 30).expect("assign");
         f.write_all_at(b"page of segment 30", 0).expect("write");
-        let s = dev.zeroed_slot().expect("zero").expect("slot");
+        let s = dev.zeroed_slot().expect("zero").expect("slot").0;
         dev.make_spare(s).expect("spare");
         dev.sync().expect("sync");
         assert_eq!(dev.spares(), 1);
@@ -724,14 +754,14 @@ mod tests {
     fn a_full_device_has_no_slot_and_a_freed_slot_comes_back_zeroed() {
         let (_d, path) = image(2);
         let dev = Device::open(&path, 0, 3, SEG).expect("open");
-        let a = dev.zeroed_slot().expect("zero").expect("first");
+        let a = dev.zeroed_slot().expect("zero").expect("first").0;
         let fa = dev.assign(a, 3).expect("assign");
-        let b = dev.zeroed_slot().expect("zero").expect("second");
+        let b = dev.zeroed_slot().expect("zero").expect("second").0;
         dev.assign(b, 6).expect("assign");
         assert_eq!(dev.zeroed_slot().expect("no error"), None);
         fa.write_all_at(&[7u8; 5000], 100).expect("write");
         dev.free(a).expect("free");
-        let c = dev.zeroed_slot().expect("zero").expect("freed slot");
+        let c = dev.zeroed_slot().expect("zero").expect("freed slot").0;
         assert_eq!(c, a);
         let mut back = vec![1u8; dev.slot_bytes() as usize];
         dev.seg_file(c)

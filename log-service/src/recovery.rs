@@ -559,9 +559,13 @@ pub(crate) fn recover(
         }
         // Whether a reopened file's blocks are all written and committed
         // is not known (a kill can leave allocations uncommitted): it is
-        // fsynced file by file until sealed. A device slot has nothing to
+        // fsynced file by file until sealed; so is a slot of a file
+        // standing in for a device. A block device's slot has nothing to
         // allocate.
-        let prepared = if file.is_slot() { s.zeroed } else { 0 };
+        let block = f
+            .slot
+            .is_some_and(|(zone, _)| shared.devices[zone].is_block());
+        let prepared = if block { s.zeroed } else { 0 };
         let file = Arc::new(file);
         shared.files_mut().insert(id, file.clone());
         segs.insert(

@@ -652,7 +652,7 @@ impl Writer {
         let failed = |e: io::Error| {
             StoreError::WriteFailed(format!("segment {seg} on {}: {e}", dev.path().display()))
         };
-        let Some(slot) = dev.zeroed_slot().map_err(failed)? else {
+        let Some((slot, written)) = dev.zeroed_slot().map_err(failed)? else {
             tracing::warn!(device = %dev.path().display(), slots = dev.slots(), "every slot of the device holds a segment; trim the log");
             return Err(StoreError::Full(self.segs.len() as u64));
         };
@@ -668,6 +668,13 @@ impl Writer {
         }
         let size = file.size().map_err(failed)?;
         self.add_new_segment(seg, file, size);
+        if !written {
+            // Zeros as unwritten extents of a file standing in for a
+            // device: not prepared (see `Device::zeroed_slot`).
+            if let Some(st) = self.segs.get_mut(&seg) {
+                st.prepared = 0;
+            }
+        }
         Ok(())
     }
 
@@ -1891,14 +1898,14 @@ impl Writer {
     /// `seg` and frees the slot that held it: a crash before the header
     /// leaves the old slot in charge, after it the newer header wins
     /// ([`crate::device`]).
-    fn replace_in_slot(&self, seg: u64, bytes: &[u8]) -> Result<SegFile, String> {
+    fn replace_in_slot(&self, seg: u64, bytes: &[u8]) -> Result<(SegFile, bool), String> {
         let zone = segment::zone(self.zones(), seg);
         let dev = self
             .shared
             .device(zone)
             .ok_or_else(|| format!("zone {zone} has no device"))?;
         let at = |e: io::Error| format!("{}: {e}", dev.path().display());
-        let slot = dev.zeroed_slot().map_err(at)?.ok_or_else(|| {
+        let (slot, prepared) = dev.zeroed_slot().map_err(at)?.ok_or_else(|| {
             format!(
                 "{} has no free slot to rebuild segment {seg} in; trim the log",
                 dev.path().display()
@@ -1921,7 +1928,7 @@ impl Writer {
         if let Some(s) = &self.spares {
             s.wake();
         }
-        Ok(file)
+        Ok((file, prepared))
     }
 
     /// Rebuilds segment `seg` beside the old file and renames it over:
@@ -2088,7 +2095,7 @@ impl Writer {
                 }
             }
         }
-        let f = if self
+        let (f, slot_prepared) = if self
             .shared
             .device(segment::zone(self.zones(), seg))
             .is_some()
@@ -2105,15 +2112,18 @@ impl Writer {
             if let Some(dir) = path.parent() {
                 segment::sync_dir(dir).map_err(|e| e.to_string())?;
             }
-            segment::open(&path, false).map_err(|e| e.to_string())?
+            (
+                segment::open(&path, false).map_err(|e| e.to_string())?,
+                false,
+            )
         };
-        // A slot is zeros past the data, and nothing to allocate.
+        // A slot is zeros past the data.
         let zeroed = if f.is_slot() {
             f.size().map_err(|e| e.to_string())?
         } else {
             file.len() as u64
         };
-        let prepared = if f.is_slot() { zeroed } else { 0 };
+        let prepared = if slot_prepared { zeroed } else { 0 };
         let f = Arc::new(f);
         self.shared.files_mut().insert(seg, f.clone());
         let max_seq = refs
