@@ -511,3 +511,49 @@ fn a_log_on_loop_block_devices_survives_reopen_trim_and_a_lost_header() {
 
 /// What the loop test's slots hold before the log uses them.
 const OLD: u8 = 0xee;
+
+/// Whether `dir`'s file system is one where `flush_once_per_device`
+/// applies to files on it (ext4, XFS).
+fn write_back_supported(dir: &Path) -> bool {
+    let st = rustix::fs::statfs(dir).unwrap();
+    #[allow(clippy::unnecessary_cast)]
+    let magic = st.f_type as i64;
+    [0xEF53, 0x5846_5342].contains(&magic)
+}
+
+/// On device images, slots zeroed by the spare refill (written zeros) are
+/// written back and flushed once per round; slots zeroed on demand as
+/// unwritten extents, and every slot after a reopen, are fsynced (their
+/// first writes change the image's metadata). Records read back either way.
+#[test]
+fn image_slots_from_spares_are_written_back_and_the_rest_fsynced() {
+    let dir = tempfile::tempdir().unwrap();
+    let supported = write_back_supported(dir.path());
+    for spares in [2, 0] {
+        let sub = dir.path().join(format!("s{spares}"));
+        std::fs::create_dir_all(&sub).unwrap();
+        let mut cfg = device_config(&sub, 40);
+        cfg.prepared_segments = spares;
+        let store = Arc::new(Store::open(cfg.clone()).unwrap());
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let mut model = Model::new();
+        append_burst(&store, &mut model, &mut rng, 40);
+        check(&store, &model, "first burst");
+        let s = store.stats();
+        let what = format!("spares {spares}: {s:?}");
+        if spares > 0 && supported {
+            assert!(s.write_backs > 0, "{what}");
+        } else {
+            assert_eq!((s.write_backs, s.flushes), (0, 0), "{what}");
+        }
+        drop(store);
+        // Reopened, an image's segments are fsynced until sealed, and new
+        // ones follow the rule above.
+        let store = Arc::new(Store::open(cfg.clone()).unwrap());
+        let opened = store.stats();
+        append_burst(&store, &mut model, &mut rng, 5);
+        check(&store, &model, "after a reopen");
+        let s = store.stats();
+        assert!(s.fsyncs > opened.fsyncs, "{what}: {s:?}");
+    }
+}
