@@ -39,6 +39,12 @@ pub struct Meta {
     pub next_seq_floor: u64,
     /// The logs.
     pub logs: BTreeMap<String, LogMeta>,
+    /// Whether the segments are slots of devices (`devices`) rather than
+    /// files in the zone directories; an open with the other layout is
+    /// refused, since it would find no segments and take the logs as
+    /// trimmed. Absent in metadata written before devices existed: files.
+    #[serde(default)]
+    pub on_devices: bool,
 }
 
 impl Meta {

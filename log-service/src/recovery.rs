@@ -464,6 +464,16 @@ pub(crate) fn recover(
     let mut meta = Meta::load(&zones)
         .map_err(OpenError::Meta)?
         .unwrap_or_default();
+    let on_devices = !shared.devices.is_empty();
+    if meta.version > 0 && meta.on_devices != on_devices {
+        let why = if meta.on_devices {
+            "this log's segments are on devices, and the configuration lists none: add its `devices` back (one per zone, in zone order)"
+        } else {
+            "this log's segments are files in the zone directories, and the configuration lists `devices`: remove them, or give the devices their own, empty zone directories to start a new log there"
+        };
+        return Err(OpenError::Config(ConfigError::Invalid(why.into())));
+    }
+    meta.on_devices = on_devices;
 
     // How far past an open data segment's data a scan looks for the rest of
     // a page torn away: the page after it, whole.

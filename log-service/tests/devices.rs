@@ -27,6 +27,7 @@ fn file_config(dir: &Path) -> Config {
 /// The file configuration with one device image of `slots` slots per
 /// zone (sparse files of zeros: new devices).
 fn device_config(dir: &Path, slots: u64) -> Config {
+    std::fs::create_dir_all(dir).unwrap();
     let mut c = file_config(dir);
     c.devices = (0..3)
         .map(|z| {
@@ -556,4 +557,38 @@ fn image_slots_from_spares_are_written_back_and_the_rest_fsynced() {
         let s = store.stats();
         assert!(s.fsyncs > opened.fsyncs, "{what}: {s:?}");
     }
+}
+
+/// A log kept in files does not open with `devices` added (it would find
+/// no segments and take every position as trimmed), nor a log on devices
+/// with them removed; both open again as they were.
+#[test]
+fn switching_a_log_between_files_and_devices_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = file_config(&dir.path().join("f"));
+    let store = Store::open(files.clone()).unwrap();
+    store
+        .append_blocking("x", 0, 0, b"in files".to_vec())
+        .unwrap();
+    drop(store);
+    let mut with_devices = device_config(&dir.path().join("f"), 12);
+    with_devices.zones = files.zones.clone();
+    let e = Store::open(with_devices).err().expect("files to devices");
+    assert!(e.to_string().contains("segments are files"), "{e}");
+    let store = Store::open(files).unwrap();
+    assert_eq!(&store.read("x", 0).unwrap()[..], b"in files");
+    drop(store);
+
+    let devs = device_config(&dir.path().join("d"), 12);
+    let store = Store::open(devs.clone()).unwrap();
+    store
+        .append_blocking("x", 0, 0, b"on devices".to_vec())
+        .unwrap();
+    drop(store);
+    let mut without = devs.clone();
+    without.devices.clear();
+    let e = Store::open(without).err().expect("devices to files");
+    assert!(e.to_string().contains("segments are on devices"), "{e}");
+    let store = Store::open(devs).unwrap();
+    assert_eq!(&store.read("x", 0).unwrap()[..], b"on devices");
 }
