@@ -231,42 +231,40 @@ impl Inner {
         sync: impl Fn() -> io::Result<()>,
     ) -> io::Result<bool> {
         const CHUNK: u64 = 1 << 20;
-        {
-            let mut t0 = Instant::now();
-            let mut paced = 0u64;
-            let mut written = 0u64;
-            let mut seen = self.batches();
-            while written < total {
-                if self.lock().stop {
-                    return Ok(false);
+        let mut t0 = Instant::now();
+        let mut paced = 0u64;
+        let mut written = 0u64;
+        let mut seen = self.batches();
+        while written < total {
+            if self.lock().stop {
+                return Ok(false);
+            }
+            if background && written % SYNC_EVERY == 0 {
+                if written > 0 {
+                    sync()?;
                 }
-                if background && written % SYNC_EVERY == 0 {
-                    if written > 0 {
-                        sync()?;
+                // Appends since the last look: stand aside until quiet.
+                if self.batches() != seen {
+                    if !self.wait_quiet() {
+                        return Ok(false);
                     }
-                    // Appends since the last look: stand aside until quiet.
-                    if self.batches() != seen {
-                        if !self.wait_quiet() {
-                            return Ok(false);
-                        }
-                        seen = self.batches();
-                        t0 = Instant::now();
-                        paced = written;
-                    }
-                }
-                let n = (total - written).min(CHUNK);
-                write(written, n)?;
-                written += n;
-                if rate > 0 {
-                    // Stay under the rate: sleep until this many bytes are due.
-                    let due = Duration::from_secs_f64((written - paced) as f64 / rate as f64);
-                    if let Some(ahead) = due.checked_sub(t0.elapsed()) {
-                        std::thread::sleep(ahead);
-                    }
+                    seen = self.batches();
+                    t0 = Instant::now();
+                    paced = written;
                 }
             }
-            Ok(true)
+            let n = (total - written).min(CHUNK);
+            write(written, n)?;
+            written += n;
+            if rate > 0 {
+                // Stay under the rate: sleep until this many bytes are due.
+                let due = Duration::from_secs_f64((written - paced) as f64 / rate as f64);
+                if let Some(ahead) = due.checked_sub(t0.elapsed()) {
+                    std::thread::sleep(ahead);
+                }
+            }
         }
+        Ok(true)
     }
 
     fn run(&self) {
@@ -284,6 +282,10 @@ impl Inner {
                 }
             };
             if !self.wait_quiet() {
+                // Stopping: a device slot claimed is free again.
+                if let Some(dev) = self.shared.device(zone) {
+                    dev.give_back(n, crate::device::Held::Free);
+                }
                 return;
             }
             match self.make(zone, n, true) {
