@@ -904,12 +904,15 @@ fn a_log_taken_as_trimmed_at_recovery_stays_so_across_later_opens() {
 /// page again, so it passes its own checksum but holds other bytes than
 /// were written. Returns the page's stripe.
 ///
-/// Record bytes, not a root stripe's entry headers (which no record
-/// checksum covers, so parity alone cannot say which page lies): a data
-/// page's byte counts as a record's when the 16 bytes around it occur in
-/// one of `model`'s (random) records. Until 2026-11-27 this took the
-/// body's middle byte, which concurrent appends sometimes packed into an
-/// entry header, and the scrub test failed now and then under load.
+/// Record bytes, not a root stripe's entry headers: a data page's byte
+/// counts as a record's when the 16 bytes around it occur in one of
+/// `model`'s (random) records. Until 2026-11-27 this took the body's
+/// middle byte, which concurrent appends sometimes packed into an entry
+/// header field that no read uses and no record checksum covers (a
+/// record's position or request id): the scrub, trying the parity page
+/// first, found its rebuild consistent with every record and blamed it
+/// (a run under load repaired the parity page's segment instead of the
+/// liar's). Such a lie changes nothing any read returns.
 fn falsify_first_page(dir: &Path, kind: page::Kind, shard: u8, model: &Model) -> u64 {
     let windows: std::collections::HashSet<&[u8]> = model
         .values()
