@@ -304,7 +304,7 @@ impl Device {
             .iter()
             .enumerate()
             .map(|(i, h)| match h {
-                Some((Held::Segment(id), _)) if newest[id].1 != i as u64 => {
+                Some((Held::Segment(id), _)) if newest.get(id).is_some_and(|n| n.1 != i as u64) => {
                     stale.push(i as u64);
                     Slot::At(Held::Free)
                 }
@@ -317,12 +317,12 @@ impl Device {
             t.slots = table;
             t.gen = gen + 1;
         }
-        for i in stale {
+        for &i in &stale {
             tracing::warn!(device = %path.display(), slot = i, "freeing a slot whose segment a newer slot holds (a repair was cut short)");
             dev.write_header(i, Held::Free).map_err(io_err)?;
         }
-        if !newest.is_empty() {
-            dev.file.sync_data().map_err(io_err)?;
+        if !stale.is_empty() {
+            dev.sync().map_err(io_err)?;
         }
         Ok(dev)
     }
