@@ -750,6 +750,39 @@ mod tests {
         assert_eq!(found, vec![(30, b)], "the stale slot stays free");
     }
 
+    /// The first header written after an open is newer than every header
+    /// on the device, even when the newest was the segment's own: a
+    /// repair cut short right after it must still win at the next open.
+    #[test]
+    fn the_first_header_after_an_open_outranks_the_newest_before_it() {
+        let (_d, path) = image(4);
+        let dev = Device::open(&path, 0, 3, SEG).expect("open");
+        let a = dev.zeroed_slot().expect("zero").expect("slot").0;
+        dev.assign(a, 9).expect("assign");
+        dev.sync().expect("sync");
+        drop(dev);
+        let dev = Device::open(&path, 0, 3, SEG).expect("reopen");
+        let b = dev.zeroed_slot().expect("zero").expect("slot").0;
+        assert!(b > a, "the rebuilt copy is in a later slot ({a}, {b})");
+        dev.assign(b, 9).expect("assign");
+        dev.sync().expect("sync");
+        drop(dev);
+        let found = Device::open(&path, 0, 3, SEG).expect("reopen").segments();
+        assert_eq!(found, vec![(9, b)]);
+        // And within one open, each header outranks the one before: of
+        // two later copies, the second wins, whatever the slot order.
+        let dev = Device::open(&path, 0, 3, SEG).expect("reopen");
+        let c = dev.zeroed_slot().expect("zero").expect("slot").0;
+        let d = dev.zeroed_slot().expect("zero").expect("slot").0;
+        assert!(c < d, "({c}, {d})");
+        dev.assign(c, 9).expect("assign");
+        dev.assign(d, 9).expect("assign again");
+        dev.sync().expect("sync");
+        drop(dev);
+        let found = Device::open(&path, 0, 3, SEG).expect("reopen").segments();
+        assert_eq!(found, vec![(9, d)]);
+    }
+
     #[test]
     fn a_full_device_has_no_slot_and_a_freed_slot_comes_back_zeroed() {
         let (_d, path) = image(2);

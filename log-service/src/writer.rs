@@ -1920,7 +1920,10 @@ impl Writer {
             dev.give_back(slot, crate::device::Held::Free);
             return Err(at(e));
         }
-        let file = dev.assign(slot, seg).map_err(at)?;
+        let file = dev.assign(slot, seg).map_err(|e| {
+            dev.give_back(slot, crate::device::Held::Free);
+            at(e)
+        })?;
         dev.sync().map_err(at)?;
         if let Some(old) = old {
             dev.free(old).and_then(|_| dev.sync()).map_err(at)?;

@@ -536,6 +536,26 @@ fn image_slots_from_spares_are_written_back_and_the_rest_fsynced() {
         let mut cfg = device_config(&sub, 40);
         cfg.prepared_segments = spares;
         let store = Arc::new(Store::open(cfg.clone()).unwrap());
+        // The refill keeps exactly `prepared_segments` spare slots per
+        // device, and no more.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while store.stats().spares_ready < 3 * spares as u64 {
+            assert!(std::time::Instant::now() < until, "{:?}", store.stats());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        assert_eq!(store.stats().spares_ready, 3 * spares as u64);
+        for dev in &cfg.devices {
+            let f = std::fs::File::open(dev).unwrap();
+            let spare = (0..40)
+                .filter(|&slot| {
+                    let mut b = [0u8; 64];
+                    f.read_exact_at(&mut b, header_at(slot)).unwrap();
+                    decode_slot(&b, slot, slot_bytes(SEG)).is_some_and(|h| h.0 == Held::Spare)
+                })
+                .count();
+            assert_eq!(spare, spares as usize, "{}", dev.display());
+        }
         let mut rng = ChaCha8Rng::seed_from_u64(5);
         let mut model = Model::new();
         append_burst(&store, &mut model, &mut rng, 40);
