@@ -13,22 +13,18 @@ use melddb_log::{Config, Store, StoreError};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+mod common;
+use common::{append_burst, check_at, record, small_config, write_back_supported, Model};
+
+/// `segment_bytes` of [`small_config`], which slot offsets are made of.
 const SEG: u64 = 64 << 10;
 
-fn file_config(dir: &Path) -> Config {
-    let zones: Vec<PathBuf> = (0..3).map(|z| dir.join(format!("zone{z}"))).collect();
-    let mut c = Config::with_zones(zones);
-    c.page_bytes = 4096;
-    c.segment_bytes = SEG;
-    c.max_record_bytes = 256 << 10;
-    c
-}
-
-/// The file configuration with one device image of `slots` slots per
+/// [`small_config`] with one device image of `slots` slots per
 /// zone (sparse files of zeros: new devices).
 fn device_config(dir: &Path, slots: u64) -> Config {
     std::fs::create_dir_all(dir).unwrap();
-    let mut c = file_config(dir);
+    let mut c = small_config(dir);
+    assert_eq!(c.segment_bytes, SEG);
     c.devices = (0..3)
         .map(|z| {
             let p = dir.join(format!("dev{z}.img"));
@@ -84,75 +80,6 @@ fn data_end(bytes: &[u8]) -> usize {
     bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)
 }
 
-type Model = BTreeMap<String, (u64, Vec<Vec<u8>>)>;
-
-fn record(rng: &mut ChaCha8Rng) -> Vec<u8> {
-    let len = match rng.random_range(0..10) {
-        0 => rng.random_range(8137..40_000), // multi-stripe
-        1..=2 => rng.random_range(2000..8000),
-        _ => rng.random_range(1..300),
-    };
-    (0..len).map(|_| rng.random()).collect()
-}
-
-fn check(store: &Store, model: &Model, what: &str) {
-    for (log, (first, recs)) in model {
-        assert_eq!(
-            store.bounds(log),
-            (*first, *first + recs.len() as u64),
-            "{what}: bounds of {log}"
-        );
-        for (i, r) in recs.iter().enumerate() {
-            let pos = first + i as u64;
-            let got = store
-                .read(log, pos)
-                .unwrap_or_else(|e| panic!("{what}: {log}@{pos}: {e}"));
-            assert_eq!(&got[..], &r[..], "{what}: {log}@{pos}");
-        }
-    }
-}
-
-/// Appends from four threads at once, so the writer forms real batches.
-fn append_burst(store: &Arc<Store>, model: &mut Model, rng: &mut ChaCha8Rng, n: usize) {
-    let logs = ["alpha", "beta", "gamma"];
-    let work: Vec<(String, Vec<u8>)> = (0..n)
-        .map(|_| (logs[rng.random_range(0..3)].to_string(), record(rng)))
-        .collect();
-    let done: Vec<(String, Vec<u8>, u64)> = std::thread::scope(|s| {
-        let hs: Vec<_> = work
-            .chunks(n.div_ceil(4).max(1))
-            .map(|chunk| {
-                let store = store.clone();
-                s.spawn(move || {
-                    chunk
-                        .iter()
-                        .map(|(l, b)| {
-                            (
-                                l.clone(),
-                                b.clone(),
-                                store.append_blocking(l, 0, 0, b.clone()).unwrap(),
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
-    });
-    let mut by_log: BTreeMap<String, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
-    for (l, b, p) in done {
-        by_log.entry(l).or_default().push((p, b));
-    }
-    for (l, mut v) in by_log {
-        v.sort_by_key(|x| x.0);
-        let e = model.entry(l.clone()).or_insert((0, Vec::new()));
-        for (p, b) in v {
-            assert_eq!(p, e.0 + e.1.len() as u64, "positions of {l} are dense");
-            e.1.push(b);
-        }
-    }
-}
-
 /// The model test of `tests/store.rs` on devices small enough that trim
 /// must free slots for the log to go on: every acknowledged record reads
 /// back across reopens, trims, slot headers wiped while closed (the
@@ -178,7 +105,7 @@ fn random_history_on_devices_matches_the_model_and_reuses_slots() {
             let what = format!("seed {seed} step {step}");
             let n = rng.random_range(1..60);
             append_burst(&store, &mut model, &mut rng, n);
-            check(&store, &model, &what);
+            check_at(&store, &model, &what);
             highest = highest.max(slots(&cfg).keys().copied().max().unwrap_or(0));
             match rng.random_range(0..5) {
                 0 | 1 => {
@@ -231,7 +158,7 @@ fn random_history_on_devices_matches_the_model_and_reuses_slots() {
                         )
                         .unwrap();
                     }
-                    check(&store, &model, &what);
+                    check_at(&store, &model, &what);
                     let report = store.scrub_blocking();
                     assert!(
                         report.unrecoverable.is_empty() && report.failed.is_empty(),
@@ -244,7 +171,7 @@ fn random_history_on_devices_matches_the_model_and_reuses_slots() {
                     );
                 }
             }
-            check(&store, &model, &what);
+            check_at(&store, &model, &what);
         }
         // Segment ids went past what the slots could hold without reuse.
         assert!(
@@ -255,7 +182,7 @@ fn random_history_on_devices_matches_the_model_and_reuses_slots() {
         assert!(freed > 24, "seed {seed}: {freed} segments freed");
         drop(store);
         let store = Store::open(cfg.clone()).unwrap();
-        check(&store, &model, &format!("seed {seed}, last open"));
+        check_at(&store, &model, &format!("seed {seed}, last open"));
     }
 }
 
@@ -266,7 +193,7 @@ fn random_history_on_devices_matches_the_model_and_reuses_slots() {
 fn devices_hold_exactly_the_bytes_segment_files_hold() {
     let files_dir = tempfile::tempdir().unwrap();
     let dev_dir = tempfile::tempdir().unwrap();
-    let files_cfg = file_config(files_dir.path());
+    let files_cfg = small_config(files_dir.path());
     // Few slots, so that trims free them and later segments reuse them.
     let dev_cfg = device_config(dev_dir.path(), 10);
     let files = Store::open(files_cfg.clone()).unwrap();
@@ -274,7 +201,7 @@ fn devices_hold_exactly_the_bytes_segment_files_hold() {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     for i in 0..600u64 {
         let log = ["a", "b"][rng.random_range(0..2)];
-        let rec = record(&mut rng);
+        let rec = record(&mut rng, 40_000);
         let p = files.append_blocking(log, 1, i + 1, rec.clone()).unwrap();
         assert_eq!(devs.append_blocking(log, 1, i + 1, rec).unwrap(), p);
         if i % 50 == 49 {
@@ -457,7 +384,7 @@ fn a_log_on_loop_block_devices_survives_reopen_trim_and_a_lost_header() {
     for step in 0..12 {
         let what = format!("loop step {step}");
         append_burst(&store, &mut model, &mut rng, 40);
-        check(&store, &model, &what);
+        check_at(&store, &model, &what);
         if step % 3 == 2 {
             for (log, (first, recs)) in model.iter_mut() {
                 let cut = recs.len() / 2;
@@ -469,7 +396,7 @@ fn a_log_on_loop_block_devices_survives_reopen_trim_and_a_lost_header() {
         if step % 4 == 3 {
             drop(store);
             store = Arc::new(Store::open(cfg.clone()).unwrap());
-            check(&store, &model, &what);
+            check_at(&store, &model, &what);
         }
     }
     // A second open while the first holds the devices is refused.
@@ -490,7 +417,7 @@ fn a_log_on_loop_block_devices_survives_reopen_trim_and_a_lost_header() {
     f.sync_all().unwrap();
     drop(f);
     let store = Store::open(cfg.clone()).unwrap();
-    check(&store, &model, "after a lost header");
+    check_at(&store, &model, "after a lost header");
     assert!(
         !store.recovery().repaired_segments.contains(&victim)
             || slots(&img_cfg).contains_key(&victim),
@@ -512,15 +439,6 @@ fn a_log_on_loop_block_devices_survives_reopen_trim_and_a_lost_header() {
 
 /// What the loop test's slots hold before the log uses them.
 const OLD: u8 = 0xee;
-
-/// Whether `dir`'s file system is one where `flush_once_per_device`
-/// applies to files on it (ext4, XFS).
-fn write_back_supported(dir: &Path) -> bool {
-    let st = rustix::fs::statfs(dir).unwrap();
-    #[allow(clippy::unnecessary_cast)]
-    let magic = st.f_type as i64;
-    [0xEF53, 0x5846_5342].contains(&magic)
-}
 
 /// On device images, slots zeroed by the spare refill (written zeros) are
 /// written back and flushed once per round; slots zeroed on demand as
@@ -559,7 +477,7 @@ fn image_slots_from_spares_are_written_back_and_the_rest_fsynced() {
         let mut rng = ChaCha8Rng::seed_from_u64(5);
         let mut model = Model::new();
         append_burst(&store, &mut model, &mut rng, 40);
-        check(&store, &model, "first burst");
+        check_at(&store, &model, "first burst");
         let s = store.stats();
         let what = format!("spares {spares}: {s:?}");
         if spares > 0 && supported {
@@ -573,7 +491,7 @@ fn image_slots_from_spares_are_written_back_and_the_rest_fsynced() {
         let store = Arc::new(Store::open(cfg.clone()).unwrap());
         let opened = store.stats();
         append_burst(&store, &mut model, &mut rng, 5);
-        check(&store, &model, "after a reopen");
+        check_at(&store, &model, "after a reopen");
         let s = store.stats();
         assert!(s.fsyncs > opened.fsyncs, "{what}: {s:?}");
     }
@@ -585,7 +503,7 @@ fn image_slots_from_spares_are_written_back_and_the_rest_fsynced() {
 #[test]
 fn switching_a_log_between_files_and_devices_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let files = file_config(&dir.path().join("f"));
+    let files = small_config(&dir.path().join("f"));
     let store = Store::open(files.clone()).unwrap();
     store
         .append_blocking("x", 0, 0, b"in files".to_vec())

@@ -11,53 +11,8 @@ use melddb_log::{Config, Faults, SegmentInfo, Store, StoreError};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-fn small_config(dir: &Path) -> Config {
-    let zones: Vec<PathBuf> = (0..3).map(|z| dir.join(format!("zone{z}"))).collect();
-    let mut c = Config::with_zones(zones);
-    c.page_bytes = 4096;
-    c.segment_bytes = 64 << 10;
-    c.max_record_bytes = 256 << 10;
-    c
-}
-
-type Model = BTreeMap<String, (u64, Vec<Vec<u8>>)>;
-
-fn record(rng: &mut ChaCha8Rng, max: usize) -> Vec<u8> {
-    let len = match rng.random_range(0..10) {
-        0 => rng.random_range(8137..max), // multi-stripe
-        1..=2 => rng.random_range(2000..8000),
-        _ => rng.random_range(1..300),
-    };
-    (0..len).map(|_| rng.random()).collect()
-}
-
-fn check(store: &Store, model: &Model) {
-    for (log, (first, recs)) in model {
-        let (f, t) = store.bounds(log);
-        assert_eq!(
-            (f, t),
-            (*first, *first + recs.len() as u64),
-            "bounds of {log}"
-        );
-        for (i, r) in recs.iter().enumerate() {
-            let pos = first + i as u64;
-            let got = store
-                .read(log, pos)
-                .unwrap_or_else(|e| panic!("{log}@{pos}: {e}"));
-            assert_eq!(&got[..], &r[..], "{log}@{pos}");
-        }
-        if *first > 0 {
-            assert!(matches!(
-                store.read(log, first - 1),
-                Err(StoreError::Trimmed { .. })
-            ));
-        }
-        assert!(matches!(
-            store.read(log, t),
-            Err(StoreError::NotYetWritten { .. })
-        ));
-    }
-}
+mod common;
+use common::{append_burst, check, record, small_config, write_back_supported, Model};
 
 /// The pages of a segment file's bytes in order, offset and header, up to
 /// the first place that holds no page header (window segments are
@@ -120,50 +75,6 @@ fn seg_files(dir: &Path) -> Vec<PathBuf> {
     }
     v.sort_by_key(|p| p.file_name().unwrap().to_owned());
     v
-}
-
-/// Append in concurrent bursts, from several threads, so the writer forms
-/// real batches.
-fn append_burst(store: &Arc<Store>, model: &mut Model, rng: &mut ChaCha8Rng, n: usize) {
-    let logs = ["alpha", "beta", "gamma"];
-    let mut work: Vec<(String, Vec<u8>)> = Vec::new();
-    for _ in 0..n {
-        let log = logs[rng.random_range(0..logs.len())].to_string();
-        work.push((log, record(rng, 40_000)));
-    }
-    let results: Vec<(String, Vec<u8>, u64)> = std::thread::scope(|s| {
-        let hs: Vec<_> = work
-            .chunks(n.div_ceil(4).max(1))
-            .map(|chunk| {
-                let store = store.clone();
-                s.spawn(move || {
-                    chunk
-                        .iter()
-                        .map(|(l, b)| {
-                            (
-                                l.clone(),
-                                b.clone(),
-                                store.append_blocking(l, 0, 0, b.clone()).unwrap(),
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
-    });
-    let mut by_log: BTreeMap<String, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
-    for (l, b, p) in results {
-        by_log.entry(l).or_default().push((p, b));
-    }
-    for (l, mut v) in by_log {
-        v.sort_by_key(|x| x.0);
-        let e = model.entry(l.clone()).or_insert((0, Vec::new()));
-        for (p, b) in v {
-            assert_eq!(p, e.0 + e.1.len() as u64, "positions of {l} are dense");
-            e.1.push(b);
-        }
-    }
 }
 
 #[test]
@@ -1808,15 +1719,6 @@ fn full_disk_child(dir: &Path) {
     assert_eq!(store.append_blocking("a", 0, 0, b"x".to_vec()).unwrap(), 60);
     drop(store);
     println!("full-disk child done");
-}
-
-/// Whether `dir`'s file system is one where `flush_once_per_device`
-/// applies (ext4, XFS).
-fn write_back_supported(dir: &Path) -> bool {
-    let st = rustix::fs::statfs(dir).unwrap();
-    #[allow(clippy::unnecessary_cast)]
-    let magic = st.f_type as i64;
-    [0xEF53, 0x5846_5342].contains(&magic)
 }
 
 /// `flush_once_per_device`: rounds write segments made from spares back

@@ -1,0 +1,130 @@
+//! What the storage tests share (`tests/store.rs`, `tests/devices.rs`):
+//! a small configuration, random records, a model of every log the
+//! store must agree with, and concurrent bursts of appends.
+
+// Each test crate uses part of this module.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use melddb_log::{Config, Store, StoreError};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+/// Three zones under `dir`, 4 KiB pages and 64 KiB segments, so a few
+/// hundred appends slide the windows many times.
+pub fn small_config(dir: &Path) -> Config {
+    let zones: Vec<PathBuf> = (0..3).map(|z| dir.join(format!("zone{z}"))).collect();
+    let mut c = Config::with_zones(zones);
+    c.page_bytes = 4096;
+    c.segment_bytes = 64 << 10;
+    c.max_record_bytes = 256 << 10;
+    c
+}
+
+/// Every log's first position and its records from there, as the store
+/// must have them.
+pub type Model = BTreeMap<String, (u64, Vec<Vec<u8>>)>;
+
+/// A random record: one in ten spans several stripes (up to `max`
+/// bytes), two in ten fill most of a stripe, the rest are small.
+pub fn record(rng: &mut ChaCha8Rng, max: usize) -> Vec<u8> {
+    let len = match rng.random_range(0..10) {
+        0 => rng.random_range(8137..max), // multi-stripe
+        1..=2 => rng.random_range(2000..8000),
+        _ => rng.random_range(1..300),
+    };
+    (0..len).map(|_| rng.random()).collect()
+}
+
+/// The store agrees with the model: bounds, every record byte for byte,
+/// `Trimmed` just below each log and `NotYetWritten` at its tail.
+pub fn check(store: &Store, model: &Model) {
+    check_at(store, model, "");
+}
+
+/// [`check`], with `what` (the step) in every message.
+pub fn check_at(store: &Store, model: &Model, what: &str) {
+    for (log, (first, recs)) in model {
+        let (f, t) = store.bounds(log);
+        assert_eq!(
+            (f, t),
+            (*first, *first + recs.len() as u64),
+            "{what}: bounds of {log}"
+        );
+        for (i, r) in recs.iter().enumerate() {
+            let pos = first + i as u64;
+            let got = store
+                .read(log, pos)
+                .unwrap_or_else(|e| panic!("{what}: {log}@{pos}: {e}"));
+            assert_eq!(&got[..], &r[..], "{what}: {log}@{pos}");
+        }
+        if *first > 0 {
+            assert!(
+                matches!(store.read(log, first - 1), Err(StoreError::Trimmed { .. })),
+                "{what}: {log}@{} is trimmed",
+                first - 1
+            );
+        }
+        assert!(
+            matches!(store.read(log, t), Err(StoreError::NotYetWritten { .. })),
+            "{what}: {log}@{t} is not written yet"
+        );
+    }
+}
+
+/// Appends `n` random records to three logs from four threads at once, so
+/// the writer forms real batches, and adds them to the model (checking
+/// each log's positions are dense).
+pub fn append_burst(store: &Arc<Store>, model: &mut Model, rng: &mut ChaCha8Rng, n: usize) {
+    let logs = ["alpha", "beta", "gamma"];
+    let mut work: Vec<(String, Vec<u8>)> = Vec::new();
+    for _ in 0..n {
+        let log = logs[rng.random_range(0..logs.len())].to_string();
+        work.push((log, record(rng, 40_000)));
+    }
+    let results: Vec<(String, Vec<u8>, u64)> = std::thread::scope(|s| {
+        let hs: Vec<_> = work
+            .chunks(n.div_ceil(4).max(1))
+            .map(|chunk| {
+                let store = store.clone();
+                s.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|(l, b)| {
+                            (
+                                l.clone(),
+                                b.clone(),
+                                store.append_blocking(l, 0, 0, b.clone()).unwrap(),
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    let mut by_log: BTreeMap<String, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
+    for (l, b, p) in results {
+        by_log.entry(l).or_default().push((p, b));
+    }
+    for (l, mut v) in by_log {
+        v.sort_by_key(|x| x.0);
+        let e = model.entry(l.clone()).or_insert((0, Vec::new()));
+        for (p, b) in v {
+            assert_eq!(p, e.0 + e.1.len() as u64, "positions of {l} are dense");
+            e.1.push(b);
+        }
+    }
+}
+
+/// Whether `dir`'s file system is one where `flush_once_per_device`
+/// applies to files on it (ext4, XFS).
+pub fn write_back_supported(dir: &Path) -> bool {
+    let st = rustix::fs::statfs(dir).unwrap();
+    #[allow(clippy::unnecessary_cast)]
+    let magic = st.f_type as i64;
+    [0xEF53, 0x5846_5342].contains(&magic)
+}
