@@ -91,18 +91,18 @@ fn kill_cycles(on_devices: bool) {
         .collect();
     // Sparse images of 400 slots of a 1 MiB segment: room for every
     // cycle's appends without trimming.
-    let devices: Vec<String> = (0..3)
-        .map(|z| {
-            let p = dir.path().join(format!("dev{z}.img"));
-            let slot = 4096 + melddb_log::device::slot_bytes(1 << 20);
-            std::fs::File::create(&p)
-                .and_then(|f| f.set_len(4096 + 400 * slot))
-                .unwrap();
-            p.display().to_string()
-        })
-        .collect();
     let devices = if on_devices {
-        format!("devices = {devices:?}\n")
+        let images: Vec<String> = (0..3)
+            .map(|z| {
+                let p = dir.path().join(format!("dev{z}.img"));
+                let slot = 4096 + melddb_log::device::slot_bytes(1 << 20);
+                std::fs::File::create(&p)
+                    .and_then(|f| f.set_len(4096 + 400 * slot))
+                    .unwrap();
+                p.display().to_string()
+            })
+            .collect();
+        format!("devices = {images:?}\n")
     } else {
         String::new()
     };
