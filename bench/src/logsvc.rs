@@ -195,10 +195,24 @@ async fn settle(store: &Store, spares: SparesOpt) -> f64 {
         eprintln!("  waiting for the spares' refill ...");
     }
     while store.stats().spares_ready < want {
+        if t.elapsed() > SETTLE_MAX {
+            // The refill retries a failed spare every 10 s (a full disk,
+            // most likely): the run goes on with fewer rather than wait
+            // for ever.
+            eprintln!(
+                "  the refill has not finished after {} s ({} of {want} spares ready; is the disk full?); going on without the rest",
+                SETTLE_MAX.as_secs(),
+                store.stats().spares_ready
+            );
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     t.elapsed().as_secs_f64()
 }
+
+/// The longest [`settle`] waits for the spares' refill.
+const SETTLE_MAX: Duration = Duration::from_secs(300);
 
 /// Device bytes the service wrote per payload byte appended between two
 /// readings of its counters.
