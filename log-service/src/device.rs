@@ -469,15 +469,7 @@ impl Device {
                 Err(e) => return Err(e.into()),
             }
         }
-        const STEP: u64 = 1 << 20;
-        let zeros = vec![0u8; STEP.min(len) as usize];
-        let mut done = 0;
-        while done < len {
-            let n = STEP.min(len - done);
-            self.file.write_all_at(&zeros[..n as usize], at + done)?;
-            done += n;
-        }
-        Ok(())
+        crate::seg_file::write_zeros(&self.file, at, len)
     }
 
     /// A slot taken and zeroed becomes a spare (durable when this returns).

@@ -141,16 +141,8 @@ impl SegFile {
             None => self.file.set_len(len),
             Some(_) if written <= len => Ok(()),
             Some(_) => {
-                // In 1 MiB steps: a cut may cover a whole batch.
-                const STEP: u64 = 1 << 20;
-                let zeros = vec![0u8; STEP.min(written - len) as usize];
-                let mut at = len;
-                while at < written {
-                    let n = STEP.min(written - at) as usize;
-                    self.write_all_at(&zeros[..n], at)?;
-                    at += n as u64;
-                }
-                Ok(())
+                let at = self.at(len, (written - len) as usize)?;
+                write_zeros(&self.file, at, written - len)
             }
         }
     }
@@ -176,6 +168,20 @@ impl SegFile {
             size: self.size,
         })
     }
+}
+
+/// Writes `len` zeros into `file` at `at`, in 1 MiB steps (a cut may
+/// cover a whole batch, a slot a whole segment).
+pub(crate) fn write_zeros(file: &File, at: u64, len: u64) -> io::Result<()> {
+    const STEP: u64 = 1 << 20;
+    let zeros = vec![0u8; STEP.min(len) as usize];
+    let mut done = 0;
+    while done < len {
+        let n = STEP.min(len - done);
+        file.write_all_at(&zeros[..n as usize], at + done)?;
+        done += n;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
