@@ -48,6 +48,19 @@ pub enum OpenError {
     /// The service metadata file is corrupt in every zone.
     #[error("metadata is corrupt in every zone: {0}")]
     Meta(String),
+    /// Another process has this zone directory open: a second service, or
+    /// `melddb-log check`, on the same zones would corrupt the log.
+    #[error(
+        "zone directory {} is in use by another process{}: stop it first, or give this service its own zone directories",
+        .zone.display(),
+        .holder.map(|p| format!(" (pid {p})")).unwrap_or_default()
+    )]
+    InUse {
+        /// The zone directory whose lock is held.
+        zone: PathBuf,
+        /// The holder's process id, as it wrote it in the lock file.
+        holder: Option<u32>,
+    },
 }
 
 /// A store operation (append, read, trim) failed.

@@ -39,6 +39,7 @@ mod syncpool;
 mod tcp_frames;
 mod thp;
 mod writer;
+pub mod zone_lock;
 
 pub use client::{BlockingLog, Client, ClientError, ClientOptions, Subscription};
 pub use config::{Config, Limits, Listen, Rights};

@@ -113,6 +113,10 @@ pub(crate) struct Shared {
     /// The zones' raw devices (`devices`), in zone order; empty when
     /// segments are files.
     pub devices: Vec<crate::device::Device>,
+    /// The zone directories' locks: taken before recovery, given back by
+    /// [`Store::shutdown`] once the writer (the only thread that writes)
+    /// is gone.
+    pub zone_locks: Mutex<Option<crate::zone_lock::ZoneLocks>>,
     pub index: RwLock<Index>,
     pub cache: Mutex<Option<LruCache<u64, Arc<Parsed>>>>,
     pub subs: Mutex<HashMap<String, broadcast::Sender<(u64, Entry)>>>,
@@ -278,6 +282,9 @@ impl Store {
             // ordinary pages.
             crate::thp::disable();
         }
+        // Zones first: a second service on them is the likeliest mistake,
+        // and its message names the holder.
+        let zone_locks = crate::zone_lock::ZoneLocks::take(&config.zones)?;
         let cache = NonZeroUsize::new(config.read_cache_stripes).map(LruCache::new);
         let devices = config
             .devices
@@ -292,6 +299,7 @@ impl Store {
             faults,
             files: RwLock::new(BTreeMap::new()),
             devices,
+            zone_locks: Mutex::new(Some(zone_locks)),
             index: RwLock::new(Index::default()),
             cache: Mutex::new(cache),
             subs: Mutex::new(HashMap::new()),
@@ -788,7 +796,9 @@ impl Store {
     }
 
     /// Stops the writer once the commands already queued are handled,
-    /// and waits for it. Safe to call twice.
+    /// waits for it, and gives back the zone directories' locks, so that
+    /// another open of the same zones can proceed. Reads still work.
+    /// Safe to call twice.
     pub fn shutdown(&self) {
         self.shared.stopping.store(true, Ordering::SeqCst);
         // Wakes an idle writer; a busy one sees the flag after its batch.
@@ -796,6 +806,10 @@ impl Store {
         if let Some(h) = locks::lock(&self.writer).take() {
             let _ = h.join();
         }
+        // Nothing writes any more: another open of these zones may go on.
+        // (Devices stay claimed until the store is dropped: reads still
+        // use them.)
+        locks::lock(&self.shared.zone_locks).take();
     }
 }
 

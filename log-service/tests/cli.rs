@@ -123,3 +123,40 @@ fn check_exits_2_on_a_config_it_cannot_read() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.starts_with("error:"), "{err}");
 }
+
+/// A check while a service holds the zones would recover and repair under
+/// its feet: it is refused, naming the holder, and runs once it is gone.
+#[test]
+fn check_is_refused_while_another_process_holds_the_zones() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = Config::with_zones(zones(dir.path()));
+    cfg.page_bytes = 4096;
+    cfg.segment_bytes = 64 << 10;
+    cfg.max_record_bytes = 16 << 10;
+    let config = dir.path().join("log.toml");
+    let zone_list: Vec<String> = zones(dir.path())
+        .iter()
+        .map(|z| z.display().to_string())
+        .collect();
+    std::fs::write(
+        &config,
+        format!("zones = {zone_list:?}\npage_bytes = 4096\nsegment_bytes = 65536\nmax_record_bytes = 16384\n"),
+    )
+    .unwrap();
+    let store = Store::open(cfg).unwrap();
+    store.append_blocking("a", 0, 0, b"held".to_vec()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_melddb-log"))
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .expect("run melddb-log check");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let holder = format!("is in use by another process (pid {})", std::process::id());
+    assert!(err.contains(&holder), "{err}");
+    drop(store);
+    let (code, report) = check(&config);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["scrub"]["bad_pages"], 0, "{report}");
+}

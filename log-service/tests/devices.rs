@@ -37,6 +37,16 @@ fn device_config(dir: &Path, slots: u64) -> Config {
     c
 }
 
+/// `cfg` with the same devices under other (new) zone directories, so
+/// that only the devices are shared.
+fn elsewhere(cfg: &Config, dir: &Path) -> Config {
+    let mut c = cfg.clone();
+    c.zones = (0..c.zones.len())
+        .map(|z| dir.join(format!("elsewhere{z}")))
+        .collect();
+    c
+}
+
 /// Where slot `slot`'s header is.
 fn header_at(slot: u64) -> u64 {
     HEADER_BYTES + slot * (HEADER_BYTES + slot_bytes(SEG))
@@ -294,8 +304,17 @@ fn the_open_refuses_foreign_swapped_and_held_devices_with_what_to_do() {
     let cfg = device_config(dir.path(), 12);
     let store = Store::open(cfg.clone()).unwrap();
     store.append_blocking("x", 0, 0, b"kept".to_vec()).unwrap();
-    // A second store on the same devices.
-    let e = Store::open(cfg.clone()).err().expect("devices held");
+    // A second store on the same zones is refused by their locks...
+    let e = Store::open(cfg.clone()).err().expect("zones held");
+    assert!(
+        e.to_string().contains("is in use by another process"),
+        "{e}"
+    );
+    // ...and one on the same devices from other zone directories by the
+    // devices' own claim.
+    let e = Store::open(elsewhere(&cfg, dir.path()))
+        .err()
+        .expect("devices held");
     assert!(e.to_string().contains("the device is in use"), "{e}");
     drop(store);
     // Zones' devices swapped.
@@ -408,7 +427,9 @@ fn a_log_on_loop_block_devices_survives_reopen_trim_and_a_lost_header() {
         }
     }
     // A second open while the first holds the devices is refused.
-    let e = Store::open(cfg.clone()).err().expect("held");
+    let e = Store::open(elsewhere(&cfg, dir.path()))
+        .err()
+        .expect("held");
     assert!(e.to_string().contains("the device is in use"), "{e}");
     drop(store);
     // Lose a header through the block device; the segment is rebuilt.

@@ -2182,3 +2182,46 @@ fn a_batch_of_tiny_records_with_the_longest_log_name_fits_the_smallest_segments(
         16384
     );
 }
+
+/// Two stores on one set of zones would both number segments and rewrite
+/// the metadata. The second open is refused while the first holds any of
+/// the zones, and goes on once the first has shut down (without being
+/// dropped: it still reads) with everything the first wrote.
+#[test]
+fn a_second_open_of_held_zones_is_refused_until_the_first_shuts_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = small_config(dir.path());
+    let first = Store::open(cfg.clone()).unwrap();
+    first.append_blocking("a", 0, 0, b"one".to_vec()).unwrap();
+    // Sharing one zone is enough.
+    let mut overlapping = cfg.clone();
+    overlapping.zones[0] = dir.path().join("another0");
+    overlapping.zones[1] = dir.path().join("another1");
+    for c in [cfg.clone(), overlapping] {
+        match Store::open(c) {
+            Err(melddb_log::OpenError::InUse { zone, holder }) => {
+                assert!(cfg.zones.contains(&zone), "{zone:?}");
+                assert_eq!(holder, Some(std::process::id()));
+            }
+            Err(e) => panic!("expected InUse, got {e}"),
+            Ok(_) => panic!("a second store opened held zones"),
+        }
+    }
+    // The refused opens changed nothing: the first goes on.
+    assert_eq!(
+        first.append_blocking("a", 0, 0, b"two".to_vec()).unwrap(),
+        1
+    );
+    first.shutdown();
+    let second = Store::open(cfg).unwrap();
+    assert_eq!(&second.read("a", 0).unwrap()[..], b"one");
+    assert_eq!(&second.read("a", 1).unwrap()[..], b"two");
+    assert_eq!(
+        second
+            .append_blocking("a", 0, 0, b"three".to_vec())
+            .unwrap(),
+        2
+    );
+    // The first still reads what it wrote.
+    assert_eq!(&first.read("a", 1).unwrap()[..], b"two");
+}
