@@ -156,8 +156,24 @@ pub fn decode_slot(b: &[u8], slot: u64, slot_bytes: u64) -> Option<(Held, u64)> 
         2 => Held::Segment(u64_at(32)?),
         _ => return None,
     };
-    Some((held, u64_at(40)?))
+    let gen = u64_at(40)?;
+    // Generations count header writes from 1, so no store reaches 2^63;
+    // a header claiming one was not written by a store (forged, or
+    // another program's), and refusing it keeps `gen + 1` from
+    // overflowing in the open and in every later header write.
+    if gen >= MAX_GENERATION {
+        return None;
+    }
+    Some((held, gen))
 }
+
+/// Generations at and above this are refused as headers ([`decode_slot`]).
+pub const MAX_GENERATION: u64 = 1 << 63;
+
+/// An open that finds a generation at or above this numbers the headers
+/// again from 1, so that the header writes after it stay below
+/// [`MAX_GENERATION`].
+const RENUMBER_AT: u64 = 1 << 62;
 
 /// A slot as the device's table tracks it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -321,7 +337,23 @@ impl Device {
             tracing::warn!(device = %path.display(), slot = i, "freeing a slot whose segment a newer slot holds (a repair was cut short)");
             dev.write_header(i, Held::Free).map_err(io_err)?;
         }
-        if !stale.is_empty() {
+        let renumber = gen >= RENUMBER_AT;
+        if renumber {
+            // Only a header this store did not write gets here (counting
+            // from 1 never reaches 2^62). Generations only order two
+            // headers naming one segment, and with the stale ones freed
+            // above each segment has one, so any numbering is right, and
+            // so is any mix of old and new after a crash half-way.
+            tracing::warn!(device = %path.display(), generation = gen, "slot headers carry a generation no store reaches by counting: numbering them again from 1");
+            let states: Vec<Slot> = dev.lock().slots.clone();
+            dev.lock().gen = 1;
+            for (i, s) in states.into_iter().enumerate() {
+                if let Slot::At(held) = s {
+                    dev.write_header(i as u64, held).map_err(io_err)?;
+                }
+            }
+        }
+        if !stale.is_empty() || renumber {
             dev.sync().map_err(io_err)?;
         }
         Ok(dev)
@@ -647,6 +679,14 @@ mod tests {
                 let mut c = h;
                 c[i] ^= 1;
                 assert_eq!(decode_slot(&c, 5, 4096), None, "header byte {i}");
+            }
+            // A generation no store reaches is not a header.
+            let top = MAX_GENERATION - 1;
+            let h = encode_slot(held, 5, 4096, top);
+            assert_eq!(decode_slot(&h, 5, 4096), Some((held, top)));
+            for gen in [MAX_GENERATION, u64::MAX] {
+                let h = encode_slot(held, 5, 4096, gen);
+                assert_eq!(decode_slot(&h, 5, 4096), None, "generation {gen}");
             }
         }
     }
