@@ -15,6 +15,10 @@ use crate::segment::sync_dir;
 /// File name in each zone.
 pub const FILE: &str = "meta.json";
 
+/// Counts in the file stay below this ([`Meta::check`]): a store counts
+/// one at a time from 0 and never gets near it.
+pub const LIMIT: u64 = 1 << 62;
+
 /// Per-log persisted bounds.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct LogMeta {
@@ -61,7 +65,10 @@ impl Meta {
         for z in zones {
             let p = z.join(FILE);
             match std::fs::read(&p) {
-                Ok(bytes) => match serde_json::from_slice::<Meta>(&bytes) {
+                Ok(bytes) => match serde_json::from_slice::<Meta>(&bytes)
+                    .map_err(|e| e.to_string())
+                    .and_then(|m| m.check().map(|()| m))
+                {
                     Ok(m) => {
                         if best.as_ref().is_none_or(|b| m.version > b.version) {
                             best = Some(m);
@@ -78,6 +85,66 @@ impl Meta {
             None if errors.is_empty() => Ok(None),
             None => Err(errors.join("; ")),
         }
+    }
+
+    /// Whether every stripe number from `lo` to `hi` (inclusive) was
+    /// discarded, across any number of ranges.
+    pub fn covers(&self, lo: u64, hi: u64) -> bool {
+        self.discarded_through(lo).is_some_and(|end| end >= hi)
+    }
+
+    /// The last stripe number of the discarded run that starts at `seq`
+    /// (ranges that touch or overlap make one run), or `None` if `seq`
+    /// was not discarded. Lets a walk over stripe numbers jump a
+    /// discarded run in one step, however long it is.
+    pub fn discarded_through(&self, seq: u64) -> Option<u64> {
+        let mut ranges = self.discarded.clone();
+        ranges.sort_unstable();
+        let mut next = seq;
+        for (a, b) in ranges {
+            if a > next {
+                break;
+            }
+            next = next.max(b.saturating_add(1));
+        }
+        (next > seq).then(|| next - 1)
+    }
+
+    /// Refuses numbers no store writes, which would otherwise overflow
+    /// the counting that starts from them: every count (versions, stripe
+    /// numbers, positions) goes up one at a time from 0 and stays below
+    /// [`LIMIT`]; a log's first position is at most its tail floor, and a
+    /// discarded range runs upwards. A copy that breaks one was edited or
+    /// damaged, and [`Meta::load`] takes it as unreadable.
+    pub fn check(&self) -> Result<(), String> {
+        let within = |what: &str, n: u64| {
+            if n < LIMIT {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{what} is {n}, beyond what a store counts to (2^62): the file was edited or damaged"
+                ))
+            }
+        };
+        within("version", self.version)?;
+        within("stable_seq", self.stable_seq)?;
+        within("next_seq_floor", self.next_seq_floor)?;
+        for &(a, b) in &self.discarded {
+            within("a discarded stripe", b)?;
+            if a > b {
+                return Err(format!("discarded range [{a}, {b}] runs backwards"));
+            }
+        }
+        for (log, l) in &self.logs {
+            within(&format!("log {log:?}'s tail_floor"), l.tail_floor)?;
+            if l.first > l.tail_floor {
+                return Err(format!(
+                    "log {log:?}'s first position {} is past its tail_floor {}",
+                    l.first, l.tail_floor
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Writes the next version to every zone.
@@ -140,6 +207,13 @@ mod tests {
             let m = Meta { discarded, ..Meta::default() };
             for seq in 0..50 {
                 prop_assert_eq!(m.is_discarded(seq), model.contains(&seq), "stripe {}", seq);
+                // The run from `seq`: the model's consecutive members.
+                let run_end = (seq..60).take_while(|s| model.contains(s)).last();
+                prop_assert_eq!(m.discarded_through(seq), run_end, "run from {}", seq);
+                for hi in seq..50 {
+                    let all = (seq..=hi).all(|s| model.contains(&s));
+                    prop_assert_eq!(m.covers(seq, hi), all, "{}..={}", seq, hi);
+                }
             }
         }
     }

@@ -609,11 +609,14 @@ pub(crate) fn recover(
     let mut hole = None;
     let mut s = meta.stable_seq + 1;
     while s <= max_present {
-        if !copies.contains_key(&s) && !meta.is_discarded(s) {
+        if copies.contains_key(&s) {
+            s += 1;
+        } else if let Some(end) = meta.discarded_through(s) {
+            s = end + 1;
+        } else {
             hole = Some(s);
             break;
         }
-        s += 1;
     }
     if let Some(h) = hole {
         let dropped = copies.split_off(&h);
@@ -658,6 +661,21 @@ pub(crate) fn recover(
         .max(meta.next_seq_floor.saturating_sub(1))
         + 1;
     meta.next_seq_floor = next_seq;
+    // Numbers the open skips, between every stripe found (and the stable
+    // point) and the next stripe, must be discarded as well: the next
+    // open would otherwise take the first of them for a hole and drop
+    // every stripe written after it, acknowledged ones included. A
+    // store's own floor and ranges never skip (they come from stripes it
+    // numbered); an edited `meta.json` can.
+    let skipped = max_present.max(meta.stable_seq) + 1..next_seq;
+    if !skipped.is_empty() && !meta.covers(skipped.start, skipped.end - 1) {
+        tracing::warn!(
+            from = skipped.start,
+            to = skipped.end - 1,
+            "the metadata skips stripe numbers no stripe has (was it edited?): marking them discarded"
+        );
+        meta.discarded.push((skipped.start, skipped.end - 1));
+    }
 
     // Data pages count toward their segment's highest stripe.
     for ew in copies.values() {

@@ -2225,3 +2225,137 @@ fn a_second_open_of_held_zones_is_refused_until_the_first_shuts_down() {
     // The first still reads what it wrote.
     assert_eq!(&first.read("a", 1).unwrap()[..], b"two");
 }
+
+/// `meta.json` is a text file an operator can edit: numbers no store
+/// writes (the largest u64s, a first position past the tail floor) must
+/// not crash the open or a later append. Edited in every zone, such a
+/// file is refused with a message naming it and the field; edited in one
+/// zone only, the other zones' copies win. Large numbers a store could
+/// have reached open, keep every record, and append without reusing a
+/// position; a tail floor past the records is refused, as records lost.
+#[test]
+fn edited_metadata_with_extreme_numbers_is_refused_or_harmless() {
+    let big = u64::MAX;
+    let far = 1u64 << 40;
+    // (field, value, the refusal when every zone's copy says so)
+    let edits: Vec<(&str, serde_json::Value, Option<&str>)> = vec![
+        ("version", big.into(), Some("meta.json: version is")),
+        ("stable_seq", big.into(), Some("meta.json: stable_seq is")),
+        (
+            "next_seq_floor",
+            big.into(),
+            Some("meta.json: next_seq_floor is"),
+        ),
+        (
+            "next_seq_floor",
+            (1u64 << 62).into(),
+            Some("meta.json: next_seq_floor is"),
+        ),
+        (
+            "logs.a.tail_floor",
+            big.into(),
+            Some("meta.json: log \"a\"'s tail_floor is"),
+        ),
+        ("logs.a.first", big.into(), Some("past its tail_floor")),
+        ("logs.a.first", 1000.into(), Some("past its tail_floor")),
+        (
+            "logs.b",
+            serde_json::json!({"first": big, "tail_floor": big}),
+            Some("tail_floor is"),
+        ),
+        (
+            "discarded",
+            serde_json::json!([[0, big]]),
+            Some("meta.json: a discarded stripe is"),
+        ),
+        (
+            "discarded",
+            serde_json::json!([[9, 3]]),
+            Some("runs backwards"),
+        ),
+        // Reachable by a store, if not soon: these open...
+        ("version", far.into(), None),
+        ("next_seq_floor", far.into(), None),
+        ("discarded", serde_json::json!([[far, far + 5]]), None),
+        (
+            "logs.b",
+            serde_json::json!({"first": far, "tail_floor": far}),
+            None,
+        ),
+    ];
+    // ...except a tail floor past the records, which is what losing them
+    // looks like. It passes the file's check, so one zone's copy of it
+    // (zone 0's, which wins among equal versions) is enough.
+    let lost = (
+        "logs.a.tail_floor",
+        serde_json::Value::from(far),
+        "were handed out",
+    );
+    let edits = edits
+        .into_iter()
+        .flat_map(|(f, v, r)| [(f, v.clone(), r, true), (f, v, None, false)])
+        .chain([
+            (lost.0, lost.1.clone(), Some(lost.2), true),
+            (lost.0, lost.1, Some(lost.2), false),
+        ]);
+    for (field, value, refusal, all_zones) in edits {
+        let what = format!(
+            "{field} = {value} in {}",
+            if all_zones { "every zone" } else { "one zone" }
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = small_config(dir.path());
+        let store = Store::open(cfg.clone()).unwrap();
+        for i in 0..20u32 {
+            store
+                .append_blocking("a", 0, 0, i.to_le_bytes().to_vec())
+                .unwrap();
+        }
+        store.trim_blocking("a", 2).unwrap();
+        drop(store);
+        let edited = if all_zones {
+            &cfg.zones[..]
+        } else {
+            &cfg.zones[..1]
+        };
+        for z in edited {
+            let p = z.join(melddb_log::meta::FILE);
+            let mut m: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+            let path: Vec<&str> = field.split('.').collect();
+            let mut at = &mut m;
+            for key in &path[..path.len() - 1] {
+                at = at.get_mut(*key).unwrap();
+            }
+            at[path[path.len() - 1]] = value.clone();
+            std::fs::write(&p, serde_json::to_vec(&m).unwrap()).unwrap();
+        }
+        let store = match (Store::open(cfg.clone()), refusal) {
+            (Ok(s), None) => s,
+            (Err(e), Some(says)) => {
+                let e = e.to_string();
+                assert!(e.contains(says), "{what}: {e}");
+                continue;
+            }
+            (Ok(_), Some(_)) => panic!("{what}: opened"),
+            (Err(e), None) => panic!("{what}: {e}"),
+        };
+        let (first, tail) = store.bounds("a");
+        assert_eq!(first, 2, "{what}");
+        assert!(tail >= 20, "{what}: tail {tail}");
+        for pos in 2..20 {
+            assert_eq!(
+                &store.read("a", pos).unwrap()[..],
+                (pos as u32).to_le_bytes(),
+                "{what}: a@{pos}"
+            );
+        }
+        let p = store.append_blocking("a", 0, 0, b"next".to_vec()).unwrap();
+        assert_eq!(p, tail, "{what}");
+        assert_eq!(&store.read("a", p).unwrap()[..], b"next", "{what}");
+        drop(store);
+        let store = Store::open(cfg).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let read = store.read("a", p);
+        assert_eq!(read.as_deref().ok(), Some(&b"next"[..]), "{what}: {read:?}");
+    }
+}
