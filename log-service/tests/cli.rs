@@ -11,13 +11,40 @@ fn zones(dir: &Path) -> Vec<PathBuf> {
     (0..3).map(|z| dir.join(format!("zone{z}"))).collect()
 }
 
-fn check(config: &Path) -> (i32, serde_json::Value) {
-    let out = Command::new(env!("CARGO_BIN_EXE_melddb-log"))
+/// The configuration these tests use, as the library takes it.
+fn small_config(dir: &Path) -> Config {
+    let mut cfg = Config::with_zones(zones(dir));
+    cfg.page_bytes = 4096;
+    cfg.segment_bytes = 64 << 10;
+    cfg.max_record_bytes = 16 << 10;
+    cfg
+}
+
+/// [`small_config`] as a TOML file for the command line; its path.
+fn write_config(dir: &Path) -> PathBuf {
+    let config = dir.join("log.toml");
+    let zone_list: Vec<String> = zones(dir).iter().map(|z| z.display().to_string()).collect();
+    std::fs::write(
+        &config,
+        format!("zones = {zone_list:?}\npage_bytes = 4096\nsegment_bytes = 65536\nmax_record_bytes = 16384\n"),
+    )
+    .unwrap();
+    config
+}
+
+/// `melddb-log check --config CONFIG`, run to its end.
+fn run_check(config: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_melddb-log"))
         .args(["check", "--config"])
         .arg(config)
         .env("RUST_LOG", "error")
         .output()
-        .expect("run melddb-log check");
+        .expect("run melddb-log check")
+}
+
+/// [`run_check`]'s exit code and its JSON report.
+fn check(config: &Path) -> (i32, serde_json::Value) {
+    let out = run_check(config);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let json = serde_json::from_str(&stdout).unwrap_or(serde_json::Value::Null);
     (out.status.code().unwrap_or(-1), json)
@@ -54,10 +81,7 @@ fn falsify_a_parity_page(dir: &Path) {
 #[test]
 fn check_finds_and_repairs_a_lying_parity_page_and_reports_it_as_json() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = Config::with_zones(zones(dir.path()));
-    cfg.page_bytes = 4096;
-    cfg.segment_bytes = 64 << 10;
-    cfg.max_record_bytes = 16 << 10;
+    let cfg = small_config(dir.path());
     let store = Store::open(cfg).unwrap();
     let records: Vec<Vec<u8>> = (0..40u32)
         .map(|i| (0..200 + i * 37).map(|b| (b ^ i) as u8).collect())
@@ -67,16 +91,7 @@ fn check_finds_and_repairs_a_lying_parity_page_and_reports_it_as_json() {
     }
     drop(store);
     falsify_a_parity_page(dir.path());
-    let config = dir.path().join("log.toml");
-    let zone_list: Vec<String> = zones(dir.path())
-        .iter()
-        .map(|z| z.display().to_string())
-        .collect();
-    std::fs::write(
-        &config,
-        format!("zones = {zone_list:?}\npage_bytes = 4096\nsegment_bytes = 65536\nmax_record_bytes = 16384\n"),
-    )
-    .unwrap();
+    let config = write_config(dir.path());
 
     let (code, report) = check(&config);
     assert_eq!(code, 0, "{report}");
@@ -99,10 +114,7 @@ fn check_finds_and_repairs_a_lying_parity_page_and_reports_it_as_json() {
     assert_eq!(report["scrub"]["parity_mismatches"], 0, "{report}");
     assert_eq!(report["scrub"]["bad_pages"], 0, "{report}");
 
-    let mut cfg = Config::with_zones(zones(dir.path()));
-    cfg.page_bytes = 4096;
-    cfg.segment_bytes = 64 << 10;
-    cfg.max_record_bytes = 16 << 10;
+    let cfg = small_config(dir.path());
     let store = Store::open(cfg).unwrap();
     for (i, r) in records.iter().enumerate() {
         assert_eq!(&store.read("a", i as u64).unwrap()[..], &r[..], "a@{i}");
@@ -114,11 +126,7 @@ fn check_exits_2_on_a_config_it_cannot_read() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("log.toml");
     std::fs::write(&config, "zones = 7\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_melddb-log"))
-        .args(["check", "--config"])
-        .arg(&config)
-        .output()
-        .expect("run melddb-log check");
+    let out = run_check(&config);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.starts_with("error:"), "{err}");
@@ -129,27 +137,11 @@ fn check_exits_2_on_a_config_it_cannot_read() {
 #[test]
 fn check_is_refused_while_another_process_holds_the_zones() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = Config::with_zones(zones(dir.path()));
-    cfg.page_bytes = 4096;
-    cfg.segment_bytes = 64 << 10;
-    cfg.max_record_bytes = 16 << 10;
-    let config = dir.path().join("log.toml");
-    let zone_list: Vec<String> = zones(dir.path())
-        .iter()
-        .map(|z| z.display().to_string())
-        .collect();
-    std::fs::write(
-        &config,
-        format!("zones = {zone_list:?}\npage_bytes = 4096\nsegment_bytes = 65536\nmax_record_bytes = 16384\n"),
-    )
-    .unwrap();
+    let cfg = small_config(dir.path());
+    let config = write_config(dir.path());
     let store = Store::open(cfg).unwrap();
     store.append_blocking("a", 0, 0, b"held".to_vec()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_melddb-log"))
-        .args(["check", "--config"])
-        .arg(&config)
-        .output()
-        .expect("run melddb-log check");
+    let out = run_check(&config);
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty());
     let err = String::from_utf8_lossy(&out.stderr);

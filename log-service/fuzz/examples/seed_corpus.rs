@@ -5,7 +5,9 @@
 //!   root stripe, so mutations start from bytes that decode;
 //! - `log_recover`: no edit at all (the undamaged store must recover whole),
 //!   then one script per kind of edit (overwrite, flip, truncate, delete,
-//!   re-seal a page, rewrite a field and re-seal) over several files.
+//!   re-seal a page, rewrite a field and re-seal) over several files, and
+//!   numbers of `meta.json` rewritten (the input format that starts with
+//!   0xff).
 //!
 //! ```text
 //! cargo run --example seed_corpus -- corpus
@@ -52,6 +54,18 @@ fn recover_seeds() -> Vec<Vec<u8>> {
         s.extend_from_slice(&(1u64 << 33).to_le_bytes());
         s.push(3);
         v.push(s);
+    }
+    // Numbers of a zone's meta.json (input format with meta edits): each
+    // of the first numbers set to the largest value, and near it, and
+    // moved a little; the first zone's copy (sel 0) and another.
+    for sel in [0u8, 1] {
+        for which in 0u8..8 {
+            for (how, value) in [(0u8, u64::MAX), (3, 1), (1, 5), (2, 3), (0, 1u64 << 62)] {
+                let mut s = vec![0xff, 6, sel, which, how];
+                s.extend_from_slice(&value.to_le_bytes());
+                v.push(s);
+            }
+        }
     }
     v
 }

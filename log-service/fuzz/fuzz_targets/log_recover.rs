@@ -100,19 +100,93 @@ fn seal(bytes: &mut [u8], start: usize, orig_len: usize) {
     bytes[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// Sets the `which`-th number of a `meta.json` (in document order) to a
+/// value `how` picks from `v`. Bytes that do not parse are left alone:
+/// the byte-level ops already cover a damaged file.
+fn edit_meta_number(f: &mut Vec<u8>, which: u8, how: u8, v: u64) {
+    fn numbers(v: &serde_json::Value, at: String, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Number(_) => out.push(at),
+            serde_json::Value::Array(a) => {
+                for (i, x) in a.iter().enumerate() {
+                    numbers(x, format!("{at}/{i}"), out);
+                }
+            }
+            serde_json::Value::Object(o) => {
+                for (k, x) in o {
+                    numbers(x, format!("{at}/{k}"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let Ok(mut m) = serde_json::from_slice::<serde_json::Value>(f) else {
+        return;
+    };
+    let mut leaves = Vec::new();
+    numbers(&m, String::new(), &mut leaves);
+    let Some(at) = leaves.get(which as usize % leaves.len().max(1)) else {
+        return;
+    };
+    let Some(slot) = m.pointer_mut(at) else {
+        return;
+    };
+    let old = slot.as_u64().unwrap_or(0);
+    let new = match how % 4 {
+        0 => v,
+        1 => old.wrapping_add(v % 64),
+        2 => old.saturating_sub(v % 64),
+        _ => u64::MAX - v % 64,
+    };
+    *slot = new.into();
+    if let Ok(bytes) = serde_json::to_vec(&m) {
+        *f = bytes;
+    }
+}
+
+/// An input starting with this byte may also edit `meta.json` (op 6);
+/// without it, ops are taken modulo 6 as before, so the inputs kept under
+/// `regressions/` mean what they meant when they were found.
+const WITH_META_EDITS: u8 = 0xff;
+
 /// Applies the edits the input describes; `None` files are deleted.
 fn edit(base: &base::Base, data: &[u8]) -> Vec<Option<Vec<u8>>> {
     let mut files: Vec<Option<Vec<u8>>> = base.files.iter().map(|(_, b)| Some(b.clone())).collect();
+    let (kinds, data) = match data.split_first() {
+        Some((&WITH_META_EDITS, rest)) => (7, rest),
+        _ => (6, data),
+    };
     let mut inp = Input(data);
     for _ in 0..64 {
-        let Some(op) = inp.u8() else { break };
+        let Some(op) = inp.u8().map(|op| op % kinds) else {
+            break;
+        };
         let Some(sel) = inp.u8() else { break };
+        if op == 6 {
+            // Rewrite one number of a zone's meta.json, the text file an
+            // operator can edit (any value, or one near the old value or
+            // near the largest).
+            let metas: Vec<usize> = (0..files.len())
+                .filter(|&i| base.files[i].0.ends_with(melddb_log::meta::FILE))
+                .collect();
+            let (Some(which), Some(how), Some(v)) = (inp.u8(), inp.u8(), inp.u64()) else {
+                break;
+            };
+            let Some(f) = metas
+                .get(sel as usize % metas.len().max(1))
+                .and_then(|&i| files[i].as_mut())
+            else {
+                continue;
+            };
+            edit_meta_number(f, which, how, v);
+            continue;
+        }
         let i = sel as usize % files.len();
         let pages = &base.pages[i];
         let Some(f) = files[i].as_mut() else {
             continue;
         };
-        match op % 6 {
+        match op {
             0 => {
                 // Overwrite with bytes from the input.
                 let Some(off) = inp.u32() else { break };
@@ -150,7 +224,7 @@ fn edit(base: &base::Base, data: &[u8]) -> Vec<Option<Vec<u8>>> {
                     continue;
                 }
                 let (start, len) = pages[which as usize % pages.len()];
-                if op % 6 == 5 {
+                if op == 5 {
                     let (Some(at), Some(v), Some(width)) = (inp.u16(), inp.u64(), inp.u8()) else {
                         break;
                     };
@@ -163,7 +237,7 @@ fn edit(base: &base::Base, data: &[u8]) -> Vec<Option<Vec<u8>>> {
                 }
                 seal(f, start, len);
             }
-            _ => unreachable!("op % 6"),
+            _ => unreachable!("op 6 is handled above, and ops are below 7"),
         }
     }
     files
