@@ -29,7 +29,8 @@ enum Cmd {
     },
     /// Open the segments (recovering), read every page, rebuild damaged
     /// segments from parity, and print a JSON report. Exit code 1 if a
-    /// stripe cannot be rebuilt.
+    /// stripe cannot be rebuilt, 2 on a bad configuration, 3 while
+    /// another process (a running service) holds the zones.
     Check {
         /// TOML configuration.
         #[arg(long)]
@@ -75,7 +76,7 @@ fn main() -> ExitCode {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("error: {e}");
-                    return ExitCode::from(1);
+                    return open_failed(&e);
                 }
             };
             // Progress on stderr (the report is JSON on stdout): a line
@@ -133,7 +134,7 @@ fn main() -> ExitCode {
                     Ok(Ok(s)) => Arc::new(s),
                     Ok(Err(e)) => {
                         eprintln!("error: {e}");
-                        return ExitCode::from(1);
+                        return open_failed(&e);
                     }
                     Err(e) => {
                         eprintln!("error: recovery panicked: {e}");
@@ -159,6 +160,15 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             })
         }
+    }
+}
+
+/// The exit code of a failed open: 3 when another process holds the
+/// zones (a script may wait and retry), 1 for anything else.
+fn open_failed(e: &melddb_log::OpenError) -> ExitCode {
+    match e {
+        melddb_log::OpenError::InUse { .. } => ExitCode::from(3),
+        _ => ExitCode::from(1),
     }
 }
 

@@ -142,7 +142,7 @@ fn check_is_refused_while_another_process_holds_the_zones() {
     let store = Store::open(cfg).unwrap();
     store.append_blocking("a", 0, 0, b"held".to_vec()).unwrap();
     let out = run_check(&config);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(3));
     assert!(out.stdout.is_empty());
     let err = String::from_utf8_lossy(&out.stderr);
     let holder = format!("is in use by another process (pid {})", std::process::id());

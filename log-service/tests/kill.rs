@@ -290,3 +290,76 @@ fn sigterm_shuts_down_gracefully_and_keeps_everything() {
         assert_eq!(c.read("g", 99).await.unwrap(), bytes::Bytes::from("r99"));
     });
 }
+
+/// Runs `melddb-log ARGS --config CONFIG` to its exit (killed after 20 s:
+/// a process that should have been refused may be serving instead); its
+/// exit code and stderr.
+fn run_to_exit(args: &[&str], config: &Path) -> (Option<i32>, String) {
+    let child = Command::new(env!("CARGO_BIN_EXE_melddb-log"))
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start melddb-log");
+    let mut svc = Service(child);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = svc.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "melddb-log {args:?} still running after 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    svc.0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status.code(), err)
+}
+
+/// A second service on the same zones would write the same log: it exits
+/// 3 naming the first one's process, as does a `check`, and the first
+/// serves on.
+#[test]
+fn a_second_service_on_held_zones_exits_3_and_the_first_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let zones: Vec<String> = (0..3)
+        .map(|z| dir.path().join(format!("z{z}")).display().to_string())
+        .collect();
+    let config = dir.path().join("log.toml");
+    std::fs::write(
+        &config,
+        format!("zones = {zones:?}\n[listen]\ntcp = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\n"),
+    )
+    .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (svc, addr) = spawn(&config);
+    let c = rt.block_on(Client::connect(&addr)).unwrap();
+    assert_eq!(rt.block_on(c.append("g", "before")).unwrap(), 0);
+    let holder = format!("(pid {})", svc.0.id());
+    for args in [&["serve"][..], &["check"]] {
+        let (code, err) = run_to_exit(args, &config);
+        assert_eq!(code, Some(3), "{args:?}: {err}");
+        assert!(
+            err.contains("is in use by another process"),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains(&holder), "{args:?}: {err}");
+    }
+    assert_eq!(rt.block_on(c.append("g", "after")).unwrap(), 1);
+    assert_eq!(
+        rt.block_on(c.read("g", 0)).unwrap(),
+        bytes::Bytes::from("before")
+    );
+}
