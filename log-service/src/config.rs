@@ -169,6 +169,13 @@ pub struct Config {
     pub tokens: BTreeMap<String, Rights>,
 }
 
+/// The largest `segment_bytes` (1 TiB).
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 40;
+
+/// The most `limits.max_connections`, `limits.max_in_flight`,
+/// `limits.append_queue` and `read_cache_stripes` may be (2^20).
+pub const MAX_COUNT_LIMIT: usize = 1 << 20;
+
 /// Network limits; every one is checked before memory is committed.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -343,7 +350,9 @@ impl Config {
 
     /// Pages per stripe.
     pub fn stripe_width(&self) -> usize {
-        self.data_shards + self.parity_shards
+        // Saturating: validation refuses widths over 255, and must not
+        // overflow on the way.
+        self.data_shards.saturating_add(self.parity_shards)
     }
 
     /// Checks the geometry: stripes and end-write copies must fall in
@@ -373,6 +382,13 @@ impl Config {
         }
         if self.segment_bytes < 4 * self.page_bytes as u64 {
             return bad("segment_bytes must hold at least four pages".into());
+        }
+        if self.segment_bytes > MAX_SEGMENT_BYTES {
+            // A typo here would have the open write spare segments of
+            // zeros until the disk is full.
+            return bad(format!(
+                "segment_bytes must be at most {MAX_SEGMENT_BYTES} (1 TiB)"
+            ));
         }
         let window = (END_WRITE_COPIES + 2 * self.stripe_width()) as u64;
         if self.max_segments < window + 1 {
@@ -433,6 +449,18 @@ impl Config {
         if self.limits.max_frame_bytes < 64 {
             return bad("limits.max_frame_bytes must be at least 64".into());
         }
+        for (name, n) in [
+            ("limits.max_connections", self.limits.max_connections),
+            ("limits.max_in_flight", self.limits.max_in_flight),
+            ("limits.append_queue", self.limits.append_queue),
+            ("read_cache_stripes", self.read_cache_stripes),
+        ] {
+            // Each sizes a semaphore, a queue or a table at the open; the
+            // bound keeps a typo from aborting the service there.
+            if n > MAX_COUNT_LIMIT {
+                return bad(format!("{name} must be at most {MAX_COUNT_LIMIT}"));
+            }
+        }
         if self.limits.max_in_flight == 0
             || self.limits.max_connections == 0
             || self.limits.append_queue == 0
@@ -464,6 +492,38 @@ mod tests {
         assert_eq!(ex.prepare_mib_s, defaults::prepare_mib_s());
         assert_eq!(ex.realtime_priority, 0);
         assert!(ex.disable_transparent_huge_pages);
+    }
+
+    /// The upper bounds hold exactly at their edges, and the messages
+    /// name the field.
+    #[test]
+    fn segment_size_and_the_counts_have_upper_bounds() {
+        let ok = Config::with_zones(vec!["a".into(), "b".into(), "c".into()]);
+        let mut c = ok.clone();
+        c.segment_bytes = MAX_SEGMENT_BYTES;
+        assert!(c.validate().is_ok());
+        c.segment_bytes += 1;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("segment_bytes must be at most"), "{e}");
+        type Field = fn(&mut Config) -> &mut usize;
+        let counts: [(&str, Field); 4] = [
+            ("limits.max_connections", |c| &mut c.limits.max_connections),
+            ("limits.max_in_flight", |c| &mut c.limits.max_in_flight),
+            ("limits.append_queue", |c| &mut c.limits.append_queue),
+            ("read_cache_stripes", |c| &mut c.read_cache_stripes),
+        ];
+        for (name, field) in counts {
+            let mut c = ok.clone();
+            *field(&mut c) = MAX_COUNT_LIMIT;
+            assert!(c.validate().is_ok(), "{name}");
+            *field(&mut c) = MAX_COUNT_LIMIT + 1;
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains(&format!("{name} must be at most")), "{e}");
+        }
+        // The widths sum without overflowing on the way to the refusal.
+        let mut c = ok.clone();
+        c.data_shards = usize::MAX;
+        assert!(c.validate().is_err());
     }
 
     #[test]
