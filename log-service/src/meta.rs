@@ -261,6 +261,30 @@ mod tests {
         }
     }
 
+    /// What a store writes passes the check at its edges: a range of one
+    /// stripe (a hole at the highest stripe found), a log trimmed to its
+    /// tail, counts just below the limit.
+    #[test]
+    fn the_check_takes_every_edge_a_store_writes() {
+        let mut m = Meta {
+            version: LIMIT - 1,
+            stable_seq: LIMIT - 1,
+            next_seq_floor: LIMIT - 1,
+            discarded: vec![(5, 5), (0, LIMIT - 1)],
+            ..Meta::default()
+        };
+        m.logs.insert(
+            "a".into(),
+            LogMeta {
+                first: 7,
+                tail_floor: 7,
+            },
+        );
+        assert_eq!(m.check(), Ok(()));
+        m.discarded.push((6, 5));
+        assert!(m.check().unwrap_err().contains("runs backwards"));
+    }
+
     #[test]
     fn copies_that_exist_but_none_parses_are_an_error_naming_them() {
         let (_d, zs) = zones(2);
