@@ -244,18 +244,25 @@ fn kill_cycles(on_devices: bool) {
     drop(svc);
 }
 
-#[test]
-fn sigterm_shuts_down_gracefully_and_keeps_everything() {
-    let dir = tempfile::tempdir().unwrap();
+/// A configuration of three zones under `dir`, serving on loopback
+/// ports the system picks; its path.
+fn loopback_config(dir: &Path) -> std::path::PathBuf {
     let zones: Vec<String> = (0..3)
-        .map(|z| dir.path().join(format!("z{z}")).display().to_string())
+        .map(|z| dir.join(format!("z{z}")).display().to_string())
         .collect();
-    let config = dir.path().join("log.toml");
+    let config = dir.join("log.toml");
     std::fs::write(
         &config,
         format!("zones = {zones:?}\n[listen]\ntcp = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\n"),
     )
     .unwrap();
+    config
+}
+
+#[test]
+fn sigterm_shuts_down_gracefully_and_keeps_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = loopback_config(dir.path());
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (mut svc, addr) = spawn(&config);
     let n = rt.block_on(async {
@@ -271,17 +278,7 @@ fn sigterm_shuts_down_gracefully_and_keeps_everything() {
         .status()
         .unwrap()
         .success());
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = svc.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no exit within 20 s of SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_for_exit(&mut svc, "after SIGTERM");
     assert!(status.success(), "graceful shutdown exits 0: {status:?}");
     let (_svc, addr) = spawn(&config);
     rt.block_on(async {
@@ -289,6 +286,22 @@ fn sigterm_shuts_down_gracefully_and_keeps_everything() {
         assert_eq!(c.bounds("g").await.unwrap(), (0, n));
         assert_eq!(c.read("g", 99).await.unwrap(), bytes::Bytes::from("r99"));
     });
+}
+
+/// Waits up to 20 s for the process to exit; its status. Fails the test
+/// (and the guard kills the process) if it is still running.
+fn wait_for_exit(svc: &mut Service, what: &str) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(s) = svc.0.try_wait().unwrap() {
+            return s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: still running after 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Runs `melddb-log ARGS --config CONFIG` to its exit (killed after 20 s:
@@ -306,17 +319,7 @@ fn run_to_exit(args: &[&str], config: &Path) -> (Option<i32>, String) {
         .spawn()
         .expect("start melddb-log");
     let mut svc = Service(child);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = svc.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "melddb-log {args:?} still running after 20 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_for_exit(&mut svc, &format!("melddb-log {args:?}"));
     let mut err = String::new();
     use std::io::Read;
     svc.0
@@ -334,15 +337,7 @@ fn run_to_exit(args: &[&str], config: &Path) -> (Option<i32>, String) {
 #[test]
 fn a_second_service_on_held_zones_exits_3_and_the_first_serves_on() {
     let dir = tempfile::tempdir().unwrap();
-    let zones: Vec<String> = (0..3)
-        .map(|z| dir.path().join(format!("z{z}")).display().to_string())
-        .collect();
-    let config = dir.path().join("log.toml");
-    std::fs::write(
-        &config,
-        format!("zones = {zones:?}\n[listen]\ntcp = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\n"),
-    )
-    .unwrap();
+    let config = loopback_config(dir.path());
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (svc, addr) = spawn(&config);
     let c = rt.block_on(Client::connect(&addr)).unwrap();
