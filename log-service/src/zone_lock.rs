@@ -1,5 +1,6 @@
 //! One process per zone directory: each zone's `lock` file is `flock`ed
-//! for as long as the store is open.
+//! from the store's open until it shuts down (`Store::shutdown`, which
+//! dropping the store calls).
 //!
 //! Two services (or a service and `melddb-log check`) on the same zones
 //! would both number segments, write end-write records and rewrite the
