@@ -115,6 +115,14 @@ pub enum StoreError {
     /// with the same request id.
     #[error("write failed, append not acknowledged (retry with the same request id): {0}")]
     WriteFailed(String),
+    /// The file system holding a segment or the metadata is out of space
+    /// (or of the user's quota). The append was not acknowledged and
+    /// nothing written before is lost; once space is freed (on that disk,
+    /// or by trimming old positions, which deletes whole segments) the
+    /// append may be retried with the same request id. Retrying sooner
+    /// fails the same way.
+    #[error("no space left for the log, append not acknowledged: {0}; free space on that disk or trim old positions, then retry with the same request id")]
+    NoSpace(String),
     /// More pages of a stripe are lost than parity can rebuild.
     #[error("stripe {stripe} cannot be rebuilt: {why}")]
     Unrecoverable {
@@ -126,4 +134,54 @@ pub enum StoreError {
     /// The service is shutting down.
     #[error("the log service is shutting down")]
     ShuttingDown,
+}
+
+impl StoreError {
+    /// The error an append reports for an I/O error `e` while doing
+    /// `what`: [`StoreError::NoSpace`] when the file system is full or the
+    /// quota is used up (`ENOSPC`, `EDQUOT`), since the remedy differs
+    /// from a failing device, and [`StoreError::WriteFailed`] otherwise.
+    pub(crate) fn from_write(what: impl std::fmt::Display, e: &std::io::Error) -> StoreError {
+        let msg = format!("{what}: {e}");
+        if no_space(e) {
+            StoreError::NoSpace(msg)
+        } else {
+            StoreError::WriteFailed(msg)
+        }
+    }
+}
+
+/// Whether `e` says the file system has no room left for this user.
+pub(crate) fn no_space(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn full_file_systems_and_quotas_are_no_space_and_other_errors_are_write_failures() {
+        for (errno, full) in [
+            (libc::ENOSPC, true),
+            (libc::EDQUOT, true),
+            (libc::EIO, false),
+            (libc::EFBIG, false),
+            (libc::EROFS, false),
+        ] {
+            let e = StoreError::from_write("segment 7", &std::io::Error::from_raw_os_error(errno));
+            match (&e, full) {
+                (StoreError::NoSpace(m), true) | (StoreError::WriteFailed(m), false) => {
+                    assert!(m.starts_with("segment 7: "), "{m}")
+                }
+                _ => panic!("errno {errno}: {e:?}"),
+            }
+        }
+        let e = StoreError::from_write("x", &std::io::Error::other("other"));
+        assert!(matches!(e, StoreError::WriteFailed(_)), "{e:?}");
+    }
 }

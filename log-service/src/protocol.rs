@@ -65,6 +65,9 @@ pub enum Code {
     Busy = 13,
     /// Trim beyond the tail (a = pos, b = tail).
     TrimBeyondTail = 14,
+    /// No space left on a disk of the log; free some or trim, then retry
+    /// with the same request id.
+    NoSpace = 15,
 }
 
 impl Code {
@@ -85,6 +88,7 @@ impl Code {
             12 => ShuttingDown,
             13 => Busy,
             14 => TrimBeyondTail,
+            15 => NoSpace,
             _ => BadFrame,
         }
     }
@@ -540,6 +544,7 @@ pub fn store_error(e: &StoreError) -> Response {
         StoreError::TooLarge { len, limit } => (Code::TooLarge, *len as u64, *limit as u64),
         StoreError::Full(n) => (Code::Full, *n, 0),
         StoreError::WriteFailed(_) => (Code::WriteFailed, 0, 0),
+        StoreError::NoSpace(_) => (Code::NoSpace, 0, 0),
         StoreError::Unrecoverable { stripe, .. } => (Code::Unrecoverable, *stripe, 0),
         StoreError::ShuttingDown => (Code::ShuttingDown, 0, 0),
     };
@@ -595,12 +600,13 @@ mod tests {
             ShuttingDown,
             Busy,
             TrimBeyondTail,
+            NoSpace,
         ];
         for c in &all {
             match c {
                 BadFrame | Version | Unauthorized | Forbidden | NotYetWritten | Trimmed
                 | TooLarge | BadLogName | WriteFailed | Full | Unrecoverable | ShuttingDown
-                | Busy | TrimBeyondTail => {}
+                | Busy | TrimBeyondTail | NoSpace => {}
             }
         }
         all

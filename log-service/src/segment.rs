@@ -60,6 +60,8 @@ pub struct Faults {
     delay_us: AtomicU64,
     /// Fail every fsync while set.
     fail_sync: AtomicBool,
+    /// Fail every write with "no space" (`ENOSPC`) while set.
+    full: AtomicBool,
     /// Delay added to every fsync, in microseconds.
     sync_delay_us: AtomicU64,
     /// Unit tests: every fsync and write-back, in order, with the file's
@@ -136,6 +138,19 @@ impl Faults {
     pub fn fail_syncs(&self, on: bool) {
         self.fail_sync.store(on, Ordering::SeqCst);
     }
+    /// While `on`, every page write fails as on a full file system
+    /// (`io::ErrorKind::StorageFull`, nothing written), until space is
+    /// "freed" by calling this again with `false`.
+    pub fn fill_disk(&self, on: bool) {
+        self.full.store(on, Ordering::SeqCst);
+    }
+    /// The injected full file system's error, if it is full.
+    fn no_space(&self) -> io::Result<()> {
+        if self.full.load(Ordering::SeqCst) {
+            return Err(io::Error::from(io::ErrorKind::StorageFull));
+        }
+        Ok(())
+    }
 
     /// A held-back write of the batch's round ([`crate::direct`]), with
     /// the armed faults: it counts as one write, and a torn one leaves its
@@ -154,6 +169,7 @@ impl Faults {
             }
             return Err(io::Error::other("injected write fault"));
         }
+        self.no_space()?;
         #[cfg(test)]
         self.traced("deferred-write", file);
         file.write_all_at(&w.head, w.off)?;
@@ -201,7 +217,7 @@ impl Faults {
             }
             return Err(io::Error::other("injected write fault"));
         }
-        Ok(())
+        self.no_space()
     }
 
     /// Sleeps the armed delay; whether this write is the one set to fail.

@@ -325,12 +325,8 @@ fn vanished(what: &str) -> StoreError {
 /// Waits for an fsync round over `segs`; the first failure, by segment.
 fn wait_round((segs, round): (Vec<u64>, Round)) -> Result<(), StoreError> {
     segs.into_iter().zip(round.wait()).try_for_each(|(seg, r)| {
-        r.map_err(|e| StoreError::WriteFailed(format!("fsync segment {seg}: {e}")))
+        r.map_err(|e| StoreError::from_write(format!("fsync segment {seg}"), &e))
     })
-}
-
-fn io_err(e: io::Error) -> String {
-    e.to_string()
 }
 
 /// How far ahead of its data a window segment is zero-filled.
@@ -453,9 +449,12 @@ impl Writer {
 
     /// Appends a class marker to `seg`, not yet durable (see
     /// [`Writer::raise_classes`]); returns its offset.
-    fn append_marker(&mut self, seg: u64, to: u8) -> Result<u64, String> {
+    fn append_marker(&mut self, seg: u64, to: u8) -> Result<u64, StoreError> {
         let bytes = page::class_marker(to);
-        let s = self.segs.get_mut(&seg).ok_or("segment vanished")?;
+        let s = self
+            .segs
+            .get_mut(&seg)
+            .ok_or_else(|| vanished(&format!("segment {seg}")))?;
         let off = s.len;
         let pad = block_pad(s, bytes.len());
         if let Err(e) = self
@@ -464,7 +463,7 @@ impl Writer {
             .write_padded_at(&s.file, &bytes, pad, off)
         {
             self.torn.insert(seg, off + bytes.len() as u64);
-            return Err(io_err(e));
+            return Err(StoreError::from_write(format!("segment {seg}"), &e));
         }
         s.len += bytes.len() as u64;
         s.zeroed = s.zeroed.max(s.len);
@@ -488,7 +487,7 @@ impl Writer {
     /// segment already above its class, so whichever subset of
     /// the markers a crash keeps, it slides to a base at or before the
     /// one written here, and nothing was written under the new base yet.
-    fn raise_classes(&mut self, changes: &[(u64, u8)]) -> Result<(), String> {
+    fn raise_classes(&mut self, changes: &[(u64, u8)]) -> Result<(), StoreError> {
         let mut offs = Vec::with_capacity(changes.len());
         for &(seg, to) in changes {
             self.settle(seg)?;
@@ -505,10 +504,13 @@ impl Writer {
         let files: Vec<RoundFile> = changes
             .iter()
             .map(|&(seg, _)| {
-                let st = self.segs.get(&seg).ok_or("segment vanished")?;
+                let st = self
+                    .segs
+                    .get(&seg)
+                    .ok_or_else(|| vanished(&format!("segment {seg}")))?;
                 Ok(RoundFile::sync(st.file.clone(), self.how_durable(seg, st)))
             })
-            .collect::<Result<_, String>>()?;
+            .collect::<Result<_, StoreError>>()?;
         let round = self.syncer.start(files, Arc::new(|| {}));
         let (write_backs, flushes) = (round.write_backs(), round.flushes());
         let c = &self.shared.counters;
@@ -519,10 +521,13 @@ impl Writer {
         c.write_backs.fetch_add(write_backs, Ordering::Relaxed);
         c.flushes.fetch_add(flushes, Ordering::Relaxed);
         for (r, &(seg, _)) in round.wait().into_iter().zip(changes) {
-            r.map_err(|e| format!("segment {seg}: {e}"))?;
+            r.map_err(|e| StoreError::from_write(format!("segment {seg}"), &e))?;
         }
         for (&(seg, to), off) in changes.iter().zip(offs) {
-            let s = self.segs.get_mut(&seg).ok_or("segment vanished")?;
+            let s = self
+                .segs
+                .get_mut(&seg)
+                .ok_or_else(|| vanished(&format!("segment {seg}")))?;
             s.markers.push((off, to));
             s.class = to;
         }
@@ -550,7 +555,7 @@ impl Writer {
     /// (done here, directly where they can be; for end-writes, every
     /// held-back page first). A failed write stays held back, so the round
     /// retries it, or fails the batch if it fails again.
-    fn settle(&mut self, seg: u64) -> Result<(), String> {
+    fn settle(&mut self, seg: u64) -> Result<(), StoreError> {
         let late = self.late.contains(&seg);
         if let Some((segs, round)) = self.inflight.as_mut().and_then(|f| f.round.as_mut()) {
             if late || segs.contains(&seg) {
@@ -571,7 +576,7 @@ impl Writer {
                     // The failed write and those behind it stay held back.
                     ws.drain(..i);
                     self.deferred.insert(s, ws);
-                    return Err(format!("segment {s}: {e}"));
+                    return Err(StoreError::from_write(format!("segment {s}"), &e));
                 }
             }
         }
@@ -605,7 +610,7 @@ impl Writer {
             .as_ref()
             .is_some_and(|s| s.take_into(zone, &path));
         let file = segment::open(&path, true)
-            .map_err(|e| StoreError::WriteFailed(format!("create {}: {e}", path.display())))?;
+            .map_err(|e| StoreError::from_write(format!("create {}", path.display()), &e))?;
         // A spare's pages are written in place over its zeros (spares are
         // exactly `segment_bytes` long: the pool keeps no other size).
         let zeroed = if spare {
@@ -650,7 +655,7 @@ impl Writer {
             .device(zone)
             .ok_or_else(|| StoreError::WriteFailed(format!("zone {zone} has no device")))?;
         let failed = |e: io::Error| {
-            StoreError::WriteFailed(format!("segment {seg} on {}: {e}", dev.path().display()))
+            StoreError::from_write(format!("segment {seg} on {}", dev.path().display()), &e)
         };
         let Some((slot, written)) = dev.zeroed_slot().map_err(failed)? else {
             tracing::warn!(device = %dev.path().display(), slots = dev.slots(), "every slot of the device holds a segment; trim the log");
@@ -720,12 +725,12 @@ impl Writer {
                 // The new slots' headers (the device's counterpart of the
                 // directory entries).
                 Some(dev) => dev.sync().map_err(|e| {
-                    StoreError::WriteFailed(format!("sync device {}: {e}", dev.path().display()))
+                    StoreError::from_write(format!("sync device {}", dev.path().display()), &e)
                 })?,
                 None => {
                     let dir = &self.zones()[zone];
                     segment::sync_dir(dir).map_err(|e| {
-                        StoreError::WriteFailed(format!("sync directory {}: {e}", dir.display()))
+                        StoreError::from_write(format!("sync directory {}", dir.display()), &e)
                     })?
                 }
             }
@@ -746,7 +751,6 @@ impl Writer {
             return Ok(());
         }
         self.raise_classes(&changes)
-            .map_err(StoreError::WriteFailed)
     }
 
     /// Refuses, before anything changes, a slide that needs segments
@@ -1185,7 +1189,7 @@ impl Writer {
             .fetch_add(1, Ordering::Relaxed);
         tracing::warn!(error = %e, "append batch failed; rolled back");
         let err = match e {
-            StoreError::Full(_) | StoreError::WriteFailed(_) => e,
+            StoreError::Full(_) | StoreError::WriteFailed(_) | StoreError::NoSpace(_) => e,
             other => StoreError::WriteFailed(other.to_string()),
         };
         for p in pending {
@@ -1541,7 +1545,7 @@ impl Writer {
             } else {
                 Ok(0)
             }
-            .map_err(|e| StoreError::WriteFailed(format!("segment {seg}: {e}")))?;
+            .map_err(|e| StoreError::from_write(format!("segment {seg}"), &e))?;
             self.shared
                 .counters
                 .bytes_written
@@ -1580,7 +1584,7 @@ impl Writer {
             {
                 // Part of it may be there: the roll back cuts it off.
                 self.torn.insert(*seg, st.len + buf.len() as u64);
-                return Err(StoreError::WriteFailed(format!("segment {seg}: {e}")));
+                return Err(StoreError::from_write(format!("segment {seg}"), &e));
             }
             if now && fsync && buf.len() <= EARLY_WRITE_BACK_MAX {
                 // Its I/O overlaps the round in flight (see the function).
@@ -1784,7 +1788,7 @@ impl Writer {
         let zones = self.zones().to_vec();
         self.meta
             .store(&zones)
-            .map_err(|e| StoreError::WriteFailed(format!("metadata: {e}")))?;
+            .map_err(|e| StoreError::from_write("metadata", &e))?;
         {
             let mut idx = self.shared.index_mut();
             // The log exists: pos > first >= 0 and pos <= tail were checked.

@@ -1083,3 +1083,59 @@ fn the_log_trait_reports_an_oversized_entry_as_entry_too_large() {
     drop(log);
     rt.block_on(stop(store, running));
 }
+
+/// A full disk (injected: every page write fails with "no space") is
+/// error 15 over the binary protocol, 507 over HTTP, and `NoSpace` from
+/// the client, which does not retry it (one failed batch per append); once
+/// space is back the same client appends again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_no_space_on_every_protocol_and_the_client_does_not_retry_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(melddb_log::Faults::none());
+    let cfg = config(dir.path());
+    let f = faults.clone();
+    let store = Arc::new(
+        tokio::task::spawn_blocking(move || Store::open_with_faults(cfg, f).unwrap())
+            .await
+            .unwrap(),
+    );
+    let running = melddb_log::start_on(store.clone(), "127.0.0.1:0", "127.0.0.1:0")
+        .await
+        .unwrap();
+    let addr = running.tcp.to_string();
+    let c = Client::connect(&addr).await.unwrap();
+    assert_eq!(c.append("d", "before").await.unwrap(), 0);
+    faults.fill_disk(true);
+
+    let mut s = raw_connect(&addr).await;
+    send_frame(&mut s, &protocol::encode_request(5, &append_to("d"))).await;
+    let (corr, r) = recv_frame(&mut s).await.unwrap();
+    assert_eq!((corr, code_of(&r)), (5, Some(Code::NoSpace)), "{r:?}");
+
+    let (status, body) =
+        http_with_token(running.http, "POST", "/v1/logs/d/append", None, b"x").await;
+    assert_eq!(status, 507, "{body}");
+    assert!(body.contains("no space left"), "{body}");
+
+    let failures = store.stats().write_failures;
+    match c.append("d", "during").await {
+        Err(ClientError::Server {
+            code: Code::NoSpace,
+            message,
+            ..
+        }) => {
+            assert!(message.contains("trim"), "{message}")
+        }
+        other => panic!("expected NoSpace, got {other:?}"),
+    }
+    assert_eq!(
+        store.stats().write_failures,
+        failures + 1,
+        "the client retried"
+    );
+
+    faults.fill_disk(false);
+    assert_eq!(c.append("d", "after").await.unwrap(), 1);
+    assert_eq!(&c.read("d", 1).await.unwrap()[..], b"after");
+    stop(store, running).await;
+}

@@ -456,6 +456,82 @@ fn injected_write_faults_case(direct: bool) {
 }
 
 #[test]
+fn a_full_disk_answers_no_space_loses_nothing_and_the_same_appends_go_on_once_space_is_back() {
+    for direct in [false, true] {
+        full_disk_case(direct);
+    }
+}
+
+/// Every page write fails with "no space" (injected) while four threads
+/// append: every append is answered `NoSpace` (not a generic write
+/// failure, and never acknowledged). With space back, the same request ids append
+/// once each; asked again they answer the same positions.
+fn full_disk_case(direct: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_config(dir.path());
+    cfg.direct_writes = direct;
+    cfg.direct_write_min_bytes = 4096;
+    let faults = Arc::new(Faults::none());
+    let store = Arc::new(Store::open_with_faults(cfg.clone(), faults.clone()).unwrap());
+    let body = |t: u64, i: u64| format!("t{t} r{i} ").repeat(1 + (i as usize * 131) % 900);
+    let mut expect = BTreeMap::new();
+    for i in 0..20u64 {
+        let pos = store
+            .append_blocking("d", 1, i, body(9, i).into_bytes())
+            .unwrap();
+        expect.insert(pos, body(9, i));
+    }
+    faults.fill_disk(true);
+    let failures_before = store.stats().write_failures;
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let store = &store;
+            s.spawn(move || {
+                for i in 0..10u64 {
+                    let r = store.append_blocking("d", 10 + t, i, body(t, i).into_bytes());
+                    match r {
+                        Err(StoreError::NoSpace(m)) => assert!(!m.is_empty()),
+                        other => panic!("thread {t} append {i} on a full disk: {other:?}"),
+                    }
+                }
+            });
+        }
+    });
+    assert!(store.stats().write_failures > failures_before);
+    // Nothing acknowledged was lost, and the failed appends took nothing.
+    assert_eq!(store.bounds("d"), (0, 20));
+    for (&p, b) in &expect {
+        assert_eq!(&store.read("d", p).unwrap()[..], b.as_bytes());
+    }
+    faults.fill_disk(false);
+    let mut again = BTreeMap::new();
+    for t in 0..4u64 {
+        for i in 0..10u64 {
+            let pos = store
+                .append_blocking("d", 10 + t, i, body(t, i).into_bytes())
+                .unwrap();
+            assert!(
+                expect.insert(pos, body(t, i)).is_none(),
+                "position {pos} twice"
+            );
+            again.insert((t, i), pos);
+        }
+    }
+    for (&(t, i), &pos) in &again {
+        let r = store.append_blocking("d", 10 + t, i, body(t, i).into_bytes());
+        assert_eq!(r.unwrap(), pos, "a retried request id appended again");
+    }
+    assert_eq!(store.bounds("d"), (0, 60));
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    assert_eq!(store.bounds("d"), (0, 60));
+    for (&p, b) in &expect {
+        assert_eq!(&store.read("d", p).unwrap()[..], b.as_bytes());
+    }
+    assert_eq!(store.scrub_blocking().bad_pages, 0);
+}
+
+#[test]
 fn trim_frees_segments_and_positions_are_never_reused() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = small_config(dir.path());
