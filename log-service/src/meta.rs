@@ -4,6 +4,12 @@
 //!
 //! Written with write-to-temporary, fsync, rename, fsync-directory in every
 //! zone; opened by taking the highest version that parses in any zone.
+//!
+//! Each zone also keeps a reserve file ([`RESERVE_FILE`]) that nothing
+//! reads. A trim must write the metadata before it deletes segments, so on
+//! a file system with no byte left the write that would make room could
+//! never happen; a write that finds no space deletes the reserve and tries
+//! once more, and the reserve is made again once there is room.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,6 +20,12 @@ use crate::segment::sync_dir;
 
 /// File name in each zone.
 pub const FILE: &str = "meta.json";
+
+/// Name of the reserve file in each zone (see the module docs).
+pub const RESERVE_FILE: &str = "reserve";
+
+/// The reserve's size: twice the metadata, and at least this.
+const RESERVE_MIN: u64 = 64 << 10;
 
 /// Counts in the file stay below this ([`Meta::check`]): a store counts
 /// one at a time from 0 and never gets near it.
@@ -152,9 +164,49 @@ impl Meta {
         self.version += 1;
         let bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
         for z in zones {
-            write_atomic(z, &bytes)?;
+            match write_atomic(z, &bytes) {
+                Err(e) if crate::error::no_space(&e) && release_reserve(z) => {
+                    tracing::warn!(zone = %z.display(), "no space left for the metadata: its reserve file was given up to write it; it is made again once there is room");
+                    write_atomic(z, &bytes)?
+                }
+                r => r?,
+            }
         }
         Ok(())
+    }
+
+    /// Makes each zone's reserve file where it is missing or short: at
+    /// the open, and after a trim deleted segments; see [`keep_reserve`].
+    pub fn keep_reserve(&self, zones: &[PathBuf]) {
+        if let Ok(bytes) = serde_json::to_vec_pretty(self) {
+            keep_reserve(zones, bytes.len() as u64);
+        }
+    }
+}
+
+/// Deletes `zone`'s reserve file; whether there was one.
+fn release_reserve(zone: &Path) -> bool {
+    std::fs::remove_file(zone.join(RESERVE_FILE)).is_ok()
+}
+
+/// Makes each zone's reserve file (twice `meta_len` bytes, at least
+/// [`RESERVE_MIN`]) where it is missing or short. Written, not sparse, so
+/// its blocks are really taken; not synced, since a reserve a crash lost
+/// is only made again. Where there is no room yet it is left for a later
+/// call: the store works without it.
+fn keep_reserve(zones: &[PathBuf], meta_len: u64) {
+    let want = (2 * meta_len).max(RESERVE_MIN).next_multiple_of(4096);
+    for z in zones {
+        let path = z.join(RESERVE_FILE);
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() >= want) {
+            continue;
+        }
+        let made = std::fs::File::create(&path)
+            .and_then(|f| std::io::Write::write_all(&mut &f, &vec![0u8; want as usize]));
+        if made.is_err() {
+            // A partial reserve would only look whole by its length.
+            let _ = std::fs::remove_file(&path);
+        }
     }
 }
 
@@ -300,5 +352,42 @@ mod tests {
         write_atomic(&more[0], &serde_json::to_vec(&with_version(1)).unwrap()).unwrap();
         more.extend(zs);
         assert_eq!(Meta::load(&more), Ok(Some(with_version(1))));
+    }
+
+    #[test]
+    fn the_reserve_is_twice_the_metadata_at_least_64_kib_and_made_again_when_short() {
+        let (_d, zs) = zones(2);
+        let mut m = with_version(0);
+        m.store(&zs).expect("store");
+        let len = |z: &PathBuf| {
+            std::fs::metadata(z.join(RESERVE_FILE))
+                .map(|m| m.len())
+                .ok()
+        };
+        assert_eq!(len(&zs[0]), None, "a store alone makes no reserve");
+        m.keep_reserve(&zs);
+        assert_eq!(len(&zs[0]), Some(RESERVE_MIN));
+        assert_eq!(len(&zs[1]), Some(RESERVE_MIN));
+        // Many logs: the metadata outgrows half the minimum.
+        for i in 0..2_000 {
+            m.logs.insert(format!("log-{i:05}"), LogMeta::default());
+        }
+        m.store(&zs).expect("store");
+        std::fs::write(zs[1].join(RESERVE_FILE), b"short").expect("write");
+        m.keep_reserve(&zs);
+        let meta_len = std::fs::metadata(zs[0].join(FILE)).expect("meta").len();
+        for z in &zs {
+            let r = len(z).expect("reserve");
+            assert!(
+                r >= 2 * meta_len && r > RESERVE_MIN && r % 4096 == 0,
+                "{r} for {meta_len}"
+            );
+            let bytes = std::fs::read(z.join(RESERVE_FILE)).expect("read");
+            assert!(
+                bytes.iter().all(|&b| b == 0),
+                "written zeros, not a stale copy"
+            );
+        }
+        assert!(release_reserve(&zs[0]) && !release_reserve(&zs[0]));
     }
 }

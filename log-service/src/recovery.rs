@@ -869,6 +869,7 @@ pub(crate) fn recover(
         idx.stripes = idx.stripes.split_off(&floor);
     }
     writer.meta.store(&zones).map_err(io(&zones[0]))?;
+    writer.meta.keep_reserve(&zones);
 
     // Where the scans stopped, against where live stripes have pages. A
     // live page at or past the end of a segment's data means pages the scan

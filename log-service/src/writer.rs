@@ -1799,6 +1799,9 @@ impl Writer {
             }
         }
         self.free_segments();
+        // The reserve went into the metadata write if the disk was full;
+        // the segments just deleted may have made room for it again.
+        self.meta.keep_reserve(&zones);
         Ok(())
     }
 

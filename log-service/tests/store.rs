@@ -2447,3 +2447,133 @@ fn edited_metadata_with_extreme_numbers_is_refused_or_harmless() {
         assert_eq!(read.as_deref().ok(), Some(&b"next"[..]), "{what}: {read:?}");
     }
 }
+
+/// A tmpfs mounted for one test, unmounted when dropped (also when the
+/// test fails).
+struct SmallMount(PathBuf);
+
+impl Drop for SmallMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Mounts a tmpfs of `mib` MiB on `dir`, or `None` where this machine
+/// does not allow it (not root, no `mount`).
+fn small_file_system(dir: &Path, mib: u32) -> Option<SmallMount> {
+    let out = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+        .arg(dir)
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        eprintln!(
+            "skipped: mount: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return None;
+    }
+    Some(SmallMount(dir.to_path_buf()))
+}
+
+/// Another program takes every byte left on the file system under `dir`.
+fn take_every_byte(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let filler = dir.join("filler");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&filler)
+        .unwrap();
+    for size in [64 << 10, 4 << 10, 1] {
+        let chunk = vec![1u8; size];
+        while f.write_all(&chunk).is_ok() {}
+    }
+    filler
+}
+
+/// A real file system that fills up (a 4 MiB tmpfs under three zones):
+/// appends are answered `NoSpace` and acknowledge nothing, and every
+/// acknowledged record stays readable. With every byte taken by another
+/// program, a trim still works (its metadata write uses the zone's
+/// reserve file), deletes segments and appends go on; the store reopens
+/// on a full file system, and takes appends once space is freed.
+#[test]
+fn a_file_system_that_fills_up_answers_no_space_and_a_trim_makes_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mount) = small_file_system(dir.path(), 4) else {
+        return;
+    };
+    let mut cfg = small_config(&mount.0);
+    cfg.segment_bytes = 256 << 10;
+    let store = Store::open(cfg.clone()).unwrap();
+    for z in &cfg.zones {
+        let reserve = std::fs::metadata(z.join("reserve")).expect("a reserve file in each zone");
+        assert!(reserve.len() >= 64 << 10, "{}", reserve.len());
+    }
+    let rec = |i: u64| vec![(i % 251) as u8; 6000];
+    let mut acked = 0u64;
+    let mut refusals = 0;
+    for i in 0..2_000u64 {
+        match store.append_blocking("full", 4, i, rec(i)) {
+            Ok(pos) => {
+                assert_eq!((pos, refusals), (acked, 0), "appended after a refusal");
+                acked += 1;
+            }
+            Err(StoreError::NoSpace(m)) => {
+                assert!(m.contains("No space left"), "{m}");
+                refusals += 1;
+                if refusals == 5 {
+                    break;
+                }
+            }
+            Err(e) => panic!("append {i}: {e}"),
+        }
+    }
+    assert_eq!(refusals, 5, "4 MiB never filled up ({acked} appends)");
+    assert!(acked > 100, "only {acked} appends fit");
+    assert_eq!(store.bounds("full"), (0, acked));
+    for i in 0..acked {
+        assert_eq!(&store.read("full", i).unwrap()[..], &rec(i)[..]);
+    }
+    let filler = take_every_byte(&mount.0);
+    // A trim of most of the log deletes whole segments: room again.
+    let first = acked - 20;
+    store
+        .trim_blocking("full", first)
+        .expect("a trim on a full file system");
+    for z in &cfg.zones {
+        assert!(
+            z.join("reserve").exists(),
+            "the trim's room makes the reserve again"
+        );
+    }
+    let more = store.append_blocking("full", 4, 5_000, rec(5_000)).unwrap();
+    assert_eq!(more, acked);
+    drop(store);
+    take_every_byte(&mount.0);
+    let store = Store::open(cfg.clone()).expect("opens on a full file system");
+    assert_eq!(store.bounds("full"), (first, acked + 1));
+    for i in first..acked {
+        assert_eq!(&store.read("full", i).unwrap()[..], &rec(i)[..]);
+    }
+    assert_eq!(&store.read("full", acked).unwrap()[..], &rec(5_000)[..]);
+    let big = vec![7u8; 60_000];
+    let r = store.append_blocking("full", 4, 6_000, big.clone());
+    assert!(matches!(r, Err(StoreError::NoSpace(_))), "{r:?}");
+    std::fs::remove_file(&filler).unwrap();
+    assert_eq!(
+        store
+            .append_blocking("full", 4, 6_000, big.clone())
+            .unwrap(),
+        acked + 1
+    );
+    drop(store);
+    let store = Store::open(cfg.clone()).unwrap();
+    assert_eq!(store.bounds("full"), (first, acked + 2));
+    assert_eq!(&store.read("full", acked + 1).unwrap()[..], &big[..]);
+    drop(store);
+    for z in &cfg.zones {
+        assert!(z.join("reserve").exists(), "the reserve is made again");
+    }
+}
