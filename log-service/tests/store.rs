@@ -394,15 +394,22 @@ fn injected_write_faults_never_acknowledge_and_retries_do_not_duplicate() {
     }
 }
 
-/// With `direct`, data writes with a whole block are held back for the
-/// round, so the faults land there too (a torn one in the round).
-fn injected_write_faults_case(direct: bool) {
+/// A small store with injectable faults; with `direct`, data writes of a
+/// whole block or more are held back for the round and written directly.
+fn store_with_faults(direct: bool) -> (tempfile::TempDir, Config, Arc<Faults>, Store) {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = small_config(dir.path());
     cfg.direct_writes = direct;
     cfg.direct_write_min_bytes = 4096;
     let faults = Arc::new(Faults::none());
     let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
+    (dir, cfg, faults, store)
+}
+
+/// With `direct`, data writes with a whole block are held back for the
+/// round, so the faults land there too (a torn one in the round).
+fn injected_write_faults_case(direct: bool) {
+    let (dir, cfg, faults, store) = store_with_faults(direct);
     let mut expect = Vec::new();
     for i in 0..40u64 {
         let body = format!("record {i}")
@@ -464,15 +471,11 @@ fn a_full_disk_answers_no_space_loses_nothing_and_the_same_appends_go_on_once_sp
 
 /// Every page write fails with "no space" (injected) while four threads
 /// append: every append is answered `NoSpace` (not a generic write
-/// failure, and never acknowledged). With space back, the same request ids append
-/// once each; asked again they answer the same positions.
+/// failure, and never acknowledged). With space back, the same request
+/// ids append once each; asked again they answer the same positions.
 fn full_disk_case(direct: bool) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = small_config(dir.path());
-    cfg.direct_writes = direct;
-    cfg.direct_write_min_bytes = 4096;
-    let faults = Arc::new(Faults::none());
-    let store = Arc::new(Store::open_with_faults(cfg.clone(), faults.clone()).unwrap());
+    let (_dir, cfg, faults, store) = store_with_faults(direct);
+    let store = Arc::new(store);
     let body = |t: u64, i: u64| format!("t{t} r{i} ").repeat(1 + (i as usize * 131) % 900);
     let mut expect = BTreeMap::new();
     for i in 0..20u64 {
