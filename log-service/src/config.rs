@@ -31,8 +31,8 @@ pub struct Config {
     /// default: segments are files in the zone directories). Each is a
     /// block device or a fixed-size file standing in for one, cut into
     /// slots of `segment_bytes` plus headers; zone `z`'s segments live in
-    /// slots of device `z`, and its directory keeps only the metadata
-    /// file. A device is labelled at its first open if its first 4 KiB
+    /// slots of device `z`, and its directory keeps only the metadata,
+    /// lock and reserve files. A device is labelled at its first open if its first 4 KiB
     /// are zeros, and refused if they are anything but its own label
     /// (docs/log-service.md, "Raw devices").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
