@@ -1167,14 +1167,17 @@ impl Writer {
             }
             Err(e) => {
                 self.roll_back(&f.lens_before, f.first_seq);
+                // The batch behind it shares its fate and, on a full disk,
+                // its remedy.
+                let why = "the batch before this one failed to reach the disk; this one was rolled back with it".to_string();
+                let behind = if matches!(e, StoreError::NoSpace(_)) {
+                    StoreError::NoSpace(why)
+                } else {
+                    StoreError::WriteFailed(why)
+                };
                 self.fail(f.pending, e);
                 if let Some(n) = self.next.take() {
-                    self.fail(
-                        n.pending,
-                        StoreError::WriteFailed(
-                            "the batch before this one failed to reach the disk; this one was rolled back with it".into(),
-                        ),
-                    );
+                    self.fail(n.pending, behind);
                 }
             }
         }

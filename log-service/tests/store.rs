@@ -471,7 +471,9 @@ fn a_full_disk_answers_no_space_loses_nothing_and_the_same_appends_go_on_once_sp
 
 /// Every page write fails with "no space" (injected) while four threads
 /// append: every append is answered `NoSpace` (not a generic write
-/// failure, and never acknowledged). With space back, the same request
+/// failure, and never acknowledged), also one in a batch written during
+/// the failed batch's round and rolled back with it (it happens when the
+/// writer runs behind; 2 runs in 5 of the whole file hit it). With space back, the same request
 /// ids append once each; asked again they answer the same positions.
 fn full_disk_case(direct: bool) {
     let (_dir, cfg, faults, store) = store_with_faults(direct);
