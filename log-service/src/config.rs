@@ -109,7 +109,9 @@ pub struct Config {
     /// median latency at half load 2.5-6.7x lower). 0 (the default) creates segment files
     /// empty. The open writes the missing spares before it returns
     /// (`zones x prepared_segments x segment_bytes` of zeros on a new
-    /// store; if the disk refuses, it goes on with fewer); a background
+    /// store; it makes a spare file only while a twentieth of the file
+    /// system, and at least two segments, stay free after it, and goes on
+    /// with fewer if the disk refuses); a background
     /// thread refills them while no append has been written for 250 ms, at
     /// most `prepare_mib_s`. Costs that much disk space; every byte of a
     /// segment made from a spare is written twice, once as a zero.

@@ -16,6 +16,12 @@
 //! disk, and a probe at half load with the refill running measured p99
 //! latencies of 600 ms. Under sustained load the spares run out and new
 //! segments start as empty files again, as without spares.
+//!
+//! A spare file is only made while its file system keeps
+//! [`room_to_keep`] free after it: spares would otherwise take every byte
+//! left (the open and the refill wrote until `ENOSPC`, and a refill retry
+//! filled the disk again for a moment every 10 s), leaving no room for
+//! the segments the log makes when spares run out, nor for other programs.
 
 use std::collections::VecDeque;
 use std::fs::OpenOptions;
@@ -36,6 +42,43 @@ pub(crate) const QUIET: Duration = Duration::from_millis(250);
 /// The refill fsyncs a spare every this many bytes, so the page cache
 /// never holds much of it dirty when load returns.
 const SYNC_EVERY: u64 = 8 << 20;
+
+/// What a spare file must leave free on its file system: a twentieth of
+/// the file system, and at least two segments.
+fn room_to_keep(fs_bytes: u64, segment_bytes: u64) -> u64 {
+    (fs_bytes / 20).max(segment_bytes.saturating_mul(2))
+}
+
+/// Whether the file system of `dir` has room for a spare of `bytes` and
+/// [`room_to_keep`] after it; the error (`StorageFull`) says how much is
+/// free and kept.
+#[cfg(target_os = "linux")]
+fn room_for_spare(dir: &Path, bytes: u64) -> io::Result<()> {
+    let st = rustix::fs::statvfs(dir)?;
+    let unit = st.f_frsize.max(1);
+    let free = st.f_bavail.saturating_mul(unit);
+    let keep = room_to_keep(st.f_blocks.saturating_mul(unit), bytes);
+    if free >= bytes.saturating_add(keep) {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::StorageFull,
+        format!(
+            "{} KiB free in {}: a spare of {} KiB would leave less than the {} KiB spares keep free",
+            free >> 10,
+            dir.display(),
+            bytes >> 10,
+            keep >> 10
+        ),
+    ))
+}
+
+/// Elsewhere the free space is not looked at; a full disk still only
+/// ends the spare being written.
+#[cfg(not(target_os = "linux"))]
+fn room_for_spare(_dir: &Path, _bytes: u64) -> io::Result<()> {
+    Ok(())
+}
 
 /// The file name of spare `n` (complete) or of its temporary form.
 fn spare_name(n: u64, tmp: bool) -> String {
@@ -195,6 +238,7 @@ impl Inner {
         let tmp = dir.join(spare_name(n, true));
         let done = dir.join(spare_name(n, false));
         let result = (|| {
+            room_for_spare(dir, self.shared.config.segment_bytes)?;
             let f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
             let chunk = vec![0u8; 1 << 20];
             let write = |_at: u64, len: u64| (&f).write_all(&chunk[..len as usize]);
@@ -268,6 +312,9 @@ impl Inner {
     }
 
     fn run(&self) {
+        // A file system without room for spares is said once, not at
+        // every retry.
+        let mut said_no_room = false;
         loop {
             let (zone, n) = {
                 let mut st = self.lock();
@@ -289,12 +336,18 @@ impl Inner {
                 return;
             }
             match self.make(zone, n, true) {
-                Ok(true) => self.add(zone, n),
+                Ok(true) => {
+                    said_no_room = false;
+                    self.add(zone, n)
+                }
                 Ok(false) => return,
                 Err(e) => {
                     // A full disk, most likely: the writer falls back to
                     // empty files, and the refill tries again later.
-                    tracing::warn!(zone, error = %e, "preparing a spare segment failed; retrying in 10 s");
+                    if e.kind() != io::ErrorKind::StorageFull || !said_no_room {
+                        tracing::warn!(zone, error = %e, "preparing a spare segment failed; retrying every 10 s");
+                    }
+                    said_no_room |= e.kind() == io::ErrorKind::StorageFull;
                     let st = self.lock();
                     let _ = self
                         .wake

@@ -2582,3 +2582,51 @@ fn a_file_system_that_fills_up_answers_no_space_and_a_trim_makes_room() {
         assert!(z.join("reserve").exists(), "the reserve is made again");
     }
 }
+
+/// Free bytes for this user on the file system of `dir`.
+fn free_bytes(dir: &Path) -> u64 {
+    let st = rustix::fs::statvfs(dir).unwrap();
+    st.f_bavail * st.f_frsize
+}
+
+/// Spares asked for than the file system holds (15 of 256 KiB on a 4 MiB
+/// tmpfs): the open and the refill make only those that leave two
+/// segments (or a twentieth of it) free, so the log has room to make
+/// segments of its own when the spares run out.
+#[test]
+fn spares_leave_room_on_their_file_system() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mount) = small_file_system(dir.path(), 4) else {
+        return;
+    };
+    let mut cfg = small_config(&mount.0);
+    cfg.segment_bytes = 256 << 10;
+    cfg.prepared_segments = 5;
+    let store = Store::open(cfg.clone()).unwrap();
+    let ready = store.stats().spares_ready;
+    assert!(ready > 0 && ready < 15, "{ready} spares");
+    assert!(
+        free_bytes(&mount.0) >= 512 << 10,
+        "{} free",
+        free_bytes(&mount.0)
+    );
+    // Quiet: the refill has its turn, and must not fill the disk either.
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    assert!(
+        free_bytes(&mount.0) >= 512 << 10,
+        "{} free",
+        free_bytes(&mount.0)
+    );
+    assert_eq!(store.stats().spares_ready, ready);
+    for i in 0..100u64 {
+        assert_eq!(
+            store
+                .append_blocking("s", 1, i, vec![i as u8; 3000])
+                .unwrap(),
+            i
+        );
+    }
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    assert_eq!(store.bounds("s"), (0, 100));
+}
