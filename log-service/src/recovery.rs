@@ -815,6 +815,7 @@ pub(crate) fn recover(
             .collect(),
         request_ids,
         failed: None,
+        unfinished_roll_back: false,
         dirty: Default::default(),
         deferred: Default::default(),
         direct_bufs: Default::default(),

@@ -272,6 +272,12 @@ pub(crate) struct Writer {
     /// Set when a failed batch could not be rolled back: the store then
     /// refuses appends until it is reopened (recovery sorts it out).
     pub failed: Option<String>,
+    /// A roll back found no space to record its discarded stripe numbers
+    /// in the metadata or to make its windows whole again: nothing more is
+    /// written until that is done ([`Writer::finish_roll_back`]). A full
+    /// disk then refuses appends until there is room, instead of stopping
+    /// the store until a restart.
+    pub unfinished_roll_back: bool,
     /// Segments written since the last fsync round.
     pub dirty: BTreeSet<u64>,
     /// The threads that fsync a round's segments in parallel.
@@ -975,6 +981,14 @@ impl Writer {
             }
             return;
         }
+        if self.unfinished_roll_back {
+            if let Err(e) = self.finish_roll_back() {
+                for r in reqs {
+                    let _ = r.reply.send(Err(e.clone()));
+                }
+                return;
+            }
+        }
         let taken = Instant::now();
         self.shared
             .stages
@@ -1268,16 +1282,34 @@ impl Writer {
         if self.next_seq > first_seq {
             self.meta.discarded.push((first_seq, self.next_seq - 1));
             let zones = self.zones().to_vec();
-            if let Err(e) = self.meta.store(&zones) {
-                trouble.push(format!("metadata: {e}"));
+            match self.meta.store(&zones) {
+                Err(e) if crate::error::no_space(&e) => self.unfinished_roll_back = true,
+                Err(e) => trouble.push(format!("metadata: {e}")),
+                Ok(()) => {}
             }
         }
-        if let Err(e) = self.ensure_window() {
-            trouble.push(format!("windows: {e}"));
+        match self.ensure_window() {
+            Err(StoreError::NoSpace(_)) => self.unfinished_roll_back = true,
+            Err(e) => trouble.push(format!("windows: {e}")),
+            Ok(()) => {}
         }
         if !trouble.is_empty() {
             self.failed = Some(trouble.join("; "));
         }
+    }
+
+    /// Finishes a roll back that found no space ([`Writer::unfinished_roll_back`]):
+    /// the metadata with its discarded stripe numbers, then the windows.
+    /// Until it succeeds no stripe is written, so a crash meanwhile finds
+    /// the rolled-back numbers at the log's end, where they hide nothing.
+    fn finish_roll_back(&mut self) -> Result<(), StoreError> {
+        let zones = self.zones().to_vec();
+        self.meta
+            .store(&zones)
+            .map_err(|e| StoreError::from_write("metadata", &e))?;
+        self.ensure_window()?;
+        self.unfinished_roll_back = false;
+        Ok(())
     }
 
     fn alloc_seq(&mut self) -> u64 {

@@ -2517,31 +2517,48 @@ fn a_file_system_that_fills_up_answers_no_space_and_a_trim_makes_room() {
         assert!(reserve.len() >= 64 << 10, "{}", reserve.len());
     }
     let rec = |i: u64| vec![(i % 251) as u8; 6000];
-    let mut acked = 0u64;
-    let mut refusals = 0;
-    for i in 0..2_000u64 {
-        match store.append_blocking("full", 4, i, rec(i)) {
-            Ok(pos) => {
-                assert_eq!((pos, refusals), (acked, 0), "appended after a refusal");
-                acked += 1;
-            }
-            Err(StoreError::NoSpace(m)) => {
-                assert!(m.contains("No space left"), "{m}");
-                refusals += 1;
-                if refusals == 5 {
-                    break;
+    // Record of each position, by request id.
+    let mut expect: Vec<Vec<u8>> = Vec::new();
+    // Appends request ids `ids` until `stop` refusals, each `NoSpace`;
+    // after the first refusal, whether later ones may still succeed (a
+    // record that fits in a segment's zeros written ahead).
+    let fill = |store: &Store,
+                expect: &mut Vec<Vec<u8>>,
+                ids: std::ops::Range<u64>,
+                stop: usize,
+                after: bool| {
+        let mut refusals = 0;
+        for i in ids {
+            match store.append_blocking("full", 4, i, rec(i)) {
+                Ok(pos) => {
+                    assert_eq!(pos, expect.len() as u64);
+                    assert!(after || refusals == 0, "appended after a refusal");
+                    expect.push(rec(i));
                 }
+                Err(StoreError::NoSpace(m)) => {
+                    assert!(m.contains("No space left"), "{m}");
+                    refusals += 1;
+                    if refusals == stop {
+                        return;
+                    }
+                }
+                Err(e) => panic!("append {i}: {e}"),
             }
-            Err(e) => panic!("append {i}: {e}"),
         }
-    }
-    assert_eq!(refusals, 5, "4 MiB never filled up ({acked} appends)");
+        panic!("the file system never filled up ({} appends)", expect.len());
+    };
+    fill(&store, &mut expect, 0..2_000, 5, false);
+    let acked = expect.len() as u64;
     assert!(acked > 100, "only {acked} appends fit");
     assert_eq!(store.bounds("full"), (0, acked));
     for i in 0..acked {
         assert_eq!(&store.read("full", i).unwrap()[..], &rec(i)[..]);
     }
     let filler = take_every_byte(&mount.0);
+    // With not a byte left, failed appends (each records its stripe
+    // numbers as discarded in the metadata) must not wedge the store.
+    fill(&store, &mut expect, 3_000..3_500, 3, true);
+    let acked = expect.len() as u64;
     // A trim of most of the log deletes whole segments: room again.
     let first = acked - 20;
     store
@@ -2555,28 +2572,30 @@ fn a_file_system_that_fills_up_answers_no_space_and_a_trim_makes_room() {
     }
     let more = store.append_blocking("full", 4, 5_000, rec(5_000)).unwrap();
     assert_eq!(more, acked);
+    expect.push(rec(5_000));
     drop(store);
     take_every_byte(&mount.0);
     let store = Store::open(cfg.clone()).expect("opens on a full file system");
-    assert_eq!(store.bounds("full"), (first, acked + 1));
-    for i in first..acked {
-        assert_eq!(&store.read("full", i).unwrap()[..], &rec(i)[..]);
-    }
-    assert_eq!(&store.read("full", acked).unwrap()[..], &rec(5_000)[..]);
+    let check = |store: &Store, expect: &[Vec<u8>]| {
+        assert_eq!(store.bounds("full"), (first, expect.len() as u64));
+        for p in first..expect.len() as u64 {
+            assert_eq!(&store.read("full", p).unwrap()[..], &expect[p as usize][..]);
+        }
+    };
+    check(&store, &expect);
     let big = vec![7u8; 60_000];
     let r = store.append_blocking("full", 4, 6_000, big.clone());
     assert!(matches!(r, Err(StoreError::NoSpace(_))), "{r:?}");
     std::fs::remove_file(&filler).unwrap();
-    assert_eq!(
-        store
-            .append_blocking("full", 4, 6_000, big.clone())
-            .unwrap(),
-        acked + 1
-    );
+    let pos = store
+        .append_blocking("full", 4, 6_000, big.clone())
+        .unwrap();
+    assert_eq!(pos, expect.len() as u64);
+    expect.push(big);
+    check(&store, &expect);
     drop(store);
     let store = Store::open(cfg.clone()).unwrap();
-    assert_eq!(store.bounds("full"), (first, acked + 2));
-    assert_eq!(&store.read("full", acked + 1).unwrap()[..], &big[..]);
+    check(&store, &expect);
     drop(store);
     for z in &cfg.zones {
         assert!(z.join("reserve").exists(), "the reserve is made again");
@@ -2629,4 +2648,52 @@ fn spares_leave_room_on_their_file_system() {
     drop(store);
     let store = Store::open(cfg).unwrap();
     assert_eq!(store.bounds("s"), (0, 100));
+}
+
+/// Appends refused on a file system with no byte left, where even the
+/// metadata write of their roll back (the stripe numbers they took, as
+/// discarded) finds no room once the reserve is gone (another program
+/// takes every byte freed): the store must not stop for good. It answers
+/// `NoSpace` while there is no room and takes appends again, without a
+/// restart, once space is freed; everything acknowledged reads back,
+/// also after a reopen.
+#[test]
+fn appends_refused_on_a_disk_with_no_byte_left_do_not_stop_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mount) = small_file_system(dir.path(), 4) else {
+        return;
+    };
+    let mut cfg = small_config(&mount.0);
+    cfg.segment_bytes = 256 << 10;
+    let faults = Arc::new(Faults::none());
+    let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
+    let rec = |i: u64| vec![(i % 251) as u8; 6000];
+    for i in 0..200u64 {
+        assert_eq!(store.append_blocking("w", 4, i, rec(i)).unwrap(), i);
+    }
+    // Page writes fail before writing anything, so a roll back frees
+    // nothing, and the filler takes whatever the reserve gave back.
+    faults.fill_disk(true);
+    let mut filler = PathBuf::new();
+    for i in 200..206u64 {
+        filler = take_every_byte(&mount.0);
+        let r = store.append_blocking("w", 4, i, rec(i));
+        assert!(
+            matches!(r, Err(StoreError::NoSpace(_))),
+            "append {i}: {r:?}"
+        );
+    }
+    faults.fill_disk(false);
+    std::fs::remove_file(&filler).unwrap();
+    assert_eq!(store.append_blocking("w", 4, 300, rec(300)).unwrap(), 200);
+    store.trim_blocking("w", 150).unwrap();
+    assert_eq!(store.append_blocking("w", 4, 301, rec(301)).unwrap(), 201);
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    assert_eq!(store.bounds("w"), (150, 202));
+    for i in 150..200 {
+        assert_eq!(&store.read("w", i).unwrap()[..], &rec(i)[..]);
+    }
+    assert_eq!(&store.read("w", 200).unwrap()[..], &rec(300)[..]);
+    assert_eq!(&store.read("w", 201).unwrap()[..], &rec(301)[..]);
 }
