@@ -525,6 +525,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn spares_keep_a_twentieth_of_the_file_system_free_and_at_least_two_segments() {
+        // 1 TiB with 256 MiB segments: the twentieth decides.
+        assert_eq!(room_to_keep(1 << 40, 256 << 20), (1 << 40) / 20);
+        // 4 MiB with 256 KiB segments: two segments decide.
+        assert_eq!(room_to_keep(4 << 20, 256 << 10), 512 << 10);
+        assert_eq!(room_to_keep(0, u64::MAX), u64::MAX);
+    }
+
+    #[test]
     fn spare_names_round_trip_and_strangers_are_ignored() {
         assert_eq!(parse_spare(&spare_name(7, false)), Some((7, false)));
         assert_eq!(parse_spare(&spare_name(7, true)), Some((7, true)));

@@ -272,11 +272,11 @@ pub(crate) struct Writer {
     /// Set when a failed batch could not be rolled back: the store then
     /// refuses appends until it is reopened (recovery sorts it out).
     pub failed: Option<String>,
-    /// A roll back found no space to record its discarded stripe numbers
-    /// in the metadata or to make its windows whole again: nothing more is
-    /// written until that is done ([`Writer::finish_roll_back`]). A full
-    /// disk then refuses appends until there is room, instead of stopping
-    /// the store until a restart.
+    /// A roll back could not record its discarded stripe numbers in the
+    /// metadata or make its windows whole again (no space, most likely):
+    /// nothing more is written until that is done
+    /// ([`Writer::finish_roll_back`]). A full disk then refuses appends
+    /// until there is room, instead of stopping the store until a restart.
     pub unfinished_roll_back: bool,
     /// Segments written since the last fsync round.
     pub dirty: BTreeSet<u64>,
@@ -1282,23 +1282,19 @@ impl Writer {
         if self.next_seq > first_seq {
             self.meta.discarded.push((first_seq, self.next_seq - 1));
             let zones = self.zones().to_vec();
-            match self.meta.store(&zones) {
-                Err(e) if crate::error::no_space(&e) => self.unfinished_roll_back = true,
-                Err(e) => trouble.push(format!("metadata: {e}")),
-                Ok(()) => {}
+            if self.meta.store(&zones).is_err() {
+                self.unfinished_roll_back = true;
             }
         }
-        match self.ensure_window() {
-            Err(StoreError::NoSpace(_)) => self.unfinished_roll_back = true,
-            Err(e) => trouble.push(format!("windows: {e}")),
-            Ok(()) => {}
+        if self.ensure_window().is_err() {
+            self.unfinished_roll_back = true;
         }
         if !trouble.is_empty() {
             self.failed = Some(trouble.join("; "));
         }
     }
 
-    /// Finishes a roll back that found no space ([`Writer::unfinished_roll_back`]):
+    /// Finishes a roll back that could not ([`Writer::unfinished_roll_back`]):
     /// the metadata with its discarded stripe numbers, then the windows.
     /// Until it succeeds no stripe is written, so a crash meanwhile finds
     /// the rolled-back numbers at the log's end, where they hide nothing.
