@@ -2453,32 +2453,56 @@ fn edited_metadata_with_extreme_numbers_is_refused_or_harmless() {
     }
 }
 
-/// A tmpfs mounted for one test, unmounted when dropped (also when the
-/// test fails).
-struct SmallMount(PathBuf);
+/// A 4 MiB tmpfs mounted on a temporary directory for one test,
+/// unmounted when dropped (also when the test fails), before the
+/// directory goes.
+struct SmallFs {
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
 
-impl Drop for SmallMount {
+impl Drop for SmallFs {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::process::Command::new("umount")
+            .arg(&self.path)
+            .status();
     }
 }
 
-/// Mounts a tmpfs of `mib` MiB on `dir`, or `None` where this machine
-/// does not allow it (not root, no `mount`).
-fn small_file_system(dir: &Path, mib: u32) -> Option<SmallMount> {
-    let out = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
-        .arg(dir)
-        .output()
-        .ok()?;
-    if !out.status.success() {
-        eprintln!(
-            "skipped: mount: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        return None;
+impl SmallFs {
+    /// The mount, or `None` where this machine does not allow it (not
+    /// root, no `mount`).
+    fn mount() -> Option<SmallFs> {
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            eprintln!(
+                "skipped: mount: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            return None;
+        }
+        Some(SmallFs {
+            path: dir.path().to_path_buf(),
+            _dir: dir,
+        })
     }
-    Some(SmallMount(dir.to_path_buf()))
+
+    /// Three zones on it, segments of 256 KiB.
+    fn config(&self) -> Config {
+        let mut cfg = small_config(&self.path);
+        cfg.segment_bytes = 256 << 10;
+        cfg
+    }
+}
+
+/// The record the small file system tests append with request id `i`.
+fn rec(i: u64) -> Vec<u8> {
+    vec![(i % 251) as u8; 6000]
 }
 
 /// Another program takes every byte left on the file system under `dir`.
@@ -2505,18 +2529,15 @@ fn take_every_byte(dir: &Path) -> PathBuf {
 /// on a full file system, and takes appends once space is freed.
 #[test]
 fn a_file_system_that_fills_up_answers_no_space_and_a_trim_makes_room() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(mount) = small_file_system(dir.path(), 4) else {
+    let Some(fs) = SmallFs::mount() else {
         return;
     };
-    let mut cfg = small_config(&mount.0);
-    cfg.segment_bytes = 256 << 10;
+    let cfg = fs.config();
     let store = Store::open(cfg.clone()).unwrap();
     for z in &cfg.zones {
         let reserve = std::fs::metadata(z.join("reserve")).expect("a reserve file in each zone");
         assert!(reserve.len() >= 64 << 10, "{}", reserve.len());
     }
-    let rec = |i: u64| vec![(i % 251) as u8; 6000];
     // Record of each position, by request id.
     let mut expect: Vec<Vec<u8>> = Vec::new();
     // Appends request ids `ids` until `stop` refusals, each `NoSpace`;
@@ -2554,7 +2575,7 @@ fn a_file_system_that_fills_up_answers_no_space_and_a_trim_makes_room() {
     for i in 0..acked {
         assert_eq!(&store.read("full", i).unwrap()[..], &rec(i)[..]);
     }
-    let filler = take_every_byte(&mount.0);
+    let filler = take_every_byte(&fs.path);
     // With not a byte left, failed appends (each records its stripe
     // numbers as discarded in the metadata) must not wedge the store.
     fill(&store, &mut expect, 3_000..3_500, 3, true);
@@ -2574,7 +2595,7 @@ fn a_file_system_that_fills_up_answers_no_space_and_a_trim_makes_room() {
     assert_eq!(more, acked);
     expect.push(rec(5_000));
     drop(store);
-    take_every_byte(&mount.0);
+    take_every_byte(&fs.path);
     let store = Store::open(cfg.clone()).expect("opens on a full file system");
     let check = |store: &Store, expect: &[Vec<u8>]| {
         assert_eq!(store.bounds("full"), (first, expect.len() as u64));
@@ -2614,27 +2635,25 @@ fn free_bytes(dir: &Path) -> u64 {
 /// segments of its own when the spares run out.
 #[test]
 fn spares_leave_room_on_their_file_system() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(mount) = small_file_system(dir.path(), 4) else {
+    let Some(fs) = SmallFs::mount() else {
         return;
     };
-    let mut cfg = small_config(&mount.0);
-    cfg.segment_bytes = 256 << 10;
+    let mut cfg = fs.config();
     cfg.prepared_segments = 5;
     let store = Store::open(cfg.clone()).unwrap();
     let ready = store.stats().spares_ready;
     assert!(ready > 0 && ready < 15, "{ready} spares");
     assert!(
-        free_bytes(&mount.0) >= 512 << 10,
+        free_bytes(&fs.path) >= 512 << 10,
         "{} free",
-        free_bytes(&mount.0)
+        free_bytes(&fs.path)
     );
     // Quiet: the refill has its turn, and must not fill the disk either.
     std::thread::sleep(std::time::Duration::from_millis(800));
     assert!(
-        free_bytes(&mount.0) >= 512 << 10,
+        free_bytes(&fs.path) >= 512 << 10,
         "{} free",
-        free_bytes(&mount.0)
+        free_bytes(&fs.path)
     );
     assert_eq!(store.stats().spares_ready, ready);
     for i in 0..100u64 {
@@ -2659,15 +2678,12 @@ fn spares_leave_room_on_their_file_system() {
 /// also after a reopen.
 #[test]
 fn appends_refused_on_a_disk_with_no_byte_left_do_not_stop_the_store() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(mount) = small_file_system(dir.path(), 4) else {
+    let Some(fs) = SmallFs::mount() else {
         return;
     };
-    let mut cfg = small_config(&mount.0);
-    cfg.segment_bytes = 256 << 10;
+    let cfg = fs.config();
     let faults = Arc::new(Faults::none());
     let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
-    let rec = |i: u64| vec![(i % 251) as u8; 6000];
     for i in 0..200u64 {
         assert_eq!(store.append_blocking("w", 4, i, rec(i)).unwrap(), i);
     }
@@ -2676,7 +2692,7 @@ fn appends_refused_on_a_disk_with_no_byte_left_do_not_stop_the_store() {
     faults.fill_disk(true);
     let mut filler = PathBuf::new();
     for i in 200..206u64 {
-        filler = take_every_byte(&mount.0);
+        filler = take_every_byte(&fs.path);
         let r = store.append_blocking("w", 4, i, rec(i));
         assert!(
             matches!(r, Err(StoreError::NoSpace(_))),
