@@ -176,7 +176,9 @@ impl Meta {
     }
 
     /// Makes each zone's reserve file where it is missing or short: at
-    /// the open, and after a trim deleted segments; see [`keep_reserve`].
+    /// the open, and after a trim deleted segments. Twice the metadata's
+    /// size, at least 64 KiB, written rather than sparse, and not synced;
+    /// left for a later call where there is no room yet.
     pub fn keep_reserve(&self, zones: &[PathBuf]) {
         if let Ok(bytes) = serde_json::to_vec_pretty(self) {
             keep_reserve(zones, bytes.len() as u64);
