@@ -566,7 +566,21 @@ fn check(ctx: &Ctx, headers: &HeaderMap, req: &Request) -> Result<(), Box<HttpRe
 
 async fn health(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
     let s = ctx.store.stats();
-    Json(json!({ "status": "ok", "logs": s.logs.len(), "segments": s.segments })).into_response()
+    match ctx.store.appends_refused() {
+        None => Json(json!({ "status": "ok", "logs": s.logs.len(), "segments": s.segments }))
+            .into_response(),
+        // Reads still work; a probe that routes appends here must not.
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({
+                "status": "refusing_appends",
+                "reason": why,
+                "logs": s.logs.len(),
+                "segments": s.segments
+            })),
+        )
+            .into_response(),
+    }
 }
 
 async fn stats(State(ctx): State<Arc<Ctx>>, headers: HeaderMap) -> HttpResponse {

@@ -124,6 +124,10 @@ pub(crate) struct Shared {
     /// Where appends spend their time (exported with the counters).
     pub stages: crate::latency::Stages,
     pub stopping: std::sync::atomic::AtomicBool,
+    /// Why the writer refuses every append for now, if it does: a roll
+    /// back it could not finish (until one succeeds) or not undo (until a
+    /// restart). `/health` reports it.
+    pub refusing: Mutex<Option<String>>,
 }
 
 /// The locks of [`Shared`], taken past poisoning ([`crate::locks`]).
@@ -300,6 +304,7 @@ impl Store {
             files: RwLock::new(BTreeMap::new()),
             devices,
             zone_locks: Mutex::new(Some(zone_locks)),
+            refusing: Mutex::new(None),
             index: RwLock::new(Index::default()),
             cache: Mutex::new(cache),
             subs: Mutex::new(HashMap::new()),
@@ -748,6 +753,15 @@ impl Store {
             return Vec::new();
         }
         rx.await.unwrap_or_default()
+    }
+
+    /// Why every append is refused for now, if it is: a failed batch's
+    /// roll back that is waiting for room (or for its metadata write to
+    /// work) and is retried by each append, or one that could not be undone
+    /// (until a restart). `None` while appends are taken. `/health`
+    /// answers 503 with this reason.
+    pub fn appends_refused(&self) -> Option<String> {
+        locks::lock(&self.shared.refusing).clone()
     }
 
     /// Counters and bounds now.

@@ -1282,16 +1282,29 @@ impl Writer {
         if self.next_seq > first_seq {
             self.meta.discarded.push((first_seq, self.next_seq - 1));
             let zones = self.zones().to_vec();
-            if self.meta.store(&zones).is_err() {
-                self.unfinished_roll_back = true;
+            if let Err(e) = self.meta.store(&zones) {
+                self.roll_back_waits(StoreError::from_write("metadata", &e));
             }
         }
-        if self.ensure_window().is_err() {
-            self.unfinished_roll_back = true;
+        if let Err(e) = self.ensure_window() {
+            self.roll_back_waits(e);
         }
         if !trouble.is_empty() {
-            self.failed = Some(trouble.join("; "));
+            let why = trouble.join("; ");
+            *crate::locks::lock(&self.shared.refusing) = Some(format!(
+                "a failed batch could not be rolled back ({why}); restart the service"
+            ));
+            self.failed = Some(why);
         }
+    }
+
+    /// Marks the roll back unfinished because of `e`, for appends and
+    /// `/health` to see.
+    fn roll_back_waits(&mut self, e: StoreError) {
+        self.unfinished_roll_back = true;
+        *crate::locks::lock(&self.shared.refusing) = Some(format!(
+            "a failed batch's roll back is waiting to be finished: {e}"
+        ));
     }
 
     /// Finishes a roll back that could not ([`Writer::unfinished_roll_back`]):
@@ -1300,12 +1313,22 @@ impl Writer {
     /// the rolled-back numbers at the log's end, where they hide nothing.
     fn finish_roll_back(&mut self) -> Result<(), StoreError> {
         let zones = self.zones().to_vec();
-        self.meta
+        let r = self
+            .meta
             .store(&zones)
-            .map_err(|e| StoreError::from_write("metadata", &e))?;
-        self.ensure_window()?;
-        self.unfinished_roll_back = false;
-        Ok(())
+            .map_err(|e| StoreError::from_write("metadata", &e))
+            .and_then(|()| self.ensure_window());
+        match r {
+            Ok(()) => {
+                self.unfinished_roll_back = false;
+                *crate::locks::lock(&self.shared.refusing) = None;
+                Ok(())
+            }
+            Err(e) => {
+                self.roll_back_waits(e.clone());
+                Err(e)
+            }
+        }
     }
 
     fn alloc_seq(&mut self) -> u64 {

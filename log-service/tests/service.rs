@@ -1139,3 +1139,68 @@ async fn a_full_disk_is_no_space_on_every_protocol_and_the_client_does_not_retry
     assert_eq!(&c.read("d", 1).await.unwrap()[..], b"after");
     stop(store, running).await;
 }
+
+/// While a failed batch's roll back cannot record its discarded stripe
+/// numbers (here a directory squats on the metadata's temporary name, so
+/// the write fails without root or a full disk), every append is refused
+/// and `/health` answers 503 with the reason; once the write works again
+/// the next append finishes the roll back, is acknowledged, and
+/// `/health` is 200 again. Everything acknowledged survives a reopen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_503_while_a_roll_back_waits_and_appends_resume_once_it_can_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(melddb_log::Faults::none());
+    let cfg = config(dir.path());
+    let (c2, f) = (cfg.clone(), faults.clone());
+    let store = Arc::new(
+        tokio::task::spawn_blocking(move || Store::open_with_faults(c2, f).unwrap())
+            .await
+            .unwrap(),
+    );
+    let running = melddb_log::start_on(store.clone(), "127.0.0.1:0", "127.0.0.1:0")
+        .await
+        .unwrap();
+    let c = Client::connect(&running.tcp.to_string()).await.unwrap();
+    assert_eq!(c.append("h", "first").await.unwrap(), 0);
+    let (status, body) = http_with_token(running.http, "GET", "/health", None, b"").await;
+    assert_eq!(status, 200, "{body}");
+
+    let squatter = cfg.zones[0].join("meta.json.tmp");
+    std::fs::create_dir(&squatter).unwrap();
+    faults.fail_write_after(0, false);
+    assert!(c.append("h", "lost").await.is_err());
+    assert!(store.appends_refused().is_some());
+    let (status, body) = http_with_token(running.http, "GET", "/health", None, b"").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("refusing_appends") && body.contains("roll back"),
+        "{body}"
+    );
+    // Still refused, and nothing written: the roll back is retried first.
+    let r = c.append("h", "refused").await;
+    assert!(
+        matches!(
+            r,
+            Err(ClientError::Server {
+                code: Code::WriteFailed,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(store.bounds("h"), (0, 1));
+
+    std::fs::remove_dir(&squatter).unwrap();
+    assert_eq!(c.append("h", "second").await.unwrap(), 1);
+    assert_eq!(store.appends_refused(), None);
+    let (status, body) = http_with_token(running.http, "GET", "/health", None, b"").await;
+    assert_eq!(status, 200, "{body}");
+    stop(store, running).await;
+
+    let store = tokio::task::spawn_blocking(move || Store::open(cfg).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(store.bounds("h"), (0, 2));
+    assert_eq!(&store.read("h", 0).unwrap()[..], b"first");
+    assert_eq!(&store.read("h", 1).unwrap()[..], b"second");
+}

@@ -2699,9 +2699,12 @@ fn appends_refused_on_a_disk_with_no_byte_left_do_not_stop_the_store() {
             "append {i}: {r:?}"
         );
     }
+    let why = store.appends_refused().expect("appends refused for now");
+    assert!(why.contains("No space left"), "{why}");
     faults.fill_disk(false);
     std::fs::remove_file(&filler).unwrap();
     assert_eq!(store.append_blocking("w", 4, 300, rec(300)).unwrap(), 200);
+    assert_eq!(store.appends_refused(), None);
     // Reopened before anything else writes the metadata: the discarded
     // stripe numbers must be on disk, or recovery takes them for a hole
     // and drops the append after them.
