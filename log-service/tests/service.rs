@@ -27,8 +27,13 @@ fn config(dir: &Path) -> Config {
 }
 
 async fn start(cfg: Config) -> (Arc<Store>, Running) {
+    start_with_faults(cfg, Arc::new(melddb_log::Faults::none())).await
+}
+
+/// [`start`] on a store whose writes take the faults armed in `faults`.
+async fn start_with_faults(cfg: Config, faults: Arc<melddb_log::Faults>) -> (Arc<Store>, Running) {
     let store = Arc::new(
-        tokio::task::spawn_blocking(move || Store::open(cfg).unwrap())
+        tokio::task::spawn_blocking(move || Store::open_with_faults(cfg, faults).unwrap())
             .await
             .unwrap(),
     );
@@ -1092,16 +1097,7 @@ fn the_log_trait_reports_an_oversized_entry_as_entry_too_large() {
 async fn a_full_disk_is_no_space_on_every_protocol_and_the_client_does_not_retry_it() {
     let dir = tempfile::tempdir().unwrap();
     let faults = Arc::new(melddb_log::Faults::none());
-    let cfg = config(dir.path());
-    let f = faults.clone();
-    let store = Arc::new(
-        tokio::task::spawn_blocking(move || Store::open_with_faults(cfg, f).unwrap())
-            .await
-            .unwrap(),
-    );
-    let running = melddb_log::start_on(store.clone(), "127.0.0.1:0", "127.0.0.1:0")
-        .await
-        .unwrap();
+    let (store, running) = start_with_faults(config(dir.path()), faults.clone()).await;
     let addr = running.tcp.to_string();
     let c = Client::connect(&addr).await.unwrap();
     assert_eq!(c.append("d", "before").await.unwrap(), 0);
@@ -1151,15 +1147,7 @@ async fn health_is_503_while_a_roll_back_waits_and_appends_resume_once_it_can_fi
     let dir = tempfile::tempdir().unwrap();
     let faults = Arc::new(melddb_log::Faults::none());
     let cfg = config(dir.path());
-    let (c2, f) = (cfg.clone(), faults.clone());
-    let store = Arc::new(
-        tokio::task::spawn_blocking(move || Store::open_with_faults(c2, f).unwrap())
-            .await
-            .unwrap(),
-    );
-    let running = melddb_log::start_on(store.clone(), "127.0.0.1:0", "127.0.0.1:0")
-        .await
-        .unwrap();
+    let (store, running) = start_with_faults(cfg.clone(), faults.clone()).await;
     let c = Client::connect(&running.tcp.to_string()).await.unwrap();
     assert_eq!(c.append("h", "first").await.unwrap(), 0);
     let (status, body) = http_with_token(running.http, "GET", "/health", None, b"").await;
