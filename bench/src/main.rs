@@ -155,6 +155,13 @@ struct Args {
     /// before its half-target point.
     #[arg(long)]
     disk_alone: bool,
+    /// With `--disk-alone`: also time the service's files written with
+    /// `O_DIRECT` in whole 4 KiB blocks through `io_uring` (Linux), once
+    /// with a group's writes in one submission and once with one
+    /// submission per file, each group then flushed once: what the page
+    /// cache and its write-back cost against writing straight to the disk.
+    #[arg(long, requires = "disk_alone")]
+    direct_floors: bool,
     /// Log suite with `--point`: segments in slots of one device image
     /// per zone (`devices`; sparse files standing in for raw devices)
     /// instead of segment files.
@@ -1145,7 +1152,17 @@ fn disk_alone(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), 
         "{:<36} {:>11} {:>9} {:>8} {:>8} {:>8} {:>8}",
         "layout", "ops/s", "MiB/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms"
     );
-    for layout in melddb_bench::rawlog::Layout::floors(args.data_shards) {
+    let mut layouts = melddb_bench::rawlog::Layout::floors(args.data_shards).to_vec();
+    if args.direct_floors {
+        for one_submission in [true, false] {
+            layouts.push(melddb_bench::rawlog::Layout::Direct {
+                data_shards: args.data_shards,
+                end_write_copies: melddb_log::config::END_WRITE_COPIES,
+                one_submission,
+            });
+        }
+    }
+    for layout in layouts {
         eprintln!(
             "{}: {rate:.0} appends/s in batches of {batch} x {record} B ({layout:?}), {} s ...",
             layout.label(),

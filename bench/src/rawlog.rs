@@ -22,6 +22,12 @@
 //! round, without its helper threads). Between the two floors and the
 //! service, the distance splits into what the file layout costs on this
 //! disk and what the service's threads, sockets and code add.
+//!
+//! [`Layout::Direct`] (`log --disk-alone --direct-floors`) writes the same
+//! files around the page cache: whole blocks with `O_DIRECT` through
+//! `io_uring`, then one flush. It measures what the buffered writes and
+//! their write-back cost on this disk, for a service that would write its
+//! pages directly.
 
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
@@ -59,6 +65,23 @@ pub enum Layout {
         /// Files that each get the group's end-write record.
         end_write_copies: usize,
     },
+    /// The service's files as in [`Layout::Service`], written with
+    /// `O_DIRECT` through `io_uring` instead of buffered and written back:
+    /// each write covers whole 4 KiB blocks, from the block holding the
+    /// file's previous end (rewritten, as a log keeping its partial tail
+    /// block in memory would) to the block after its own end, and one
+    /// `fdatasync` flushes the device once they are all done. With
+    /// `one_submission` every file's write goes to the kernel in one
+    /// `io_uring_enter`, so the block layer can hand the device the whole
+    /// group with one notification; without, one call per file.
+    Direct {
+        /// Data pages per stripe (one more file holds the parity).
+        data_shards: usize,
+        /// Files that each get the group's end-write record.
+        end_write_copies: usize,
+        /// All of a group's writes in one submission.
+        one_submission: bool,
+    },
 }
 
 impl Layout {
@@ -82,6 +105,11 @@ impl Layout {
         match self {
             Layout::OneFile(_) => "the disk alone at the same arrivals",
             Layout::Service { .. } => "the disk alone, the service's files",
+            Layout::Direct {
+                one_submission: true,
+                ..
+            } => "the service's files, direct, one submit",
+            Layout::Direct { .. } => "the service's files, direct",
         }
     }
 }
@@ -104,7 +132,9 @@ pub fn raw_durable_appends(
     }
     let ok_layout = match layout {
         Layout::OneFile(f) => f >= 1.0 && f.is_finite(),
-        Layout::Service { data_shards, .. } => data_shards >= 1,
+        Layout::Service { data_shards, .. } | Layout::Direct { data_shards, .. } => {
+            data_shards >= 1
+        }
     };
     if batch == 0 || record == 0 || !ok_layout {
         return Err(format!(
@@ -203,6 +233,11 @@ fn shares(layout: Layout, batches: usize, batch: usize, record: usize) -> Vec<us
         Layout::Service {
             data_shards,
             end_write_copies,
+        }
+        | Layout::Direct {
+            data_shards,
+            end_write_copies,
+            ..
         } => {
             let page = payload.div_ceil(data_shards);
             let ew = batches
@@ -234,10 +269,12 @@ fn run(
     let ring_of = |file: usize| -> u64 {
         match layout {
             Layout::OneFile(_) => RING_BYTES,
-            Layout::Service { data_shards, .. } if file <= data_shards => {
+            Layout::Service { data_shards, .. } | Layout::Direct { data_shards, .. }
+                if file <= data_shards =>
+            {
                 (RING_BYTES / (data_shards as u64 + 1)).next_multiple_of(1 << 20)
             }
-            Layout::Service { .. } => 16 << 20,
+            Layout::Service { .. } | Layout::Direct { .. } => 16 << 20,
         }
     };
     let mut rings = Vec::with_capacity(paths.len());
@@ -249,6 +286,18 @@ fn run(
             ));
         }
         rings.push(Ring::create(path, size).map_err(|e| io("prepare", path, e))?);
+    }
+    if let Layout::Direct { one_submission, .. } = layout {
+        return run_direct(
+            paths,
+            rings,
+            rate,
+            batch,
+            record,
+            layout,
+            secs,
+            one_submission,
+        );
     }
     let flush_once = matches!(layout, Layout::Service { .. });
     let due = arrivals(rate / batch as f64, secs);
@@ -300,6 +349,156 @@ fn run(
     Ok((lat, start.elapsed().as_secs_f64().max(secs)))
 }
 
+/// Block size of the direct writes.
+const BLOCK: u64 = 4096;
+
+/// Where a direct write of `bytes` more bytes goes on a ring of `size`
+/// bytes whose data ends at `end`: whole blocks from the one holding
+/// `end` (its first part rewritten, as a log keeping its partial last
+/// block in memory rewrites it) to the one holding the new end, as
+/// `(offset, length)`, and the new end. A group that would run past the
+/// ring starts again at 0; one larger than half the ring is cut to half
+/// (the ring's `write` does the same with a backlog).
+fn direct_span(end: u64, bytes: u64, size: u64) -> ((u64, u64), u64) {
+    let bytes = bytes.min(size / 2);
+    let end = if (end + bytes).next_multiple_of(BLOCK) > size {
+        0
+    } else {
+        end
+    };
+    let from = end / BLOCK * BLOCK;
+    let to = (end + bytes).next_multiple_of(BLOCK);
+    ((from, to - from), end + bytes)
+}
+
+/// [`run`]'s loop for [`Layout::Direct`], over the rings `run` prepared.
+#[cfg(not(target_os = "linux"))]
+#[allow(clippy::too_many_arguments)]
+fn run_direct(
+    _paths: &[std::path::PathBuf],
+    _rings: Vec<Ring>,
+    _rate: f64,
+    _batch: usize,
+    _record: usize,
+    _layout: Layout,
+    _secs: f64,
+    _one_submission: bool,
+) -> Result<(Vec<f64>, f64), String> {
+    Err("raw durable log: the direct layouts need Linux (O_DIRECT and io_uring)".into())
+}
+
+/// [`run`]'s loop for [`Layout::Direct`], over the rings `run` prepared.
+#[cfg(target_os = "linux")]
+#[allow(clippy::too_many_arguments)]
+fn run_direct(
+    paths: &[std::path::PathBuf],
+    rings: Vec<Ring>,
+    rate: f64,
+    batch: usize,
+    record: usize,
+    layout: Layout,
+    secs: f64,
+    one_submission: bool,
+) -> Result<(Vec<f64>, f64), String> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    use std::os::unix::io::AsRawFd as _;
+    let io = |what: &str, path: &Path, e: std::io::Error| {
+        format!("raw durable log, {what} {}: {e}", path.display())
+    };
+    let mut direct = Vec::with_capacity(rings.len());
+    for path in paths {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .map_err(|e| io("open with O_DIRECT", path, e))?;
+        direct.push(f);
+    }
+    let mut uring = io_uring::IoUring::new((paths.len() as u32).next_power_of_two().max(8))
+        .map_err(|e| format!("raw durable log, io_uring: {e}"))?;
+    // Where each file's data ends; writes go out in whole blocks.
+    let mut ends = vec![0u64; rings.len()];
+    let due = arrivals(rate / batch as f64, secs);
+    // The bytes written are a constant, as in `run`: room for the
+    // largest group's share, two blocks of rounding and the alignment.
+    let mut raw = Vec::new();
+    let mut lat: Vec<f64> = Vec::with_capacity(due.len() * batch);
+    let mut spans = Vec::with_capacity(rings.len());
+    let start = Instant::now();
+    let mut next = 0;
+    while next < due.len() {
+        let now = start.elapsed();
+        if due[next] > now {
+            std::thread::sleep(due[next] - now);
+        }
+        let now = start.elapsed();
+        let mut upto = next + 1;
+        while upto < due.len() && due[upto] <= now {
+            upto += 1;
+        }
+        let group = shares(layout, upto - next, batch, record);
+        spans.clear();
+        for ((ring, end), &bytes) in rings.iter().zip(ends.iter_mut()).zip(&group) {
+            let (span, new_end) = direct_span(*end, bytes as u64, ring.size);
+            *end = new_end;
+            spans.push(span);
+        }
+        let longest = spans.iter().map(|s| s.1 as usize).max().unwrap_or(0);
+        if raw.len() < longest + BLOCK as usize {
+            raw.resize(longest + BLOCK as usize, 0x3cu8);
+        }
+        let buf = &raw[raw.as_ptr().align_offset(BLOCK as usize)..];
+        for (i, ((file, &(at, len)), path)) in direct.iter().zip(&spans).zip(paths).enumerate() {
+            let sqe = io_uring::opcode::Write::new(
+                io_uring::types::Fd(file.as_raw_fd()),
+                buf.as_ptr(),
+                len as u32,
+            )
+            .offset(at)
+            .build()
+            .user_data(i as u64);
+            // SAFETY: the buffer and the files outlive the wait below,
+            // which takes every completion before the loop goes on.
+            unsafe { uring.submission().push(&sqe) }
+                .map_err(|_| io("queue a write to", path, std::io::Error::other("ring full")))?;
+            if !one_submission {
+                uring.submit().map_err(|e| io("submit", path, e))?;
+            }
+        }
+        let mut done = 0;
+        while done < spans.len() {
+            uring
+                .submit_and_wait(spans.len() - done)
+                .map_err(|e| io("submit", &paths[0], e))?;
+            for cqe in uring.completion() {
+                let i = (cqe.user_data() as usize).min(spans.len() - 1);
+                if i64::from(cqe.result()) != spans[i].1 as i64 {
+                    let e = if cqe.result() < 0 {
+                        std::io::Error::from_raw_os_error(-cqe.result())
+                    } else {
+                        std::io::Error::other(format!("short write of {} bytes", cqe.result()))
+                    };
+                    return Err(io("direct write", &paths[i], e));
+                }
+                done += 1;
+            }
+        }
+        // The writes are on the device; one flush makes them durable (an
+        // `fdatasync` of a file with nothing dirty still flushes).
+        rings[0]
+            .file
+            .sync_data()
+            .map_err(|e| io("fdatasync", &paths[0], e))?;
+        let done = start.elapsed();
+        for d in &due[next..upto] {
+            let ms = (done - *d).as_secs_f64() * 1e3;
+            lat.extend(std::iter::repeat_n(ms, batch));
+        }
+        next = upto;
+    }
+    Ok((lat, start.elapsed().as_secs_f64().max(secs)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,6 +518,35 @@ mod tests {
         );
     }
 
+    /// Direct writes cover whole blocks, from the block holding the data's
+    /// end through the block holding its new end, inside the ring, and a
+    /// group that would run past the ring starts again at its beginning.
+    #[test]
+    fn direct_spans_are_whole_blocks_covering_each_group() {
+        let size = 1 << 20;
+        let mut end = 0u64;
+        let mut wrapped = 0;
+        for i in 0..5_000u64 {
+            let bytes = (i * 7919) % 70_000 + 1;
+            let ((from, len), new_end) = direct_span(end, bytes, size);
+            assert_eq!(from % BLOCK, 0, "group {i}");
+            assert_eq!(len % BLOCK, 0, "group {i}");
+            assert!(from + len <= size, "group {i} inside the ring");
+            let start = new_end - bytes;
+            if start != end {
+                assert_eq!(start, 0, "group {i} starts again at 0");
+                assert!((end + bytes).next_multiple_of(BLOCK) > size);
+                wrapped += 1;
+            }
+            assert!(from <= start && start < from + BLOCK, "group {i}");
+            assert!(new_end <= from + len && from + len < new_end + BLOCK);
+            end = new_end;
+        }
+        assert!(wrapped > 100, "the ring wrapped {wrapped} times");
+        // A group larger than half the ring is cut to half of it.
+        assert_eq!(direct_span(0, 3 << 20, size), ((0, size / 2), size / 2));
+    }
+
     /// A short run answers every batch it was given, with latencies in
     /// order, in either layout; a batch too large for the ring and
     /// arguments that would never end (no rate, empty batches) are
@@ -330,8 +558,14 @@ mod tests {
             data_shards: 4,
             end_write_copies: 3,
         };
-        for layout in [Layout::OneFile(1.25), service] {
-            let files = if layout == service { 8 } else { 1 };
+        let direct = |one_submission| Layout::Direct {
+            data_shards: 4,
+            end_write_copies: 3,
+            one_submission,
+        };
+        for layout in [Layout::OneFile(1.25), service, direct(true), direct(false)] {
+            let one_file = matches!(layout, Layout::OneFile(_));
+            let files = if one_file { 1 } else { 8 };
             let paths: Vec<_> = (0..files)
                 .map(|f| dir.path().join(format!("ring{f}")))
                 .collect();
@@ -345,11 +579,7 @@ mod tests {
             // every file of the layout was written.
             assert_eq!(
                 std::fs::metadata(&paths[0]).expect("ring").len(),
-                if layout == service {
-                    52 << 20
-                } else {
-                    RING_BYTES
-                }
+                if one_file { RING_BYTES } else { 52 << 20 }
             );
             for p in &paths {
                 let mut head = [0u8; 64];
