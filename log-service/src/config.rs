@@ -98,7 +98,9 @@ pub struct Config {
     /// (default 256 KiB). Smaller writes are copied into the page cache
     /// and their write-back started at once, which suits small batches
     /// better. Any size takes effect; only whole 4 KiB blocks are ever
-    /// written directly.
+    /// written directly. Keep it large: at 4 KiB, batches of 1 KiB
+    /// records at 150K appends/s took rounds about four times as long on
+    /// the benchmark VM (docs/log-service.md).
     #[serde(default = "defaults::direct_write_min_bytes")]
     pub direct_write_min_bytes: u32,
     /// Spare segment files kept ready per zone: segment-sized files already
