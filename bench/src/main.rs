@@ -156,10 +156,11 @@ struct Args {
     #[arg(long)]
     disk_alone: bool,
     /// With `--disk-alone`: also time the service's files written with
-    /// `O_DIRECT` in whole 4 KiB blocks through `io_uring` (Linux), once
-    /// with a group's writes in one submission and once with one
-    /// submission per file, each group then flushed once: what the page
-    /// cache and its write-back cost against writing straight to the disk.
+    /// `O_DIRECT` in whole 4 KiB blocks through `io_uring` (Linux): a
+    /// group's writes in one submission, one submission per file, and
+    /// the end-write files only after the page files; each group then
+    /// flushed once. What the page cache and its write-back cost against
+    /// writing straight to the disk.
     #[arg(long, requires = "disk_alone")]
     direct_floors: bool,
     /// Log suite with `--point`: segments in slots of one device image
@@ -1154,11 +1155,11 @@ fn disk_alone(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), 
     );
     let mut layouts = melddb_bench::rawlog::Layout::floors(args.data_shards).to_vec();
     if args.direct_floors {
-        for one_submission in [true, false] {
+        for submit in melddb_bench::rawlog::Submit::ALL {
             layouts.push(melddb_bench::rawlog::Layout::Direct {
                 data_shards: args.data_shards,
                 end_write_copies: melddb_log::config::END_WRITE_COPIES,
-                one_submission,
+                submit,
             });
         }
     }

@@ -70,18 +70,36 @@ pub enum Layout {
     /// each write covers whole 4 KiB blocks, from the block holding the
     /// file's previous end (rewritten, as a log keeping its partial tail
     /// block in memory would) to the block after its own end, and one
-    /// `fdatasync` flushes the device once they are all done. With
-    /// `one_submission` every file's write goes to the kernel in one
-    /// `io_uring_enter`, so the block layer can hand the device the whole
-    /// group with one notification; without, one call per file.
+    /// `fdatasync` flushes the device once they are all done, submitted
+    /// as [`Submit`] says.
     Direct {
         /// Data pages per stripe (one more file holds the parity).
         data_shards: usize,
         /// Files that each get the group's end-write record.
         end_write_copies: usize,
-        /// All of a group's writes in one submission.
-        one_submission: bool,
+        /// How the group's writes go to the kernel.
+        submit: Submit,
     },
+}
+
+/// How [`Layout::Direct`] hands a group's writes to the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Submit {
+    /// Every file's write in one `io_uring_enter`, so the block layer can
+    /// pass the whole group to the device with one notification.
+    Group,
+    /// One `io_uring_enter` per file, all in flight together.
+    PerFile,
+    /// One per file, the page files first; the end-write files only once
+    /// the page files' writes are done, as the service orders them when
+    /// its pages are written directly (an end-write never reaches the
+    /// disk before the pages it describes were issued).
+    EndWritesLast,
+}
+
+impl Submit {
+    /// Every mode, in the order `--direct-floors` times them.
+    pub const ALL: [Submit; 3] = [Submit::Group, Submit::PerFile, Submit::EndWritesLast];
 }
 
 impl Layout {
@@ -105,11 +123,11 @@ impl Layout {
         match self {
             Layout::OneFile(_) => "the disk alone at the same arrivals",
             Layout::Service { .. } => "the disk alone, the service's files",
-            Layout::Direct {
-                one_submission: true,
-                ..
-            } => "the service's files, direct, one submit",
-            Layout::Direct { .. } => "the service's files, direct",
+            Layout::Direct { submit, .. } => match submit {
+                Submit::Group => "direct files, one submission",
+                Submit::PerFile => "direct files, one per file",
+                Submit::EndWritesLast => "direct files, end-writes last",
+            },
         }
     }
 }
@@ -287,7 +305,18 @@ fn run(
         }
         rings.push(Ring::create(path, size).map_err(|e| io("prepare", path, e))?);
     }
-    if let Layout::Direct { one_submission, .. } = layout {
+    if let Layout::Direct {
+        data_shards,
+        submit,
+        ..
+    } = layout
+    {
+        // The page files (data and parity) come first in `paths`.
+        let stages = match submit {
+            Submit::EndWritesLast => vec![(0, data_shards + 1), (data_shards + 1, paths.len())],
+            Submit::Group | Submit::PerFile => vec![(0, paths.len())],
+        };
+        let one_call = submit == Submit::Group;
         return run_direct(
             paths,
             rings,
@@ -296,7 +325,7 @@ fn run(
             record,
             layout,
             secs,
-            one_submission,
+            (stages, one_call),
         );
     }
     let flush_once = matches!(layout, Layout::Service { .. });
@@ -382,12 +411,15 @@ fn run_direct(
     _record: usize,
     _layout: Layout,
     _secs: f64,
-    _one_submission: bool,
+    _how: (Vec<(usize, usize)>, bool),
 ) -> Result<(Vec<f64>, f64), String> {
     Err("raw durable log: the direct layouts need Linux (O_DIRECT and io_uring)".into())
 }
 
-/// [`run`]'s loop for [`Layout::Direct`], over the rings `run` prepared.
+/// [`run`]'s loop for [`Layout::Direct`], over the rings `run` prepared:
+/// each group's files are written in `stages` (index ranges of `paths`,
+/// each submitted and waited for before the next; in one call each when
+/// `one_call`), then flushed once.
 #[cfg(target_os = "linux")]
 #[allow(clippy::too_many_arguments)]
 fn run_direct(
@@ -398,7 +430,7 @@ fn run_direct(
     record: usize,
     layout: Layout,
     secs: f64,
-    one_submission: bool,
+    (stages, one_call): (Vec<(usize, usize)>, bool),
 ) -> Result<(Vec<f64>, f64), String> {
     use std::os::unix::fs::OpenOptionsExt as _;
     use std::os::unix::io::AsRawFd as _;
@@ -448,39 +480,48 @@ fn run_direct(
             raw.resize(longest + BLOCK as usize, 0x3cu8);
         }
         let buf = &raw[raw.as_ptr().align_offset(BLOCK as usize)..];
-        for (i, ((file, &(at, len)), path)) in direct.iter().zip(&spans).zip(paths).enumerate() {
-            let sqe = io_uring::opcode::Write::new(
-                io_uring::types::Fd(file.as_raw_fd()),
-                buf.as_ptr(),
-                len as u32,
-            )
-            .offset(at)
-            .build()
-            .user_data(i as u64);
-            // SAFETY: the buffer and the files outlive the wait below,
-            // which takes every completion before the loop goes on.
-            unsafe { uring.submission().push(&sqe) }
-                .map_err(|_| io("queue a write to", path, std::io::Error::other("ring full")))?;
-            if !one_submission {
-                uring.submit().map_err(|e| io("submit", path, e))?;
-            }
-        }
-        let mut done = 0;
-        while done < spans.len() {
-            uring
-                .submit_and_wait(spans.len() - done)
-                .map_err(|e| io("submit", &paths[0], e))?;
-            for cqe in uring.completion() {
-                let i = (cqe.user_data() as usize).min(spans.len() - 1);
-                if i64::from(cqe.result()) != spans[i].1 as i64 {
-                    let e = if cqe.result() < 0 {
-                        std::io::Error::from_raw_os_error(-cqe.result())
-                    } else {
-                        std::io::Error::other(format!("short write of {} bytes", cqe.result()))
-                    };
-                    return Err(io("direct write", &paths[i], e));
+        for &(first, end) in &stages {
+            for i in first..end {
+                let (at, len) = spans[i];
+                let sqe = io_uring::opcode::Write::new(
+                    io_uring::types::Fd(direct[i].as_raw_fd()),
+                    buf.as_ptr(),
+                    len as u32,
+                )
+                .offset(at)
+                .build()
+                .user_data(i as u64);
+                // SAFETY: the buffer and the files outlive the wait below,
+                // which takes every completion of the stage before the
+                // loop goes on.
+                unsafe { uring.submission().push(&sqe) }.map_err(|_| {
+                    io(
+                        "queue a write to",
+                        &paths[i],
+                        std::io::Error::other("ring full"),
+                    )
+                })?;
+                if !one_call {
+                    uring.submit().map_err(|e| io("submit", &paths[i], e))?;
                 }
-                done += 1;
+            }
+            let mut done = 0;
+            while done < end - first {
+                uring
+                    .submit_and_wait(end - first - done)
+                    .map_err(|e| io("submit", &paths[0], e))?;
+                for cqe in uring.completion() {
+                    let i = (cqe.user_data() as usize).min(spans.len() - 1);
+                    if i64::from(cqe.result()) != spans[i].1 as i64 {
+                        let e = if cqe.result() < 0 {
+                            std::io::Error::from_raw_os_error(-cqe.result())
+                        } else {
+                            std::io::Error::other(format!("short write of {} bytes", cqe.result()))
+                        };
+                        return Err(io("direct write", &paths[i], e));
+                    }
+                    done += 1;
+                }
             }
         }
         // The writes are on the device; one flush makes them durable (an
@@ -558,12 +599,15 @@ mod tests {
             data_shards: 4,
             end_write_copies: 3,
         };
-        let direct = |one_submission| Layout::Direct {
+        let direct = |submit| Layout::Direct {
             data_shards: 4,
             end_write_copies: 3,
-            one_submission,
+            submit,
         };
-        for layout in [Layout::OneFile(1.25), service, direct(true), direct(false)] {
+        let layouts = [Layout::OneFile(1.25), service]
+            .into_iter()
+            .chain(Submit::ALL.map(direct));
+        for layout in layouts {
             let one_file = matches!(layout, Layout::OneFile(_));
             let files = if one_file { 1 } else { 8 };
             let paths: Vec<_> = (0..files)
