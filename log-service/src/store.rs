@@ -1026,4 +1026,77 @@ mod tests {
             assert_eq!(&store.read("a", pos as u64).unwrap()[..], &r[..]);
         }
     }
+
+    /// With pages written directly in the round, a batch's end-writes are
+    /// held back too and start only once every page file of the round is
+    /// written and synced: an end-write in the page cache before its pages
+    /// were even issued is what a kill -9 could keep, and recovery would
+    /// take the pages for damage. Page syncs are slowed, so an end-write
+    /// started alongside the pages would show first in the trace.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn end_writes_behind_direct_pages_start_after_the_pages_are_synced() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = small_config(dir.path(), 1 << 20);
+        cfg.direct_writes = true;
+        cfg.direct_write_min_bytes = 4096;
+        let faults = Arc::new(Faults::none());
+        let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
+        // Which segment files hold end-writes and which pages, by inode.
+        let class_of: BTreeMap<u64, u8> = store
+            .segments_blocking()
+            .iter()
+            .map(|s| (s.id, s.class))
+            .collect();
+        let mut kind_of_inode = BTreeMap::new();
+        for (&id, &class) in &class_of {
+            let zone = &cfg.zones[crate::segment::zone(&cfg.zones, id)];
+            let Ok(meta) = std::fs::metadata(zone.join(crate::segment::file_name(id))) else {
+                continue;
+            };
+            kind_of_inode.insert(meta.ino(), class == crate::page::class::END_WRITE);
+        }
+        faults.slow_syncs(std::time::Duration::from_millis(30));
+        crate::locks::lock(&faults.trace).clear();
+        let record = vec![7u8; 40 << 10];
+        assert_eq!(store.append_blocking("a", 0, 0, record.clone()).unwrap(), 0);
+        faults.slow_syncs(std::time::Duration::ZERO);
+        if store.stats().direct_write_bytes == 0 {
+            eprintln!("no O_DIRECT under {}: not tested", dir.path().display());
+            return;
+        }
+        let trace = crate::locks::lock(&faults.trace).clone();
+        let is_sync = |what: &str| what == "fsync" || what == "write-back";
+        // Each page file's own sync (the first after its write).
+        let page_syncs: Vec<usize> = kind_of_inode
+            .iter()
+            .filter(|(_, &ew)| !ew)
+            .filter_map(|(ino, _)| {
+                let wrote = trace
+                    .iter()
+                    .position(|t| t.0 == "deferred-write" && t.1 == *ino)?;
+                (wrote..trace.len()).find(|&i| is_sync(trace[i].0) && trace[i].1 == *ino)
+            })
+            .collect();
+        let ew_writes: Vec<usize> = (0..trace.len())
+            .filter(|&i| {
+                trace[i].0 == "deferred-write" && kind_of_inode.get(&trace[i].1) == Some(&true)
+            })
+            .collect();
+        assert_eq!(page_syncs.len(), 3, "three page files synced: {trace:?}");
+        let ew_files: std::collections::BTreeSet<u64> =
+            ew_writes.iter().map(|&i| trace[i].1).collect();
+        assert_eq!(
+            ew_files.len(),
+            3,
+            "three end-write copies held back: {trace:?}"
+        );
+        let last_page_sync = page_syncs.iter().max().copied().unwrap_or(0);
+        assert!(
+            ew_writes.iter().all(|&i| i > last_page_sync),
+            "an end-write started before the pages were synced: {trace:?}"
+        );
+        assert_eq!(&store.read("a", 0).unwrap()[..], &record[..]);
+    }
 }
