@@ -157,6 +157,9 @@ fn get_meta(r: &mut Reader<'_>) -> Result<EntryMeta, Malformed> {
     })
 }
 
+/// Bytes a root payload starts with: its entry count.
+pub const ROOT_COUNT_BYTES: usize = 4;
+
 /// Bytes a root entry takes in a root payload, besides its tail.
 pub fn root_entry_overhead(log: &str, fragments: usize) -> usize {
     1 + log.len() + 8 + 8 + 8 + 4 + 4 + 8 * fragments + 4
@@ -175,10 +178,11 @@ pub struct RootRef<'a> {
 
 /// Bytes of the root payload [`encode_root_refs`] makes of `entries`.
 pub fn root_payload_len(entries: &[RootRef<'_>]) -> usize {
-    4 + entries
-        .iter()
-        .map(|e| root_entry_overhead(&e.meta.log, e.fragments.len()) + e.tail.len())
-        .sum::<usize>()
+    ROOT_COUNT_BYTES
+        + entries
+            .iter()
+            .map(|e| root_entry_overhead(&e.meta.log, e.fragments.len()) + e.tail.len())
+            .sum::<usize>()
 }
 
 /// Encodes a root stripe's payload; also returns where each entry's tail

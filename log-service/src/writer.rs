@@ -1350,10 +1350,14 @@ impl Writer {
         let mut fragments: Vec<(u64, &[u8])> = Vec::new();
         let mut roots: Vec<(u64, Vec<RootRef<'_>>)> = Vec::new();
         let mut cur: Vec<RootRef<'_>> = Vec::new();
-        let mut cur_size = 4usize;
+        let mut cur_size = stripe::ROOT_COUNT_BYTES;
         for p in pending {
             let len = p.bytes.len();
-            let small = len + stripe::root_entry_overhead(&p.meta.log, 0) <= cap;
+            // Whole in a root stripe of its own, count included; one
+            // byte more and its head goes to a fragment stripe (a record
+            // that fit without the count was refused as too large).
+            let small =
+                stripe::ROOT_COUNT_BYTES + stripe::root_entry_overhead(&p.meta.log, 0) + len <= cap;
             let tail_len = if small { len } else { len.min(cap / 4) };
             let mut frag_ids = Vec::new();
             for chunk in p.bytes[..len - tail_len].chunks(cap) {
@@ -1362,7 +1366,7 @@ impl Writer {
                 frag_ids.push(seq);
             }
             let size = stripe::root_entry_overhead(&p.meta.log, frag_ids.len()) + tail_len;
-            if size + 4 > cap {
+            if size + stripe::ROOT_COUNT_BYTES > cap {
                 return Err(StoreError::TooLarge {
                     len,
                     limit: self.shared.config.max_record_bytes as usize,
@@ -1371,7 +1375,7 @@ impl Writer {
             if cur_size + size > cap && !cur.is_empty() {
                 let seq = self.alloc_seq();
                 roots.push((seq, std::mem::take(&mut cur)));
-                cur_size = 4;
+                cur_size = stripe::ROOT_COUNT_BYTES;
             }
             cur_size += size;
             cur.push(RootRef {

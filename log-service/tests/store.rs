@@ -271,6 +271,53 @@ fn corruption_while_open_is_survived_and_repaired() {
     assert!(before[after.len()..].iter().all(|&b| b == 0));
 }
 
+/// Every record size around a stripe's capacity is appended, read back
+/// and found again after a reopen: those that fit one root stripe with
+/// its entry, those just too large for that (split into a fragment and
+/// a root), for short and long log names and two stripe geometries. A
+/// few sizes just under the capacity used to be refused as too large,
+/// and with them every append of their batch.
+#[test]
+fn records_of_every_size_around_a_stripes_capacity_are_appended() {
+    for data_shards in [2usize, 4] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = small_config(dir.path());
+        // One zone per page of a stripe.
+        cfg.zones = (0..=data_shards)
+            .map(|z| dir.path().join(format!("zone{z}")))
+            .collect();
+        cfg.data_shards = data_shards;
+        cfg.parity_shards = 1;
+        cfg.segment_bytes = 1 << 20;
+        let cap = data_shards * (cfg.page_bytes as usize - page::HEADER);
+        let store = Store::open(cfg.clone()).unwrap();
+        let logs = ["a".to_string(), "l".repeat(60)];
+        let mut expect: Vec<(String, Vec<u8>)> = Vec::new();
+        for log in &logs {
+            for len in cap - 140..cap + 20 {
+                let body: Vec<u8> = (0..len).map(|i| (i % 253) as u8 ^ len as u8).collect();
+                let pos = store
+                    .append_blocking(log, 0, 0, body.clone())
+                    .unwrap_or_else(|e| {
+                        panic!("{data_shards} data pages, log {log:?}, {len} bytes: {e}")
+                    });
+                let n = expect.iter().filter(|(l, _)| l == log).count() as u64;
+                assert_eq!(pos, n, "{len} bytes");
+                assert_eq!(store.read(log, pos).unwrap()[..], body[..], "{len} bytes");
+                expect.push((log.clone(), body));
+            }
+        }
+        drop(store);
+        let store = Store::open(cfg).unwrap();
+        let mut next: BTreeMap<String, u64> = BTreeMap::new();
+        for (log, body) in &expect {
+            let pos = next.entry(log.clone()).or_default();
+            assert_eq!(store.read(log, *pos).unwrap()[..], body[..], "{log} {pos}");
+            *pos += 1;
+        }
+    }
+}
+
 /// Batches that fail part-way are rolled back, and the writer's own
 /// account of every segment they touched (the class markers and end-write
 /// pages it knows of) must be cut back with the bytes: a repair rebuilds
