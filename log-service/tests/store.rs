@@ -274,8 +274,9 @@ fn corruption_while_open_is_survived_and_repaired() {
 /// Every record size around a stripe's capacity is appended, read back
 /// and found again after a reopen: those that fit one root stripe with
 /// its entry, those just too large for that (split into a fragment and
-/// a root), for short and long log names and two stripe geometries. A
-/// few sizes just under the capacity used to be refused as too large,
+/// a root), for short and long log names and two stripe geometries, and
+/// batches of two records that just fit one root stripe or just do not.
+/// A few sizes just under the capacity used to be refused as too large,
 /// and with them every append of their batch.
 #[test]
 fn records_of_every_size_around_a_stripes_capacity_are_appended() {
@@ -305,6 +306,38 @@ fn records_of_every_size_around_a_stripes_capacity_are_appended() {
                 assert_eq!(pos, n, "{len} bytes");
                 assert_eq!(store.read(log, pos).unwrap()[..], body[..], "{len} bytes");
                 expect.push((log.clone(), body));
+            }
+        }
+        // Batches of two records whose root entries together come to
+        // just under, exactly at and just over a root stripe's room.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let log = "pairs".to_string();
+        let entry = melddb_log::stripe::root_entry_overhead(&log, 0);
+        for total in cap - 8..cap + 8 {
+            let first = 100 + total % 7;
+            let second = total - melddb_log::stripe::ROOT_COUNT_BYTES - 2 * entry - first;
+            let bodies = vec![vec![0xa5u8; first], vec![total as u8; second]];
+            let positions = rt
+                .block_on(
+                    store.append_many(
+                        &log,
+                        0,
+                        0,
+                        bodies
+                            .iter()
+                            .map(|b| bytes::Bytes::from(b.clone()))
+                            .collect(),
+                    ),
+                )
+                .unwrap_or_else(|e| panic!("a pair coming to {total} bytes of {cap}: {e}"));
+            let n = expect.iter().filter(|(l, _)| *l == log).count() as u64;
+            assert_eq!(positions, vec![n, n + 1], "a pair coming to {total}");
+            for (pos, b) in positions.iter().zip(&bodies) {
+                assert_eq!(store.read(&log, *pos).unwrap()[..], b[..]);
+                expect.push((log.clone(), b.clone()));
             }
         }
         drop(store);
