@@ -329,23 +329,9 @@ fn run(
         );
     }
     let flush_once = matches!(layout, Layout::Service { .. });
-    let due = arrivals(rate / batch as f64, secs);
     let mut buf = vec![0x3cu8; one.iter().max().copied().unwrap_or(0) * 64];
-    let mut lat: Vec<f64> = Vec::with_capacity(due.len() * batch);
-    let start = Instant::now();
-    let mut next = 0;
-    while next < due.len() {
-        let now = start.elapsed();
-        if due[next] > now {
-            std::thread::sleep(due[next] - now);
-        }
-        // Every batch due by now goes into this group.
-        let now = start.elapsed();
-        let mut upto = next + 1;
-        while upto < due.len() && due[upto] <= now {
-            upto += 1;
-        }
-        let group = shares(layout, upto - next, batch, record);
+    open_loop(rate, batch, secs, |batches| {
+        let group = shares(layout, batches, batch, record);
         let most = group.iter().max().copied().unwrap_or(0);
         if buf.len() < most {
             buf.resize(most, 0x3c);
@@ -367,7 +353,37 @@ fn run(
         rings[0]
             .file
             .sync_data()
-            .map_err(|e| io("fdatasync", &paths[0], e))?;
+            .map_err(|e| io("fdatasync", &paths[0], e))
+    })
+}
+
+/// The open loop every layout runs: batches arrive at `rate / batch` per
+/// second; each time, every batch due by then forms one group, which
+/// `durable` writes and makes durable (given the number of batches). An
+/// append's latency runs from its batch's arrival to its group's end.
+/// Returns every append's latency (ms) and the wall time (s).
+fn open_loop(
+    rate: f64,
+    batch: usize,
+    secs: f64,
+    mut durable: impl FnMut(usize) -> Result<(), String>,
+) -> Result<(Vec<f64>, f64), String> {
+    let due = arrivals(rate / batch as f64, secs);
+    let mut lat: Vec<f64> = Vec::with_capacity(due.len() * batch);
+    let start = Instant::now();
+    let mut next = 0;
+    while next < due.len() {
+        let now = start.elapsed();
+        if due[next] > now {
+            std::thread::sleep(due[next] - now);
+        }
+        // Every batch due by now goes into this group.
+        let now = start.elapsed();
+        let mut upto = next + 1;
+        while upto < due.len() && due[upto] <= now {
+            upto += 1;
+        }
+        durable(upto - next)?;
         let done = start.elapsed();
         for d in &due[next..upto] {
             let ms = (done - *d).as_secs_f64() * 1e3;
@@ -450,32 +466,23 @@ fn run_direct(
         .map_err(|e| format!("raw durable log, io_uring: {e}"))?;
     // Where each file's data ends; writes go out in whole blocks.
     let mut ends = vec![0u64; rings.len()];
-    let due = arrivals(rate / batch as f64, secs);
-    // The bytes written are a constant, as in `run`: room for the
-    // largest group's share, two blocks of rounding and the alignment.
+    // The bytes written are a constant, as in `run`, in a buffer with
+    // room for the longest span and the alignment.
     let mut raw = Vec::new();
-    let mut lat: Vec<f64> = Vec::with_capacity(due.len() * batch);
     let mut spans = Vec::with_capacity(rings.len());
-    let start = Instant::now();
-    let mut next = 0;
-    while next < due.len() {
-        let now = start.elapsed();
-        if due[next] > now {
-            std::thread::sleep(due[next] - now);
-        }
-        let now = start.elapsed();
-        let mut upto = next + 1;
-        while upto < due.len() && due[upto] <= now {
-            upto += 1;
-        }
-        let group = shares(layout, upto - next, batch, record);
+    open_loop(rate, batch, secs, |batches| {
+        let group = shares(layout, batches, batch, record);
         spans.clear();
         for ((ring, end), &bytes) in rings.iter().zip(ends.iter_mut()).zip(&group) {
             let (span, new_end) = direct_span(*end, bytes as u64, ring.size);
             *end = new_end;
             spans.push(span);
         }
-        let longest = spans.iter().map(|s| s.1 as usize).max().unwrap_or(0);
+        let longest = spans
+            .iter()
+            .map(|s: &(u64, u64)| s.1 as usize)
+            .max()
+            .unwrap_or(0);
         if raw.len() < longest + BLOCK as usize {
             raw.resize(longest + BLOCK as usize, 0x3cu8);
         }
@@ -529,15 +536,8 @@ fn run_direct(
         rings[0]
             .file
             .sync_data()
-            .map_err(|e| io("fdatasync", &paths[0], e))?;
-        let done = start.elapsed();
-        for d in &due[next..upto] {
-            let ms = (done - *d).as_secs_f64() * 1e3;
-            lat.extend(std::iter::repeat_n(ms, batch));
-        }
-        next = upto;
-    }
-    Ok((lat, start.elapsed().as_secs_f64().max(secs)))
+            .map_err(|e| io("fdatasync", &paths[0], e))
+    })
 }
 
 #[cfg(test)]
