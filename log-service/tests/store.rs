@@ -60,9 +60,15 @@ fn data_len(f: &Path) -> u64 {
 }
 
 fn seg_files(dir: &Path) -> Vec<PathBuf> {
+    let zones: Vec<PathBuf> = (0..3).map(|z| dir.join(format!("zone{z}"))).collect();
+    seg_files_in(&zones)
+}
+
+/// The segment files of `zones`, by file name.
+fn seg_files_in(zones: &[PathBuf]) -> Vec<PathBuf> {
     let mut v = Vec::new();
-    for z in 0..3 {
-        for e in std::fs::read_dir(dir.join(format!("zone{z}"))).unwrap() {
+    for zone in zones {
+        for e in std::fs::read_dir(zone).unwrap() {
             let p = e.unwrap().path();
             let seg = p
                 .file_name()
@@ -341,6 +347,22 @@ fn records_of_every_size_around_a_stripes_capacity_are_appended() {
             }
         }
         drop(store);
+        // No stripe page is larger than `page_bytes`, header included.
+        let mut stripe_pages = 0;
+        for f in seg_files_in(&cfg.zones) {
+            for (off, h) in pages(&std::fs::read(&f).unwrap()) {
+                if matches!(h.kind, page::Kind::Ordered | page::Kind::Unordered) {
+                    assert!(
+                        h.page_len() <= u64::from(cfg.page_bytes),
+                        "{} at {off}: a page of {} bytes",
+                        f.display(),
+                        h.page_len()
+                    );
+                    stripe_pages += 1;
+                }
+            }
+        }
+        assert!(stripe_pages > 1000, "{stripe_pages} stripe pages");
         let store = Store::open(cfg).unwrap();
         let mut next: BTreeMap<String, u64> = BTreeMap::new();
         for (log, body) in &expect {
