@@ -282,8 +282,10 @@ fn corruption_while_open_is_survived_and_repaired() {
 /// its entry, those just too large for that (split into a fragment and
 /// a root), for short and long log names and two stripe geometries, and
 /// batches of two records that just fit one root stripe or just do not.
-/// A few sizes just under the capacity used to be refused as too large,
-/// and with them every append of their batch.
+/// The stripes written are counted against the documented layout, and no
+/// page may be larger than `page_bytes`. A few sizes just under the
+/// capacity used to be refused as too large, and with them every append
+/// of their batch.
 #[test]
 fn records_of_every_size_around_a_stripes_capacity_are_appended() {
     for data_shards in [2usize, 4] {
@@ -300,8 +302,20 @@ fn records_of_every_size_around_a_stripes_capacity_are_appended() {
         let store = Store::open(cfg.clone()).unwrap();
         let logs = ["a".to_string(), "l".repeat(60)];
         let mut expect: Vec<(String, Vec<u8>)> = Vec::new();
+        // The documented layout: a record whole in a root stripe when it
+        // fits there with its entry and the entry count; else its last
+        // bytes (at most a quarter stripe) in the root and the rest in
+        // fragment stripes.
+        let count = melddb_log::stripe::ROOT_COUNT_BYTES;
+        let mut stripes = 0;
         for log in &logs {
             for len in cap - 140..cap + 20 {
+                let entry = melddb_log::stripe::root_entry_overhead(log, 0);
+                stripes += if count + entry + len <= cap {
+                    1
+                } else {
+                    (len - len.min(cap / 4)).div_ceil(cap) + 1
+                };
                 let body: Vec<u8> = (0..len).map(|i| (i % 253) as u8 ^ len as u8).collect();
                 let pos = store
                     .append_blocking(log, 0, 0, body.clone())
@@ -326,6 +340,7 @@ fn records_of_every_size_around_a_stripes_capacity_are_appended() {
             let first = 100 + total % 7;
             let second = total - melddb_log::stripe::ROOT_COUNT_BYTES - 2 * entry - first;
             let bodies = vec![vec![0xa5u8; first], vec![total as u8; second]];
+            stripes += if total <= cap { 1 } else { 2 };
             let positions = rt
                 .block_on(
                     store.append_many(
@@ -362,7 +377,11 @@ fn records_of_every_size_around_a_stripes_capacity_are_appended() {
                 }
             }
         }
-        assert!(stripe_pages > 1000, "{stripe_pages} stripe pages");
+        assert_eq!(
+            stripe_pages,
+            stripes * (data_shards + 1),
+            "{data_shards} data pages: stripes as the layout says"
+        );
         let store = Store::open(cfg).unwrap();
         let mut next: BTreeMap<String, u64> = BTreeMap::new();
         for (log, body) in &expect {
