@@ -362,18 +362,11 @@ impl Drop for Loops {
 fn loop_devices(images: &[PathBuf]) -> Option<Loops> {
     let mut loops = Loops(Vec::new());
     for img in images {
-        let out = std::process::Command::new("losetup")
-            .args(["-f", "--show"])
-            .arg(img)
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            eprintln!(
-                "skipped: losetup: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-            return None;
-        }
+        let out = common::privileged(
+            std::process::Command::new("losetup")
+                .args(["-f", "--show"])
+                .arg(img),
+        )?;
         loops
             .0
             .push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));

@@ -2714,18 +2714,11 @@ impl SmallFs {
     /// root, no `mount`).
     fn mount() -> Option<SmallFs> {
         let dir = tempfile::tempdir().unwrap();
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            eprintln!(
-                "skipped: mount: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-            return None;
-        }
+        common::privileged(
+            std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+                .arg(dir.path()),
+        )?;
         Some(SmallFs {
             path: dir.path().to_path_buf(),
             _dir: dir,

@@ -128,3 +128,19 @@ pub fn write_back_supported(dir: &Path) -> bool {
     let magic = st.f_type as i64;
     [0xEF53, 0x5846_5342].contains(&magic)
 }
+
+/// Runs a command the test needs root for (`mount`, `losetup`) and gives
+/// its output; `None`, with the reason printed, where this machine
+/// refuses it (not root, no such tool or driver), so the test skips.
+pub fn privileged(cmd: &mut std::process::Command) -> Option<std::process::Output> {
+    let out = cmd.output().ok()?;
+    if !out.status.success() {
+        eprintln!(
+            "skipped: {}: {}",
+            cmd.get_program().to_string_lossy(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return None;
+    }
+    Some(out)
+}
