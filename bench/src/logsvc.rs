@@ -1049,6 +1049,9 @@ pub struct ProbeSettings {
     /// Write large batches' whole blocks directly on the fsync helpers
     /// (`direct_writes = true`).
     pub direct: bool,
+    /// Write every page and end-write directly in whole blocks
+    /// (`direct_every_block = true`).
+    pub direct_every_block: bool,
     /// Data pages per stripe (one parity page, one zone per page);
     /// [`DATA_SHARDS`] is the suite's.
     pub data_shards: usize,
@@ -1109,6 +1112,7 @@ pub fn probe(
         cfg.disable_transparent_huge_pages = !settings.keep_thp;
         cfg.flush_once_per_device = !settings.fsync_each_file;
         cfg.direct_writes = settings.direct;
+        cfg.direct_every_block = settings.direct_every_block;
         if settings.devices {
             cfg.devices = device_images(&dir, &cfg)?;
         }

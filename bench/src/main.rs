@@ -125,6 +125,12 @@ struct Args {
     /// copying every page into the page cache on the writer thread.
     #[arg(long)]
     direct: bool,
+    /// Log suite with `--point`: write every page and end-write directly
+    /// in whole 4 KiB blocks on the fsync helpers, each segment's last
+    /// partial block from the writer's memory (`direct_every_block =
+    /// true`), so nothing goes through the page cache.
+    #[arg(long)]
+    direct_every_block: bool,
     /// Log suite with `--point`: run the same load this many seconds
     /// first, unmeasured, so the figures are of a service past its first
     /// seconds (memory faulted in, the first end-write segments replaced
@@ -1212,6 +1218,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         keep_thp: args.keep_thp,
         fsync_each_file: args.fsync_each_file,
         direct: args.direct,
+        direct_every_block: args.direct_every_block,
         warmup_secs: args.warmup,
         data_shards: args.data_shards,
         before: args.before,
@@ -1282,7 +1289,9 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         "written: {:.1} MiB, {:.1} % of it directly ({})",
         r.bytes_written as f64 / (1 << 20) as f64,
         100.0 * r.direct_write_bytes as f64 / r.bytes_written.max(1) as f64,
-        if args.direct {
+        if args.direct_every_block {
+            "--direct-every-block: every page and end-write written directly in whole blocks"
+        } else if args.direct {
             "--direct: whole blocks of large batches written directly by the fsync helpers"
         } else {
             "every page copied into the page cache; --direct writes large batches directly"

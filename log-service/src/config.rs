@@ -103,6 +103,18 @@ pub struct Config {
     /// the benchmark VM (docs/log-service.md).
     #[serde(default = "defaults::direct_write_min_bytes")]
     pub direct_write_min_bytes: u32,
+    /// Write every page and end-write a round carries with `O_DIRECT`,
+    /// in whole 4 KiB blocks, on the fsync helpers (Linux; off by
+    /// default). The writer keeps each segment's last partial block in
+    /// memory and writes it again, with the new bytes after it and zeros
+    /// to the block's end, so nothing goes through the page cache and a
+    /// round is the direct writes, the end-writes after them, and one
+    /// flush per device. Only where the block's end is known zeros (a
+    /// segment made from a spare, or zero-filled ahead) and the file
+    /// system takes `O_DIRECT`; other writes are done as without it. The
+    /// on-disk format is the same either way.
+    #[serde(default)]
+    pub direct_every_block: bool,
     /// Spare segment files kept ready per zone: segment-sized files already
     /// written full of zeros, which a new window segment is renamed from,
     /// so its pages overwrite allocated, written blocks and the fsync
@@ -332,6 +344,7 @@ impl Config {
             flush_once_per_device: defaults::flush_once_per_device(),
             direct_writes: defaults::direct_writes(),
             direct_write_min_bytes: defaults::direct_write_min_bytes(),
+            direct_every_block: false,
             prepared_segments: 0,
             prepare_mib_s: defaults::prepare_mib_s(),
             realtime_priority: 0,

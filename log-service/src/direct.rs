@@ -62,12 +62,22 @@ impl AlignedBuf {
 
     /// Replaces the contents with `src`, reusing `v`'s allocation when it
     /// is large enough.
-    fn fill(mut v: Vec<u8>, src: &[u8]) -> AlignedBuf {
+    fn fill(v: Vec<u8>, src: &[u8]) -> AlignedBuf {
+        AlignedBuf::fill_parts(v, &[src], 0)
+    }
+
+    /// Replaces the contents with `parts` one after another, then `zeros`
+    /// zero bytes, reusing `v`'s allocation when it is large enough.
+    fn fill_parts(mut v: Vec<u8>, parts: &[&[u8]], zeros: usize) -> AlignedBuf {
+        let len = parts.iter().map(|p| p.len()).sum::<usize>() + zeros;
         v.clear();
-        v.reserve(src.len() + BLOCK as usize);
+        v.reserve(len + BLOCK as usize);
         let start = v.as_ptr().align_offset(BLOCK as usize);
         v.resize(start, 0);
-        v.extend_from_slice(src);
+        for p in parts {
+            v.extend_from_slice(p);
+        }
+        v.resize(start + len, 0);
         debug_assert_eq!(v[start..].as_ptr().align_offset(BLOCK as usize), 0);
         AlignedBuf { v, start }
     }
@@ -84,6 +94,13 @@ impl BufPool {
     pub(crate) fn copy(&self, src: &[u8]) -> AlignedBuf {
         let v = crate::locks::lock(&self.0).pop().unwrap_or_default();
         AlignedBuf::fill(v, src)
+    }
+
+    /// An aligned buffer of `parts` one after another, then `zeros` zero
+    /// bytes.
+    pub(crate) fn copy_parts(&self, parts: &[&[u8]], zeros: usize) -> AlignedBuf {
+        let v = crate::locks::lock(&self.0).pop().unwrap_or_default();
+        AlignedBuf::fill_parts(v, parts, zeros)
     }
 
     fn put(&self, v: Vec<u8>) {
@@ -115,6 +132,10 @@ pub(crate) struct DeferredWrite {
     pub head: Vec<u8>,
     middle: Option<AlignedBuf>,
     pub tail: Vec<u8>,
+    /// One past the last byte of the data written; a whole-block write
+    /// ([`DeferredWrite::whole_blocks`]) goes on with zeros past it, which
+    /// a roll back does not count ([`DeferredWrite::cut_to`]).
+    data_end: u64,
     pool: BufPool,
 }
 
@@ -144,18 +165,99 @@ impl DeferredWrite {
             head,
             middle,
             tail,
+            data_end: off + buf.len() as u64,
             pool: pool.clone(),
         }
+    }
+
+    /// Holds back the write of `buf` at `off` as whole blocks, all
+    /// written directly: `prefix`, the bytes the file holds from the
+    /// block boundary at or before `off` up to `off`, then `buf`, then
+    /// zeros to the next block boundary. The caller knows the prefix (the
+    /// writer keeps each segment's last partial block) and that the
+    /// file's bytes after `buf` in that last block are zeros, so the
+    /// write leaves every byte it covers as it was or as `buf` has it.
+    pub(crate) fn whole_blocks(
+        buffered: Arc<SegFile>,
+        direct: Arc<SegFile>,
+        off: u64,
+        prefix: &[u8],
+        buf: &[u8],
+        pool: &BufPool,
+    ) -> DeferredWrite {
+        let start = off - prefix.len() as u64;
+        debug_assert_eq!(
+            start % BLOCK,
+            0,
+            "the prefix reaches back to a block boundary"
+        );
+        let data_end = off + buf.len() as u64;
+        let zeros = (data_end.next_multiple_of(BLOCK) - data_end) as usize;
+        DeferredWrite {
+            direct: Some(direct),
+            buffered,
+            off: start,
+            head: Vec::new(),
+            middle: Some(pool.copy_parts(&[prefix, buf], zeros)),
+            tail: Vec::new(),
+            data_end,
+            pool: pool.clone(),
+        }
+    }
+
+    /// Whether this is a whole-block write ([`DeferredWrite::whole_blocks`])
+    /// whose data ends at `len`, so the next bytes from there can join it
+    /// ([`DeferredWrite::extend`]).
+    pub(crate) fn extends_to(&self, len: u64) -> bool {
+        self.head.is_empty()
+            && self.tail.is_empty()
+            && self.direct.is_some()
+            && self.middle.is_some()
+            && self.data_end == len
+    }
+
+    /// Joins `buf`, the bytes right after this whole-block write's data,
+    /// to it: one write of the blocks both cover instead of two in a row
+    /// over their shared block (which the device must finish in order).
+    pub(crate) fn extend(&mut self, buf: &[u8]) {
+        let keep = (self.data_end - self.off) as usize;
+        let data_end = self.data_end + buf.len() as u64;
+        let zeros = (data_end.next_multiple_of(BLOCK) - data_end) as usize;
+        let old = self.middle.take();
+        let bytes = old.as_ref().map_or(&[][..], |b| &b.bytes()[..keep]);
+        self.middle = Some(self.pool.copy_parts(&[bytes, buf], zeros));
+        if let Some(b) = old {
+            self.pool.put(b.v);
+        }
+        self.data_end = data_end;
+    }
+
+    /// Drops this write's data at and after `len` (a roll back to `len`);
+    /// `false` when nothing is left to write. Only a whole-block write
+    /// can straddle `len` (joined writes of two batches): it keeps its
+    /// bytes below `len`, zeros after them to the block's end.
+    pub(crate) fn cut_to(&mut self, len: u64) -> bool {
+        if self.data_end <= len {
+            return true;
+        }
+        if !self.extends_to(self.data_end) || len <= self.off {
+            return false;
+        }
+        let keep = (len - self.off) as usize;
+        let zeros = (len.next_multiple_of(BLOCK) - len) as usize;
+        let old = self.middle.take();
+        let bytes = old.as_ref().map_or(&[][..], |b| &b.bytes()[..keep]);
+        self.middle = Some(self.pool.copy_parts(&[bytes], zeros));
+        if let Some(b) = old {
+            self.pool.put(b.v);
+        }
+        self.data_end = len;
+        true
     }
 
     /// The whole blocks written directly (empty if none).
     pub(crate) fn middle(&self) -> &[u8] {
         self.middle.as_ref().map_or(&[], |b| b.bytes())
-    }
-
-    /// One past the last byte written.
-    pub(crate) fn end(&self) -> u64 {
-        self.off + (self.head.len() + self.middle().len() + self.tail.len()) as u64
     }
 }
 
@@ -220,6 +322,105 @@ mod tests {
                     prop_assert!(off.div_ceil(BLOCK) * BLOCK + BLOCK > end);
                 }
             }
+        }
+    }
+
+    /// What the writer does with held-back writes of one segment, in a
+    /// random order: appends (joined to the write before when it is a
+    /// whole-block write ending there, else a new whole-block write with
+    /// the known last partial block, or after a roll back a plain one),
+    /// roll backs to an earlier length (which cut the held-back writes
+    /// and zero the file past it), and rounds (the held-back writes done
+    /// in order). The file then holds exactly the bytes appended and not
+    /// rolled back, zeros after them; and every whole-block write is
+    /// block-aligned in place and length.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Append(usize),
+        RollBack(usize),
+        Round,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            6 => (1usize..9000).prop_map(Step::Append),
+            1 => (0usize..8).prop_map(Step::RollBack),
+            2 => Just(Step::Round),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn held_back_whole_block_writes_leave_exactly_the_bytes_appended(
+            steps in proptest::collection::vec(step(), 1..40),
+        ) {
+            const SIZE: usize = 1 << 20;
+            let dir = tempfile::tempdir().expect("temp dir");
+            let f = Arc::new(crate::segment::open(&dir.path().join("f"), true).expect("create"));
+            let pool = BufPool::default();
+            let mut model = vec![0u8; SIZE];
+            let mut disk = vec![0u8; SIZE];
+            let mut len = 0usize;
+            // Lengths after each append, for roll backs to go back to.
+            let mut ends = vec![0usize];
+            let mut held: Vec<DeferredWrite> = Vec::new();
+            // Whether the last partial block is known (not after a roll
+            // back until an append crosses a block boundary).
+            let mut known = true;
+            let mut n = 0u8;
+            let do_round = |held: &mut Vec<DeferredWrite>, disk: &mut Vec<u8>| {
+                for w in held.drain(..) {
+                    let mut at = w.off as usize;
+                    for part in [&w.head[..], w.middle(), &w.tail[..]] {
+                        disk[at..at + part.len()].copy_from_slice(part);
+                        at += part.len();
+                    }
+                    if w.middle.is_some() && w.head.is_empty() && w.tail.is_empty() {
+                        assert_eq!(w.off % BLOCK, 0);
+                        assert_eq!(w.middle().len() as u64 % BLOCK, 0);
+                    }
+                }
+            };
+            for s in steps {
+                match s {
+                    Step::Append(k) => {
+                        if len + k + BLOCK as usize > SIZE {
+                            continue;
+                        }
+                        n = n.wrapping_add(1);
+                        let buf: Vec<u8> = (0..k).map(|i| n ^ (i as u8) | 1).collect();
+                        let joined = held.last_mut().filter(|w| w.extends_to(len as u64));
+                        match joined {
+                            Some(w) => w.extend(&buf),
+                            None if known => {
+                                let start = len / BLOCK as usize * BLOCK as usize;
+                                let prefix = model[start..len].to_vec();
+                                held.push(DeferredWrite::whole_blocks(
+                                    f.clone(), f.clone(), len as u64, &prefix, &buf, &pool,
+                                ));
+                            }
+                            None => held.push(DeferredWrite::new(f.clone(), None, len as u64, &buf, &pool)),
+                        }
+                        model[len..len + k].copy_from_slice(&buf);
+                        let boundary = (len + k) / BLOCK as usize * BLOCK as usize;
+                        known = known || boundary >= len;
+                        len += k;
+                        ends.push(len);
+                    }
+                    Step::RollBack(back) => {
+                        let to = ends[ends.len().saturating_sub(1 + back)];
+                        ends.retain(|&e| e <= to);
+                        held.retain_mut(|w| w.cut_to(to as u64));
+                        model[to..].fill(0);
+                        disk[to..].fill(0);
+                        len = to;
+                        known = false;
+                    }
+                    Step::Round => do_round(&mut held, &mut disk),
+                }
+            }
+            do_round(&mut held, &mut disk);
+            prop_assert!(disk == model, "the file differs from the bytes appended");
         }
     }
 

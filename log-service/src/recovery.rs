@@ -592,6 +592,7 @@ pub(crate) fn recover(
                 damaged_at: s.damaged_at,
                 pending_cut: s.cut,
                 direct: Default::default(),
+                last_block: None,
             },
         );
     }

@@ -139,6 +139,13 @@ pub(crate) struct SegState {
     /// The descriptor for direct writes of this file, opened at the first
     /// large write ([`crate::direct`]).
     pub direct: DirectFd,
+    /// With `direct_every_block`: the data length at which it was taken,
+    /// and the bytes from the block boundary at or before it up to it
+    /// (the segment's last partial block), which a whole-block write of
+    /// the next bytes writes again. Bytes below the data length never
+    /// change, so it holds while the length is what it was taken at;
+    /// `None` (or another length) when unknown.
+    pub last_block: Option<(u64, Vec<u8>)>,
 }
 
 /// A segment's descriptor for direct writes.
@@ -373,6 +380,62 @@ fn block_pad(st: &SegState, len: usize) -> usize {
     let end = st.len.saturating_add(len as u64);
     let block_end = end.next_multiple_of(crate::segment::PAD_MAX as u64);
     block_end.min(st.zeroed).saturating_sub(end) as usize
+}
+
+/// `buf`, the next bytes of segment `seg`, as a write of whole blocks
+/// done directly in the round ([`DeferredWrite::whole_blocks`]); `None`
+/// where it cannot be: the segment's last partial block is not known, the
+/// zeros after `buf` in its last block are not known to be on disk, or
+/// the file system refuses `O_DIRECT`.
+fn whole_blocks(
+    seg: u64,
+    st: &mut SegState,
+    buf: &[u8],
+    pool: &direct::BufPool,
+) -> Option<DeferredWrite> {
+    let end = st.len.checked_add(buf.len() as u64)?;
+    if end.next_multiple_of(direct::BLOCK) > st.zeroed {
+        return None;
+    }
+    let from_boundary = st.len % direct::BLOCK == 0;
+    if !from_boundary && !matches!(&st.last_block, Some((at, _)) if *at == st.len) {
+        return None;
+    }
+    let fd = direct_fd(seg, st)?;
+    let prefix = match &st.last_block {
+        Some((at, b)) if *at == st.len && !from_boundary => &b[..],
+        _ => &[],
+    };
+    Some(DeferredWrite::whole_blocks(
+        st.file.clone(),
+        fd,
+        st.len,
+        prefix,
+        buf,
+        pool,
+    ))
+}
+
+/// Records the segment's last partial block after `buf` is written at its
+/// data length (before the length moves on): `buf`'s own bytes past its
+/// last block boundary, or, when `buf` ends in the block it started in,
+/// the block's known bytes with `buf` after them (unknown stays unknown).
+fn remember_last_block(st: &mut SegState, buf: &[u8]) {
+    let end = st.len + buf.len() as u64;
+    let boundary = end / direct::BLOCK * direct::BLOCK;
+    let known = match st.last_block.take() {
+        _ if boundary >= st.len => {
+            let mut b = Vec::with_capacity(direct::BLOCK as usize);
+            b.extend_from_slice(&buf[(boundary - st.len) as usize..]);
+            Some(b)
+        }
+        Some((at, mut b)) if at == st.len => {
+            b.extend_from_slice(buf);
+            Some(b)
+        }
+        _ => None,
+    };
+    st.last_block = known.map(|b| (end, b));
 }
 
 /// `st`'s descriptor for direct writes, opened on first use; `None` where
@@ -647,6 +710,7 @@ impl Writer {
                 damaged_at: None,
                 pending_cut: None,
                 direct: DirectFd::Unopened,
+                last_block: None,
             },
         );
     }
@@ -1225,7 +1289,7 @@ impl Writer {
         // those of the part being rolled back go; an earlier part's stay.
         for (seg, ws) in &mut self.deferred {
             let before = lens_before.get(seg).copied().unwrap_or(0);
-            ws.retain(|w| w.end() <= before);
+            ws.retain_mut(|w| w.cut_to(before));
         }
         self.deferred.retain(|_, ws| !ws.is_empty());
         self.late.retain(|s| self.deferred.contains_key(s));
@@ -1262,6 +1326,7 @@ impl Writer {
                 trouble.push(format!("segment {seg}: {e}"));
             }
             st.len = before;
+            st.last_block = None;
             // A device slot keeps its size and its zeros (the cut wrote
             // zeros back), so it stays prepared; a file cut is shorter,
             // and its next pages extend it.
@@ -1609,10 +1674,49 @@ impl Writer {
                 .bytes_written
                 .fetch_add(zeros, Ordering::Relaxed);
             let fsync = self.shared.config.fsync;
+            // With `direct_every_block`, a write is held back for the
+            // round as whole blocks written directly, where that can be;
+            // right after such a write of the same round, it joins it.
+            let every = fsync && self.shared.config.direct_every_block;
+            if every {
+                let padded = st
+                    .len
+                    .saturating_add(buf.len() as u64)
+                    .next_multiple_of(direct::BLOCK);
+                if let Some(last) = self
+                    .deferred
+                    .get_mut(seg)
+                    .and_then(|ws| ws.last_mut())
+                    .filter(|w| w.extends_to(st.len) && padded <= st.zeroed)
+                {
+                    last.extend(buf);
+                    self.shared
+                        .counters
+                        .direct_write_bytes
+                        .fetch_add(buf.len() as u64, Ordering::Relaxed);
+                    if !data {
+                        self.late.insert(*seg);
+                    }
+                    remember_last_block(st, buf);
+                    st.len += buf.len() as u64;
+                    self.shared
+                        .counters
+                        .bytes_written
+                        .fetch_add(buf.len() as u64, Ordering::Relaxed);
+                    self.dirty.insert(*seg);
+                    continue;
+                }
+            }
+            let whole = if every {
+                whole_blocks(*seg, st, buf, &self.direct_bufs)
+            } else {
+                None
+            };
             // A large write of data pages is held back for the round and
             // its whole blocks written directly; so is any write behind a
             // held-back one, to keep the segment's writes in order.
-            let direct = if fsync
+            let direct = if whole.is_none()
+                && fsync
                 && data
                 && self.shared.config.direct_writes
                 && buf.len() >= self.shared.config.direct_write_min_bytes as usize
@@ -1624,9 +1728,11 @@ impl Writer {
             };
             let held =
                 pages_held || self.deferred.contains_key(seg) || self.round_held.contains(seg);
-            let now = direct.is_none() && !held;
+            let now = whole.is_none() && direct.is_none() && !held;
             if !now {
-                let w = DeferredWrite::new(st.file.clone(), direct, st.len, buf, &self.direct_bufs);
+                let w = whole.unwrap_or_else(|| {
+                    DeferredWrite::new(st.file.clone(), direct, st.len, buf, &self.direct_bufs)
+                });
                 self.shared
                     .counters
                     .direct_write_bytes
@@ -1647,6 +1753,9 @@ impl Writer {
             if now && fsync && buf.len() <= EARLY_WRITE_BACK_MAX {
                 // Its I/O overlaps the round in flight (see the function).
                 st.file.start_write_back(st.len, buf.len() as u64);
+            }
+            if self.shared.config.direct_every_block {
+                remember_last_block(st, buf);
             }
             st.len += buf.len() as u64;
             st.zeroed = st.zeroed.max(st.len);
@@ -2215,6 +2324,7 @@ impl Writer {
                 damaged_at: None,
                 pending_cut: None,
                 direct: DirectFd::Unopened,
+                last_block: None,
             },
         );
         self.shared

@@ -110,6 +110,8 @@ fn random_history_on_devices_matches_the_model_and_reuses_slots() {
         cfg.prepared_segments = if seed % 3 == 0 { 0 } else { 2 };
         cfg.direct_writes = seed % 3 != 2;
         cfg.direct_write_min_bytes = 4096;
+        // Seeds 2 and 4: every block written directly (slots are zeroed).
+        cfg.direct_every_block = seed % 2 == 0 && seed > 0;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut model = Model::new();
         let mut store = Arc::new(Store::open(cfg.clone()).unwrap());

@@ -118,10 +118,13 @@ fn kill_cycles(on_devices: bool) {
         let fill = cycle % 2 == 1;
         let spares = if cycle % 4 >= 2 { 2 } else { 0 };
         let direct = cycle % 4 != 1;
+        // Every third cycle writes every block directly where the space is
+        // known zeros, through the `io_uring` round thread.
+        let every = cycle % 3 == 2;
         std::fs::write(
             &config,
             format!(
-                "zones = {zones:?}\n{devices}page_bytes = 16384\nsegment_bytes = 1048576\nmax_record_bytes = 262144\nzero_fill_ahead = {fill}\nprepared_segments = {spares}\ndirect_writes = {direct}\ndirect_write_min_bytes = 4096\n[listen]\ntcp = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\n"
+                "zones = {zones:?}\n{devices}page_bytes = 16384\nsegment_bytes = 1048576\nmax_record_bytes = 262144\nzero_fill_ahead = {fill}\nprepared_segments = {spares}\ndirect_writes = {direct}\ndirect_write_min_bytes = 4096\ndirect_every_block = {every}\n[listen]\ntcp = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\n"
             ),
         )
         .unwrap();

@@ -99,6 +99,9 @@ fn random_history_matches_the_model_across_reopen_trim_and_damage() {
         // seal segments with writes still held back); two never do.
         cfg.direct_writes = seed % 3 != 2;
         cfg.direct_write_min_bytes = 4096;
+        // Seeds 1, 5 and 6 write every block directly where the space is
+        // known zeros (zero-filled, or a spare).
+        cfg.direct_every_block = seed % 4 == 1 || seed == 6;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut model = Model::new();
         let mut store = Arc::new(Store::open(cfg.clone()).unwrap());
@@ -400,19 +403,23 @@ fn records_of_every_size_around_a_stripes_capacity_are_appended() {
 /// write of a batch in turn (pages, end-write copies, the markers of a
 /// window slide), on batches of one stripe and of several, in segments
 /// small enough that the windows slide; with pages written buffered, and
-/// directly.
+/// directly, and with every block written directly (in zero-filled
+/// space, where the writer rewrites each segment's last partial block
+/// from memory, which a roll back must forget).
 #[test]
 fn segments_repaired_after_roll_backs_are_the_originals_byte_for_byte() {
-    for direct in [false, true] {
-        repaired_after_roll_backs_case(direct);
+    for (direct, every_block) in [(false, false), (true, false), (false, true)] {
+        repaired_after_roll_backs_case(direct, every_block);
     }
 }
 
-fn repaired_after_roll_backs_case(direct: bool) {
+fn repaired_after_roll_backs_case(direct: bool, every_block: bool) {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = small_config(dir.path());
     cfg.direct_writes = direct;
     cfg.direct_write_min_bytes = 4096;
+    cfg.direct_every_block = every_block;
+    cfg.zero_fill_ahead = every_block;
     cfg.read_cache_stripes = 0; // every read goes to the files
     let faults = Arc::new(Faults::none());
     let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
@@ -2175,53 +2182,101 @@ fn all_segment_bytes(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
 /// appends, one batch at a time, leave every segment file byte for byte
 /// as buffered writes do, across slides, seals, multi-stripe records and
 /// a reopen; and the direct path really ran.
+/// Direct writes change how pages reach the disk, never what: the same
+/// appends, one batch at a time, leave every segment file byte for byte
+/// as buffered writes do, across slides, seals, multi-stripe records and
+/// a reopen; and the direct path really ran. Without zero-filled space:
+/// buffered against large batches' blocks written directly. With it:
+/// those two against every block written directly
+/// (`direct_every_block`), once through the store's `io_uring` round
+/// thread and once through the fsync helpers (a store opened with a
+/// fault injector, never armed, runs its rounds there).
 #[test]
 fn direct_writes_leave_the_same_bytes_as_buffered_ones() {
-    let mut files = Vec::new();
-    for direct in [false, true] {
-        let dir = tempfile::tempdir().unwrap();
-        let mut cfg = small_config(dir.path());
-        cfg.direct_writes = direct;
-        cfg.direct_write_min_bytes = 4096;
-        let mut rng = ChaCha8Rng::seed_from_u64(77);
-        let mut model = Model::new();
-        let mut store = Store::open(cfg.clone()).unwrap();
-        let mut direct_bytes = 0;
-        for i in 0..300u64 {
-            if i == 150 {
-                direct_bytes += store.stats().direct_write_bytes;
-                drop(store);
-                store = Store::open(cfg.clone()).unwrap();
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    enum Mode {
+        Buffered,
+        LargeBatches,
+        EveryBlock,
+        EveryBlockOnHelpers,
+    }
+    use Mode::*;
+    for (fill, modes) in [
+        (false, &[Buffered, LargeBatches][..]),
+        (
+            true,
+            &[Buffered, LargeBatches, EveryBlock, EveryBlockOnHelpers][..],
+        ),
+    ] {
+        let mut files = Vec::new();
+        for &mode in modes {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = small_config(dir.path());
+            cfg.zero_fill_ahead = fill;
+            cfg.direct_writes = mode == LargeBatches;
+            cfg.direct_write_min_bytes = 4096;
+            cfg.direct_every_block = matches!(mode, EveryBlock | EveryBlockOnHelpers);
+            let open = |cfg: &Config| match mode {
+                EveryBlockOnHelpers => {
+                    Store::open_with_faults(cfg.clone(), Arc::new(Faults::none())).unwrap()
+                }
+                _ => Store::open(cfg.clone()).unwrap(),
+            };
+            let mut rng = ChaCha8Rng::seed_from_u64(77);
+            let mut model = Model::new();
+            let mut store = open(&cfg);
+            let (mut direct_bytes, mut written) = (0, 0);
+            for i in 0..300u64 {
+                if i == 150 {
+                    direct_bytes += store.stats().direct_write_bytes;
+                    written += store.stats().bytes_written;
+                    drop(store);
+                    store = open(&cfg);
+                }
+                let log = ["d", "e"][rng.random_range(0..2)];
+                let body = record(&mut rng, 120_000);
+                let pos = store.append_blocking(log, 3, i, body.clone()).unwrap();
+                let e = model.entry(log.to_string()).or_insert((0, Vec::new()));
+                assert_eq!(pos, e.1.len() as u64);
+                e.1.push(body);
             }
-            let log = ["d", "e"][rng.random_range(0..2)];
-            let body = record(&mut rng, 120_000);
-            let pos = store.append_blocking(log, 3, i, body.clone()).unwrap();
-            let e = model.entry(log.to_string()).or_insert((0, Vec::new()));
-            assert_eq!(pos, e.1.len() as u64);
-            e.1.push(body);
-        }
-        check(&store, &model);
-        direct_bytes += store.stats().direct_write_bytes;
-        if direct {
-            if o_direct_works(dir.path()) {
-                assert!(
+            check(&store, &model);
+            direct_bytes += store.stats().direct_write_bytes;
+            written += store.stats().bytes_written;
+            match mode {
+                Buffered => assert_eq!(direct_bytes, 0),
+                _ if !o_direct_works(dir.path()) => {}
+                LargeBatches => assert!(
                     direct_bytes > 1 << 20,
                     "{direct_bytes} bytes written directly"
+                ),
+                // Every write but those that follow an open or a window
+                // slide (the last block is not known yet) and the class
+                // markers.
+                EveryBlock | EveryBlockOnHelpers => assert!(
+                    direct_bytes > written / 2,
+                    "{mode:?}: {direct_bytes} of {written} bytes written directly"
+                ),
+            }
+            assert!(windows_slid(&store), "the windows slid");
+            drop(store);
+            files.push((mode, all_segment_bytes(dir.path())));
+        }
+        let (first, base) = &files[0];
+        for (mode, other) in &files[1..] {
+            assert_eq!(
+                base.keys().collect::<Vec<_>>(),
+                other.keys().collect::<Vec<_>>(),
+                "zero fill {fill}: {mode:?} against {first:?}"
+            );
+            for (name, bytes) in base {
+                assert!(
+                    bytes == &other[name],
+                    "zero fill {fill}: {} differs, {mode:?} against {first:?}",
+                    name.display()
                 );
             }
-        } else {
-            assert_eq!(direct_bytes, 0);
         }
-        assert!(windows_slid(&store), "the windows slid");
-        drop(store);
-        files.push(all_segment_bytes(dir.path()));
-    }
-    assert_eq!(
-        files[0].keys().collect::<Vec<_>>(),
-        files[1].keys().collect::<Vec<_>>()
-    );
-    for (name, bytes) in &files[0] {
-        assert!(bytes == &files[1][name], "{} differs", name.display());
     }
 }
 fn sealed_count(store: &Store) -> usize {
