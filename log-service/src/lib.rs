@@ -38,6 +38,8 @@ pub mod stripe;
 mod syncpool;
 mod tcp_frames;
 mod thp;
+#[cfg(target_os = "linux")]
+mod uring;
 mod writer;
 pub mod zone_lock;
 

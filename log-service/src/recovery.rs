@@ -863,6 +863,15 @@ pub(crate) fn recover(
             })
             .collect(),
     };
+    // With every block written directly, rounds are device work only,
+    // which one `io_uring` thread runs without waking a helper per file
+    // (`crate::uring`); a fault injector's writes stay on the helpers.
+    if shared.config.fsync && shared.config.direct_every_block && shared.faults.is_inert() {
+        let shared = shared.clone();
+        writer.syncer.use_io_uring(Arc::new(move || {
+            crate::sched::make_realtime(&shared, "io_uring round thread")
+        }));
+    }
     // Forget what trim made unreachable before deciding what is missing.
     let floor = writer.live_floor();
     writer.ews = writer.ews.split_off(&floor);

@@ -59,6 +59,14 @@ impl SegFile {
 
     /// The device offset of `len` bytes at `off`, or an error if they do
     /// not lie inside the slot.
+    /// Where `len` bytes at segment offset `off` are in the file, for
+    /// writes that bypass [`SegFile::write_all_at`] (`io_uring`); an error
+    /// if they run past a slot.
+    #[cfg(target_os = "linux")]
+    pub(crate) fn locate(&self, off: u64, len: usize) -> io::Result<u64> {
+        self.at(off, len)
+    }
+
     fn at(&self, off: u64, len: usize) -> io::Result<u64> {
         match self.size {
             Some(size) if off.checked_add(len as u64).is_none_or(|end| end > size) => {

@@ -64,6 +64,10 @@ pub struct Faults {
     full: AtomicBool,
     /// Delay added to every fsync, in microseconds.
     sync_delay_us: AtomicU64,
+    /// Set only for the store's own instance when it was opened without
+    /// a fault injector: nothing will ever be armed, so rounds may bypass
+    /// it ([`Faults::is_inert`]).
+    inert: bool,
     /// Unit tests: every fsync and write-back, in order, with the file's
     /// inode and the name of the thread that made it, and an inode whose
     /// fsync fails.
@@ -117,6 +121,21 @@ impl Faults {
         f.fail_after.store(-1, Ordering::SeqCst);
         f
     }
+    /// No faults, and none can be armed: no caller holds it but the
+    /// store that made it.
+    pub(crate) fn inert() -> Faults {
+        Faults {
+            inert: true,
+            ..Faults::none()
+        }
+    }
+
+    /// Whether this is the store's own fault-free instance
+    /// ([`Faults::inert`]), whose writes and syncs may be done without it.
+    pub(crate) fn is_inert(&self) -> bool {
+        self.inert
+    }
+
     /// The write after `n` more succeed fails; if `tear`, it writes half
     /// its bytes first.
     pub fn fail_write_after(&self, n: i64, tear: bool) {

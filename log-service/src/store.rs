@@ -275,7 +275,7 @@ pub struct Store {
 impl Store {
     /// Opens (creating or recovering) the store.
     pub fn open(config: Config) -> Result<Store, OpenError> {
-        Store::open_with_faults(config, Arc::new(Faults::none()))
+        Store::open_with_faults(config, Arc::new(Faults::inert()))
     }
 
     /// Opens with a fault injector in the write path (tests).

@@ -183,6 +183,10 @@ pub(crate) struct SyncPool {
     /// a helper), so a round takes a reference, not a copy of the list.
     workers: Arc<[Sender<Job>]>,
     handles: Vec<JoinHandle<()>>,
+    /// The `io_uring` thread that runs every round instead, when there is
+    /// one ([`SyncPool::use_io_uring`]).
+    #[cfg(target_os = "linux")]
+    uring: Option<crate::uring::Uring>,
 }
 
 impl SyncPool {
@@ -227,7 +231,29 @@ impl SyncPool {
             faults,
             workers: workers.into(),
             handles,
+            #[cfg(target_os = "linux")]
+            uring: None,
         }
+    }
+
+    /// Runs every round from now on through `io_uring` on one thread
+    /// ([`crate::uring`]), which starts with `on_start`; the helpers stay
+    /// for a round the thread cannot take. Returns whether it could (not
+    /// where the kernel has no `io_uring`, or off Linux).
+    pub(crate) fn use_io_uring(&mut self, on_start: OnStart) -> bool {
+        #[cfg(target_os = "linux")]
+        match crate::uring::Uring::start(on_start) {
+            Ok(u) => {
+                self.uring = Some(u);
+                return true;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no io_uring; the fsync helpers run every round");
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        drop(on_start);
+        false
     }
 
     /// Hands every file to the helpers and returns at once; the round's
@@ -245,6 +271,19 @@ impl SyncPool {
         let hows: Vec<How> = files.iter().map(|f| f.how).collect();
         let plan = flush_plan(&hows);
         let (done_tx, done_rx) = channel();
+        #[cfg(target_os = "linux")]
+        let (files, on_done) = match self.start_on_uring(files, &plan, &done_tx, on_done) {
+            Ok(()) => {
+                return Round {
+                    results: (0..hows.len() + plan.len()).map(|_| None).collect(),
+                    hows,
+                    flushes: plan.into_iter().map(|(dev, _)| dev).collect(),
+                    received: 0,
+                    done: done_rx,
+                }
+            }
+            Err(back) => back,
+        };
         // Built from the last stage back: each stage's countdown hands out
         // the next stage's jobs.
         let handing = |jobs: Vec<Job>, after: Countdown| Then::Stage {
@@ -300,6 +339,82 @@ impl SyncPool {
             received: 0,
             done: done_rx,
         }
+    }
+}
+
+impl SyncPool {
+    /// Hands the round to the `io_uring` thread, if there is one: the
+    /// page files, the late ones, then the flushes, as stages. Gives the
+    /// files back when there is none (or it is gone).
+    #[cfg(target_os = "linux")]
+    #[allow(clippy::type_complexity)]
+    fn start_on_uring(
+        &self,
+        files: Vec<RoundFile>,
+        plan: &[(u64, usize)],
+        done: &Sender<(usize, io::Result<()>)>,
+        on_done: OnDone,
+    ) -> Result<(), (Vec<RoundFile>, OnDone)> {
+        use crate::uring::{FileWork, Work};
+        let Some(uring) = &self.uring else {
+            return Err((files, on_done));
+        };
+        let n = files.len();
+        let flushes: Vec<FileWork> = plan
+            .iter()
+            .enumerate()
+            .map(|(g, &(_, i))| FileWork {
+                index: n + g,
+                file: files[i].file.clone(),
+                how: How::Sync,
+                writes: Vec::new(),
+            })
+            .collect();
+        let late: Vec<bool> = files.iter().map(|f| f.late).collect();
+        let mut firsts = Vec::new();
+        let mut lates = Vec::new();
+        for (index, f) in files.into_iter().enumerate() {
+            let w = FileWork {
+                index,
+                file: f.file,
+                how: f.how,
+                writes: f.writes,
+            };
+            if f.late {
+                lates.push(w);
+            } else {
+                firsts.push(w);
+            }
+        }
+        let work = Work {
+            stages: [firsts, lates, flushes]
+                .into_iter()
+                .filter(|s| !s.is_empty())
+                .collect(),
+            done: done.clone(),
+            on_done,
+        };
+        uring.send(work).map_err(|w| {
+            // The thread is gone: the helpers take the round, in the
+            // files' own order and lateness.
+            let mut files: Vec<(usize, RoundFile)> = w
+                .stages
+                .into_iter()
+                .flatten()
+                .filter(|fw| fw.index < n)
+                .map(|fw| {
+                    let f = RoundFile {
+                        file: fw.file,
+                        how: fw.how,
+                        writes: fw.writes,
+                        late: late[fw.index],
+                    };
+                    (fw.index, f)
+                })
+                .collect();
+            files.sort_by_key(|f| f.0);
+            (files.into_iter().map(|f| f.1).collect(), w.on_done)
+        })
     }
 }
 
