@@ -424,8 +424,10 @@ fn remember_last_block(st: &mut SegState, buf: &[u8]) {
     let end = st.len + buf.len() as u64;
     let boundary = end / direct::BLOCK * direct::BLOCK;
     let known = match st.last_block.take() {
-        _ if boundary >= st.len => {
-            let mut b = Vec::with_capacity(direct::BLOCK as usize);
+        // (The old block's allocation is reused.)
+        prev if boundary >= st.len => {
+            let mut b = prev.map(|(_, b)| b).unwrap_or_default();
+            b.clear();
             b.extend_from_slice(&buf[(boundary - st.len) as usize..]);
             Some(b)
         }
@@ -1678,36 +1680,23 @@ impl Writer {
             // round as whole blocks written directly, where that can be;
             // right after such a write of the same round, it joins it.
             let every = fsync && self.shared.config.direct_every_block;
-            if every {
-                let padded = st
-                    .len
-                    .saturating_add(buf.len() as u64)
-                    .next_multiple_of(direct::BLOCK);
-                if let Some(last) = self
-                    .deferred
-                    .get_mut(seg)
-                    .and_then(|ws| ws.last_mut())
-                    .filter(|w| w.extends_to(st.len) && padded <= st.zeroed)
-                {
+            let padded = st
+                .len
+                .saturating_add(buf.len() as u64)
+                .next_multiple_of(direct::BLOCK);
+            let joined = match self
+                .deferred
+                .get_mut(seg)
+                .and_then(|ws| ws.last_mut())
+                .filter(|w| every && w.extends_to(st.len) && padded <= st.zeroed)
+            {
+                Some(last) => {
                     last.extend(buf);
-                    self.shared
-                        .counters
-                        .direct_write_bytes
-                        .fetch_add(buf.len() as u64, Ordering::Relaxed);
-                    if !data {
-                        self.late.insert(*seg);
-                    }
-                    remember_last_block(st, buf);
-                    st.len += buf.len() as u64;
-                    self.shared
-                        .counters
-                        .bytes_written
-                        .fetch_add(buf.len() as u64, Ordering::Relaxed);
-                    self.dirty.insert(*seg);
-                    continue;
+                    true
                 }
-            }
-            let whole = if every {
+                None => false,
+            };
+            let whole = if every && !joined {
                 whole_blocks(*seg, st, buf, &self.direct_bufs)
             } else {
                 None
@@ -1715,7 +1704,8 @@ impl Writer {
             // A large write of data pages is held back for the round and
             // its whole blocks written directly; so is any write behind a
             // held-back one, to keep the segment's writes in order.
-            let direct = if whole.is_none()
+            let direct = if !joined
+                && whole.is_none()
                 && fsync
                 && data
                 && self.shared.config.direct_writes
@@ -1728,8 +1718,16 @@ impl Writer {
             };
             let held =
                 pages_held || self.deferred.contains_key(seg) || self.round_held.contains(seg);
-            let now = whole.is_none() && direct.is_none() && !held;
-            if !now {
+            let now = !joined && whole.is_none() && direct.is_none() && !held;
+            if joined {
+                self.shared
+                    .counters
+                    .direct_write_bytes
+                    .fetch_add(buf.len() as u64, Ordering::Relaxed);
+                if !data {
+                    self.late.insert(*seg);
+                }
+            } else if !now {
                 let w = whole.unwrap_or_else(|| {
                     DeferredWrite::new(st.file.clone(), direct, st.len, buf, &self.direct_bufs)
                 });
