@@ -123,6 +123,14 @@ pub enum StoreError {
     /// fails the same way.
     #[error("no space left for the log, append not acknowledged: {0}; free space on that disk or trim old positions, then retry with the same request id")]
     NoSpace(String),
+    /// A count the store keeps (a log's positions, stripe numbers, the
+    /// metadata's version) would reach 2^62 ([`crate::meta::LIMIT`]), the
+    /// most a store counts to and writes in its metadata. Counting one at
+    /// a time from 0 never gets there; a `meta.json` edited to a number
+    /// near the limit does. Nothing was written and nothing is lost;
+    /// retrying fails the same way.
+    #[error("{0} would reach 2^62, the most a store counts to (meta.json was edited to a number near it); nothing was written")]
+    Exhausted(String),
     /// More pages of a stripe are lost than parity can rebuild.
     #[error("stripe {stripe} cannot be rebuilt: {why}")]
     Unrecoverable {

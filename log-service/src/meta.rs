@@ -159,8 +159,17 @@ impl Meta {
         Ok(())
     }
 
-    /// Writes the next version to every zone.
+    /// Writes the next version to every zone. Refused, with nothing
+    /// written, when that version would reach [`LIMIT`]: [`Meta::load`]
+    /// would refuse the file, so the next open would find no metadata it
+    /// can take (only an edited file gets that far).
     pub fn store(&mut self, zones: &[PathBuf]) -> std::io::Result<()> {
+        if self.version + 1 >= LIMIT {
+            return Err(std::io::Error::other(format!(
+                "the metadata's version {} would reach 2^62, the most a store counts to (meta.json was edited to a number near it); nothing was written: set \"version\" to a lower number in every zone's {FILE}",
+                self.version
+            )));
+        }
         self.version += 1;
         let bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
         for z in zones {

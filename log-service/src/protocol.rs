@@ -68,6 +68,9 @@ pub enum Code {
     /// No space left on a disk of the log; free some or trim, then retry
     /// with the same request id.
     NoSpace = 15,
+    /// A log's positions or the store's stripe numbers would reach 2^62;
+    /// not retryable.
+    Exhausted = 16,
 }
 
 impl Code {
@@ -89,6 +92,7 @@ impl Code {
             13 => Busy,
             14 => TrimBeyondTail,
             15 => NoSpace,
+            16 => Exhausted,
             _ => BadFrame,
         }
     }
@@ -545,6 +549,7 @@ pub fn store_error(e: &StoreError) -> Response {
         StoreError::Full(n) => (Code::Full, *n, 0),
         StoreError::WriteFailed(_) => (Code::WriteFailed, 0, 0),
         StoreError::NoSpace(_) => (Code::NoSpace, 0, 0),
+        StoreError::Exhausted(_) => (Code::Exhausted, 0, 0),
         StoreError::Unrecoverable { stripe, .. } => (Code::Unrecoverable, *stripe, 0),
         StoreError::ShuttingDown => (Code::ShuttingDown, 0, 0),
     };
@@ -601,12 +606,13 @@ mod tests {
             Busy,
             TrimBeyondTail,
             NoSpace,
+            Exhausted,
         ];
         for c in &all {
             match c {
                 BadFrame | Version | Unauthorized | Forbidden | NotYetWritten | Trimmed
                 | TooLarge | BadLogName | WriteFailed | Full | Unrecoverable | ShuttingDown
-                | Busy | TrimBeyondTail | NoSpace => {}
+                | Busy | TrimBeyondTail | NoSpace | Exhausted => {}
             }
         }
         all

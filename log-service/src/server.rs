@@ -529,7 +529,9 @@ fn store_http_error(e: &StoreError) -> HttpResponse {
         StoreError::NotYetWritten { .. } => StatusCode::NOT_FOUND,
         StoreError::Trimmed { .. } => StatusCode::GONE,
         StoreError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-        StoreError::Full(_) | StoreError::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
+        StoreError::Full(_) | StoreError::NoSpace(_) | StoreError::Exhausted(_) => {
+            StatusCode::INSUFFICIENT_STORAGE
+        }
         StoreError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         StoreError::WriteFailed(_) | StoreError::Unrecoverable { .. } => {
             StatusCode::INTERNAL_SERVER_ERROR

@@ -1093,6 +1093,14 @@ impl Writer {
         if pending.is_empty() {
             return;
         }
+        if let Err(e) = self.check_counts(&pending, &tails) {
+            for p in pending {
+                for r in p.replies {
+                    let _ = r.send(Err(e.clone()));
+                }
+            }
+            return;
+        }
         // While a round runs, this write joins the batch written during it
         // (same batch number: recovery treats it as one batch, so at most
         // two batches are ever unacknowledged); otherwise it starts one.
@@ -1143,6 +1151,37 @@ impl Writer {
             self.finish_inflight();
         }
         // A round that has ended meanwhile is answered by the run loop.
+    }
+
+    /// Refuses a batch whose positions or stripe numbers would reach
+    /// [`crate::meta::LIMIT`]: the metadata written after it (a trim's,
+    /// the next open's) would carry a count its own check refuses, and
+    /// the store would not open again. Stripe numbers are counted high
+    /// (every record split into fragments and given a root of its own).
+    fn check_counts(
+        &self,
+        pending: &[Pending],
+        tails: &HashMap<String, u64>,
+    ) -> Result<(), StoreError> {
+        let limit = crate::meta::LIMIT;
+        if let Some((log, _)) = tails.iter().find(|(_, &t)| t >= limit) {
+            return Err(StoreError::Exhausted(format!(
+                "log {log:?}'s next position; append to another log"
+            )));
+        }
+        let cap = (self.shared.config.data_shards
+            * (self.shared.config.page_bytes as usize - HEADER)) as u64;
+        let stripes = pending
+            .iter()
+            .map(|p| p.bytes.len() as u64 / cap + 2)
+            .sum::<u64>()
+            + 1;
+        if self.next_seq.saturating_add(stripes) >= limit {
+            return Err(StoreError::Exhausted(
+                "the store's next stripe number; move the logs to a new store".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Adds one record to the batch being built: its position follows the

@@ -3011,3 +3011,96 @@ fn appends_refused_on_a_disk_with_no_byte_left_do_not_stop_the_store() {
     assert_eq!(&store.read("w", 200).unwrap()[..], &rec(300)[..]);
     assert_eq!(&store.read("w", 201).unwrap()[..], &rec(301)[..]);
 }
+
+/// Counts just under the metadata's limit (2^62, `meta::LIMIT`), which an
+/// edited file may carry: the store opens and appends until the next
+/// position, stripe number or metadata version would reach the limit, then
+/// refuses with an error that says so. It never writes a file it would
+/// refuse to open: positions and stripe numbers stop at the append, so the
+/// store still opens; a version stops at the open or trim that would
+/// write it, and once it is edited lower the store opens as it was.
+#[test]
+fn counts_just_under_the_metadata_limit_are_refused_before_the_store_is_bricked() {
+    let limit = melddb_log::meta::LIMIT;
+    let edit = |cfg: &Config, field: &str, value: &serde_json::Value| {
+        for z in &cfg.zones {
+            let p = z.join(melddb_log::meta::FILE);
+            let mut m: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+            let path: Vec<&str> = field.split('.').collect();
+            let mut at = &mut m;
+            for key in &path[..path.len() - 1] {
+                at = at.get_mut(*key).unwrap();
+            }
+            at[path[path.len() - 1]] = value.clone();
+            std::fs::write(&p, serde_json::to_vec(&m).unwrap()).unwrap();
+        }
+    };
+    // (field, value, whether the refusal comes where the metadata is
+    // written, an open or a trim, rather than at an append)
+    let edits: Vec<(&str, serde_json::Value, bool)> = vec![
+        ("next_seq_floor", (limit - 8).into(), false),
+        ("version", (limit - 5).into(), true),
+        (
+            "logs.a",
+            serde_json::json!({"first": limit - 3, "tail_floor": limit - 3}),
+            false,
+        ),
+    ];
+    for (field, value, at_open) in edits {
+        let what = format!("{field} = {value}");
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = small_config(dir.path());
+        let store = Store::open(cfg.clone()).unwrap();
+        store.append_blocking("a", 0, 0, b"zero".to_vec()).unwrap();
+        drop(store);
+        edit(&cfg, field, &value);
+        let mut acked = Vec::new();
+        let mut refused = None;
+        // Reopened after every append: each open writes the metadata.
+        for i in 0..12u32 {
+            let store = match Store::open(cfg.clone()) {
+                Ok(s) => s,
+                Err(e) => {
+                    refused = Some((e.to_string(), true));
+                    break;
+                }
+            };
+            match store.append_blocking("a", 0, 0, i.to_le_bytes().to_vec()) {
+                Ok(p) => acked.push((p, i)),
+                Err(e) => {
+                    refused = Some((e.to_string(), false));
+                    break;
+                }
+            }
+            // A trim writes the metadata too, with the log's tail.
+            let last = acked.last().unwrap().0;
+            if let Err(e) = store.trim_blocking("a", last) {
+                refused = Some((e.to_string(), true));
+                break;
+            }
+        }
+        let (refusal, was_open) = refused.unwrap_or_else(|| panic!("{what}: never refused"));
+        assert!(refusal.contains("2^62"), "{what}: {refusal}");
+        assert_eq!(was_open, at_open, "{what}: {refusal}");
+        assert!(acked.len() >= 2, "{what}: {} appended", acked.len());
+        // Every zone's copy is still one the open takes.
+        let m = melddb_log::meta::Meta::load(&cfg.zones)
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
+            .unwrap();
+        if at_open {
+            assert!(m.version >= limit - 2, "{what}: version {}", m.version);
+            edit(&cfg, "version", &7.into());
+        }
+        let store = Store::open(cfg).unwrap_or_else(|e| panic!("{what}: last open: {e}"));
+        // The last record appended, and nothing below it (each trim went
+        // through, or the metadata was not written at all).
+        let &(p, i) = acked.last().unwrap();
+        assert_eq!(
+            store.read("a", p).as_deref().ok(),
+            Some(&i.to_le_bytes()[..]),
+            "{what}: a@{p}"
+        );
+        assert_eq!(store.bounds("a"), (p, p + 1), "{what}");
+    }
+}
