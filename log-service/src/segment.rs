@@ -54,6 +54,9 @@ pub fn open(path: &Path, create: bool) -> io::Result<SegFile> {
 pub struct Faults {
     /// Writes left before the next one fails (negative: never).
     fail_after: AtomicI64,
+    /// Once the armed failure fires: writes left before a second one
+    /// (negative: none; see [`Faults::fail_two_writes`]).
+    then_after: AtomicI64,
     /// The failing write first writes half of its bytes (a torn page).
     tear: AtomicBool,
     /// Delay added to every write, in microseconds.
@@ -119,6 +122,7 @@ impl Faults {
     pub fn none() -> Faults {
         let f = Faults::default();
         f.fail_after.store(-1, Ordering::SeqCst);
+        f.then_after.store(-1, Ordering::SeqCst);
         f
     }
     /// No faults, and none can be armed: no caller holds it but the
@@ -139,7 +143,14 @@ impl Faults {
     /// The write after `n` more succeed fails; if `tear`, it writes half
     /// its bytes first.
     pub fn fail_write_after(&self, n: i64, tear: bool) {
+        self.fail_two_writes(n, -1, tear);
+    }
+    /// The write after `n` more succeed fails, and then the write after
+    /// `m` more (none if `m` is negative): a batch's write and then one of
+    /// its roll back's own; if `tear`, each writes half its bytes first.
+    pub fn fail_two_writes(&self, n: i64, m: i64, tear: bool) {
         self.tear.store(tear, Ordering::SeqCst);
+        self.then_after.store(m, Ordering::SeqCst);
         self.fail_after.store(n, Ordering::SeqCst);
     }
     /// Every write sleeps this long first.
@@ -248,7 +259,8 @@ impl Faults {
         let left = self.fail_after.load(Ordering::SeqCst);
         if left >= 0 {
             if left == 0 {
-                self.fail_after.store(-1, Ordering::SeqCst);
+                let next = self.then_after.swap(-1, Ordering::SeqCst);
+                self.fail_after.store(next, Ordering::SeqCst);
                 return true;
             }
             self.fail_after.store(left - 1, Ordering::SeqCst);

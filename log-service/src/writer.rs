@@ -559,7 +559,6 @@ impl Writer {
     /// the markers a crash keeps, it slides to a base at or before the
     /// one written here, and nothing was written under the new base yet.
     fn raise_classes(&mut self, changes: &[(u64, u8)]) -> Result<(), StoreError> {
-        let mut offs = Vec::with_capacity(changes.len());
         for &(seg, to) in changes {
             self.settle(seg)?;
             // A sealed segment keeps the zeros after its seal marker:
@@ -568,7 +567,13 @@ impl Writer {
             // round's fdatasync journals it, about half a millisecond of
             // the slide, against a write-back) and freed blocks, which
             // costs about 0.8 ms per MiB on the benchmark disk.
-            offs.push(self.append_marker(seg, to)?);
+            let off = self.append_marker(seg, to)?;
+            // Recorded at once, counted only once durable (below): if a
+            // later marker or the round fails, this one is in the file all
+            // the same, and a repair rebuilds the segment from this record.
+            if let Some(s) = self.segs.get_mut(&seg) {
+                s.markers.push((off, to));
+            }
         }
         // Markers over a prepared prefix are only written back, with one
         // device flush per device after all of them (as a batch's pages).
@@ -594,12 +599,11 @@ impl Writer {
         for (r, &(seg, _)) in round.wait().into_iter().zip(changes) {
             r.map_err(|e| StoreError::from_write(format!("segment {seg}"), &e))?;
         }
-        for (&(seg, to), off) in changes.iter().zip(offs) {
+        for &(seg, to) in changes {
             let s = self
                 .segs
                 .get_mut(&seg)
                 .ok_or_else(|| vanished(&format!("segment {seg}")))?;
-            s.markers.push((off, to));
             s.class = to;
         }
         Ok(())
@@ -1337,7 +1341,10 @@ impl Writer {
         let mut trouble = Vec::new();
         for (&seg, st) in self.segs.iter_mut() {
             let before = lens_before.get(&seg).copied().unwrap_or(0);
-            let torn = self.torn.remove(&seg);
+            // A torn end at or below `before` is stale: a marker write that
+            // failed outside a batch (a trim's window slide, the roll back's
+            // own `ensure_window`), written over by pages since.
+            let torn = self.torn.remove(&seg).filter(|&end| end > before);
             if st.len == before && lens_before.contains_key(&seg) {
                 // Only a failed write's bytes to undo: over zeros written
                 // earlier (a spare, or zero-filled space), zeros again keep
@@ -1377,12 +1384,16 @@ impl Writer {
             }
             st.markers.retain(|&(o, _)| o < before);
             st.ew_pages.retain(|&(o, _)| o < before);
+            // A cut only lowers the class. A marker kept may never have
+            // been counted (a raise that failed after writing it) and so
+            // may not be durable: it raises nothing.
             st.class = st
                 .markers
                 .iter()
                 .map(|&(_, c)| c)
                 .max()
-                .unwrap_or(class::EMPTY);
+                .unwrap_or(class::EMPTY)
+                .min(st.class);
         }
         self.torn.clear();
         if self.next_seq > first_seq {
@@ -2346,7 +2357,10 @@ impl Writer {
             .chain(new_ew.iter().map(|e| e.1))
             .max()
             .unwrap_or(0);
-        let class = new_markers.iter().map(|m| m.1).max().unwrap_or(cls);
+        // The class the writer counts, not the highest marker: a marker
+        // of a raise that failed is in the record (it is in the file) but
+        // was never counted.
+        let class = cls;
         self.segs.insert(
             seg,
             SegState {

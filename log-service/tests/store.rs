@@ -395,6 +395,60 @@ fn records_of_every_size_around_a_stripes_capacity_are_appended() {
     }
 }
 
+/// Damages every segment of one zone at a time (a stripe has one page
+/// per zone and an end-write's copies are in different zones, so one
+/// scrub repairs them all) and requires each repair to be the original
+/// byte for byte, zeros after its end; how many segments were checked.
+fn damage_every_zone_and_check_repairs(dir: &Path, store: &Store) -> usize {
+    let mut checked = 0;
+    for zone in 0..3 {
+        let mut damaged = Vec::new();
+        for f in seg_files(dir) {
+            if !f
+                .parent()
+                .is_some_and(|d| d.ends_with(format!("zone{zone}")))
+            {
+                continue;
+            }
+            let before = std::fs::read(&f).unwrap();
+            let end = data_end(&before);
+            if end <= 100 {
+                continue; // a window segment with nothing but its class yet
+            }
+            let mut bytes = before.clone();
+            for i in (100..end).step_by(997) {
+                bytes[i] ^= 0xff;
+            }
+            std::fs::write(&f, &bytes).unwrap();
+            damaged.push((f, before));
+        }
+        let report = store.scrub_blocking();
+        assert_eq!(
+            report.repaired.len(),
+            damaged.len(),
+            "zone {zone}: {report:?}"
+        );
+        assert!(
+            report.unrecoverable.is_empty() && report.failed.is_empty(),
+            "{report:?}"
+        );
+        for (f, before) in damaged {
+            let after = std::fs::read(&f).unwrap();
+            assert!(after.len() <= before.len(), "{}", f.display());
+            let differ = after.iter().zip(&before).filter(|(a, b)| a != b).count();
+            assert!(
+                differ == 0,
+                "{}: the repaired file equals the original ({differ} bytes differ, first at {:?})",
+                f.display(),
+                after.iter().zip(&before).position(|(a, b)| a != b)
+            );
+            assert!(before[after.len()..].iter().all(|&b| b == 0));
+            checked += 1;
+        }
+    }
+    checked
+}
+
 /// Batches that fail part-way are rolled back, and the writer's own
 /// account of every segment they touched (the class markers and end-write
 /// pages it knows of) must be cut back with the bytes: a repair rebuilds
@@ -438,12 +492,21 @@ fn repaired_after_roll_backs_case(direct: bool, every_block: bool) {
         if i % 2 == 1 {
             // The nth write of this append fails, torn or not; an append
             // with fewer writes succeeds and the fault is disarmed.
-            faults.fail_write_after((i / 2 % 29) as i64, i % 4 == 1);
-            match store.append_blocking("r", 3, i, body(i)) {
+            // One time in three a second write fails soon after: one of
+            // the roll back's own (the markers of a slide it redoes), and
+            // the next append finishes the roll back first.
+            let then = if i / 2 % 3 == 2 {
+                (i / 6 % 4) as i64
+            } else {
+                -1
+            };
+            faults.fail_two_writes((i / 2 % 29) as i64, then, i % 4 == 1);
+            let r = store.append_blocking("r", 3, i, body(i));
+            faults.fail_write_after(-1, false);
+            match r {
                 Ok(pos) => {
                     assert_eq!(pos, expect.len() as u64);
                     expect.push(body(i));
-                    faults.fail_write_after(-1, false);
                     continue;
                 }
                 Err(StoreError::WriteFailed(_)) => failed += 1,
@@ -456,53 +519,7 @@ fn repaired_after_roll_backs_case(direct: bool, every_block: bool) {
     }
     assert!(failed >= 30, "{failed} appends failed and were rolled back");
     assert!(windows_slid(&store), "the windows slid");
-    // One zone at a time: a stripe has one page per zone and an
-    // end-write's copies are in different zones, so every segment of a
-    // zone can be damaged at once and one scrub repairs them all.
-    let mut checked = 0;
-    for zone in 0..3 {
-        let mut damaged = Vec::new();
-        for f in seg_files(dir.path()) {
-            if !f
-                .parent()
-                .is_some_and(|d| d.ends_with(format!("zone{zone}")))
-            {
-                continue;
-            }
-            let before = std::fs::read(&f).unwrap();
-            let end = data_end(&before);
-            if end <= 100 {
-                continue; // a window segment with nothing but its class yet
-            }
-            let mut bytes = before.clone();
-            for i in (100..end).step_by(997) {
-                bytes[i] ^= 0xff;
-            }
-            std::fs::write(&f, &bytes).unwrap();
-            damaged.push((f, before));
-        }
-        let report = store.scrub_blocking();
-        assert_eq!(
-            report.repaired.len(),
-            damaged.len(),
-            "zone {zone}: {report:?}"
-        );
-        assert!(
-            report.unrecoverable.is_empty() && report.failed.is_empty(),
-            "{report:?}"
-        );
-        for (f, before) in damaged {
-            let after = std::fs::read(&f).unwrap();
-            assert!(after.len() <= before.len(), "{}", f.display());
-            assert!(
-                after[..] == before[..after.len()],
-                "{}: the repaired file equals the original",
-                f.display()
-            );
-            assert!(before[after.len()..].iter().all(|&b| b == 0));
-            checked += 1;
-        }
-    }
+    let checked = damage_every_zone_and_check_repairs(dir.path(), &store);
     assert!(checked >= 8, "{checked} segments damaged and repaired");
     let read_all = |s: &Store| {
         assert_eq!(s.bounds("r"), (0, expect.len() as u64));
@@ -516,6 +533,107 @@ fn repaired_after_roll_backs_case(direct: bool, every_block: bool) {
     assert!(store.recovery().repaired_segments.is_empty());
     read_all(&store);
     assert_eq!(store.scrub_blocking().bad_pages, 0);
+}
+
+/// Appends that arrive while a round is syncing are written into one
+/// batch, and with pages written directly each part's writes are held
+/// back for that batch's round. A part that fails is rolled back alone:
+/// its held-back writes must go and the earlier parts' must stay (they
+/// are acknowledged with the batch). Four threads append at once while
+/// syncs are slowed (so parts join) and write faults are armed at random;
+/// every acknowledged record must read back, before and after a reopen,
+/// and every segment damaged afterwards must be repaired to its original
+/// bytes (a rolled-back part's bytes left on disk break that). With large
+/// batches written directly, and with every block written directly.
+#[test]
+fn parts_of_a_batch_rolled_back_during_a_round_keep_the_parts_before_them() {
+    let modes = [(true, false), (false, true)];
+    for (run, (direct, every_block)) in modes.into_iter().cycle().take(6).enumerate() {
+        let seed = run as u64 * 10;
+        let what = format!(
+            "{}, run {run}",
+            if every_block {
+                "every block"
+            } else {
+                "large batches"
+            }
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = small_config(dir.path());
+        cfg.direct_writes = direct;
+        cfg.direct_write_min_bytes = 4096;
+        cfg.direct_every_block = every_block;
+        cfg.zero_fill_ahead = every_block;
+        cfg.read_cache_stripes = 0;
+        let faults = Arc::new(Faults::none());
+        faults.slow_syncs(std::time::Duration::from_millis(4));
+        let store = Arc::new(Store::open_with_faults(cfg.clone(), faults.clone()).unwrap());
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let appenders: Vec<_> = (0..4u64)
+            .map(|t| {
+                let store = store.clone();
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut rng = ChaCha8Rng::seed_from_u64(seed + t);
+                    let (mut acked, mut failed) = (Vec::new(), 0u32);
+                    let mut i = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let body = record(&mut rng, 20_000);
+                        match store.append_blocking("j", t + 1, i, body.clone()) {
+                            Ok(pos) => acked.push((pos, body)),
+                            Err(StoreError::WriteFailed(_)) => failed += 1,
+                            Err(e) => panic!("thread {t}: {e}"),
+                        }
+                        i += 1;
+                    }
+                    (acked, failed)
+                })
+            })
+            .collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed + 99);
+        for _ in 0..120 {
+            faults.fail_write_after(rng.random_range(0..24), rng.random_bool(0.5));
+            std::thread::sleep(std::time::Duration::from_millis(rng.random_range(2..9)));
+        }
+        faults.fail_write_after(-1, false);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut acked = BTreeMap::new();
+        let mut failed = 0;
+        for a in appenders {
+            let (mine, f) = a.join().unwrap();
+            failed += f;
+            for (pos, body) in mine {
+                assert!(acked.insert(pos, body).is_none(), "{what}: {pos} twice");
+            }
+        }
+        assert!(failed >= 5, "{what}: {failed} appends failed");
+        assert!(acked.len() >= 20, "{what}: {} appended", acked.len());
+        let store = Arc::into_inner(store).unwrap();
+        faults.slow_syncs(std::time::Duration::ZERO);
+        let read_all = |s: &Store, when: &str| {
+            assert_eq!(s.bounds("j"), (0, acked.len() as u64), "{what}, {when}");
+            for (&pos, body) in &acked {
+                let got = s.read("j", pos);
+                assert!(
+                    got.as_deref().ok() == Some(&body[..]),
+                    "{what}, {when}: j@{pos}: {:?}",
+                    got.map(|e| e.len())
+                );
+            }
+        };
+        read_all(&store, "before the damage");
+        assert_eq!(store.scrub_blocking().bad_pages, 0, "{what}");
+        let checked = damage_every_zone_and_check_repairs(dir.path(), &store);
+        assert!(
+            checked >= 8,
+            "{what}: {checked} segments damaged and repaired"
+        );
+        read_all(&store, "after the repairs");
+        drop(store);
+        let store = Store::open(cfg).unwrap();
+        read_all(&store, "after a reopen");
+        assert_eq!(store.scrub_blocking().bad_pages, 0, "{what}");
+    }
 }
 
 #[test]
@@ -707,6 +825,64 @@ fn injected_write_faults_case(direct: bool) {
     let store = Store::open(cfg).unwrap();
     check_all(&store);
     assert_eq!(store.scrub_blocking().bad_pages, 0);
+}
+
+/// A full disk at every append in turn, window slides included, over
+/// spares and over zero-filled space: each append is refused once (its
+/// batch rolled back; a slide it started is redone by the roll back,
+/// refused too, and finished by the next append), then appended with
+/// space back at the position it would have had. Every segment damaged
+/// afterwards must be repaired to its original bytes, and nothing is lost
+/// across a reopen.
+#[test]
+fn a_disk_full_at_every_append_in_turn_across_window_slides_loses_nothing() {
+    for (spares, zero_fill) in [(true, false), (false, true)] {
+        let what = if spares { "spares" } else { "zero-filled" };
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = small_config(dir.path());
+        cfg.prepared_segments = if spares { 4 } else { 0 };
+        cfg.zero_fill_ahead = zero_fill;
+        cfg.read_cache_stripes = 0;
+        let faults = Arc::new(Faults::none());
+        let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
+        let body = |i: u64| vec![(i % 251) as u8; 300 + (i as usize * 997) % 9000];
+        let mut refused = 0;
+        for i in 0..120u64 {
+            faults.fill_disk(true);
+            match store.append_blocking("f", 5, i, body(i)) {
+                Err(StoreError::NoSpace(_)) => refused += 1,
+                Err(e) => panic!("{what}: append {i}: {e}"),
+                Ok(p) => panic!("{what}: append {i} acknowledged at {p} on a full disk"),
+            }
+            faults.fill_disk(false);
+            let pos = store
+                .append_blocking("f", 5, i, body(i))
+                .unwrap_or_else(|e| panic!("{what}: append {i} with space: {e}"));
+            assert_eq!(pos, i, "{what}");
+        }
+        assert_eq!(refused, 120, "{what}");
+        assert!(windows_slid(&store), "{what}: the windows slid");
+        let read_all = |s: &Store, when: &str| {
+            for i in 0..120u64 {
+                assert_eq!(
+                    s.read("f", i).unwrap()[..],
+                    body(i)[..],
+                    "{what}, {when}: f@{i}"
+                );
+            }
+        };
+        read_all(&store, "written");
+        let checked = damage_every_zone_and_check_repairs(dir.path(), &store);
+        assert!(
+            checked >= 8,
+            "{what}: {checked} segments damaged and repaired"
+        );
+        read_all(&store, "repaired");
+        drop(store);
+        let store = Store::open(cfg).unwrap();
+        read_all(&store, "reopened");
+        assert_eq!(store.scrub_blocking().bad_pages, 0, "{what}");
+    }
 }
 
 #[test]
