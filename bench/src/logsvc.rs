@@ -1247,6 +1247,6 @@ fn scrub(store: &Store) -> ScrubRun {
         secs: t.elapsed().as_secs_f64(),
         stripes: report.stripes,
         end_writes: report.end_writes,
-        bad_pages: report.bad_pages + report.bad_end_write_copies,
+        bad_pages: report.bad_pages + report.bad_end_write_copies + report.bad_markers,
     }
 }

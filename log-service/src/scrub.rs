@@ -1,8 +1,8 @@
 //! Scrub: reads every page of every live stripe and every copy of every
 //! live end-write, checks each page against its checksum, each stripe
 //! against its parity and each end-write copy against the bytes the
-//! writer wrote (or recovery chose), and rebuilds every segment that holds
-//! something bad. A read finds damage only where it reads, and a parity
+//! writer wrote (or recovery chose), and each class marker against the
+//! marker written, and rebuilds every segment that holds something bad. A read finds damage only where it reads, and a parity
 //! page or an end-write copy is read only when something else is already
 //! lost: without a scrub that checks them, a second fault is the first
 //! time anyone learns the redundancy was gone.
@@ -35,6 +35,12 @@ pub struct ScrubReport {
     /// End-write copies missing, failing their checksum, or holding
     /// other bytes than the version written.
     pub bad_end_write_copies: u64,
+    /// Class markers read (one or more per segment).
+    pub markers: u64,
+    /// Class markers missing or not the bytes written: a segment whose
+    /// marker is damaged reads as another class, or as ending there, at
+    /// the next open.
+    pub bad_markers: u64,
     /// Segments rebuilt.
     pub repaired: Vec<u64>,
     /// Stripes that could not be rebuilt, or whose pages disagree with
@@ -79,6 +85,7 @@ pub(crate) fn run(store: &Store, progress: &mut dyn FnMut(Progress)) -> ScrubRep
     }
     report.stripes = at.stripes_done;
     check_end_writes(store, &mut report, &mut bad_segs);
+    check_markers(store, &mut report, &mut bad_segs);
     for (seg, liars) in bad_segs {
         let (reply, rx) = oneshot::channel();
         if store
@@ -299,6 +306,35 @@ fn check_end_writes(store: &Store, report: &mut ScrubReport, bad_segs: &mut BadS
                 report.bad_end_write_copies += 1;
                 bad_segs.entry(seg).or_default();
             }
+        }
+    }
+}
+
+/// Reads every class marker the writer recorded; one that is missing or
+/// holds other bytes than the marker written marks its segment.
+fn check_markers(store: &Store, report: &mut ScrubReport, bad_segs: &mut BadSegments) {
+    let (reply, rx) = oneshot::channel();
+    if store.tx.blocking_send(Cmd::Markers(reply)).is_err() {
+        return;
+    }
+    let Ok(all) = rx.blocking_recv() else {
+        return;
+    };
+    for (seg, file, markers) in all {
+        for (off, class) in markers {
+            report.markers += 1;
+            let want = page::class_marker(class);
+            let mut got = vec![0u8; want.len()];
+            if file.read_exact_at(&mut got, off).is_ok() && got == want {
+                continue;
+            }
+            tracing::warn!(
+                segment = seg,
+                offset = off,
+                "scrub: a class marker is missing or damaged; segment will be rebuilt"
+            );
+            report.bad_markers += 1;
+            bad_segs.entry(seg).or_default();
         }
     }
 }

@@ -77,8 +77,14 @@ pub(crate) enum Cmd {
     Segments(oneshot::Sender<Vec<SegmentInfo>>),
     /// Where every copy of every live end-write should be (scrub).
     EndWriteCopies(oneshot::Sender<Vec<EndWriteCopies>>),
+    /// Every segment's class markers as the writer recorded them (scrub).
+    Markers(oneshot::Sender<Vec<SegmentMarkers>>),
     Shutdown,
 }
+
+/// One segment's class markers, for a scrub to read off the writer
+/// thread: the segment, its file, and each marker's offset and class.
+pub(crate) type SegmentMarkers = (u64, Arc<SegFile>, Vec<(u64, u8)>);
 
 /// The copies of one live end-write, for a scrub to read off the writer
 /// thread.
@@ -985,6 +991,15 @@ impl Writer {
                 }
                 Cmd::EndWriteCopies(reply) => {
                     let _ = reply.send(self.end_write_copies());
+                }
+                Cmd::Markers(reply) => {
+                    let _ = reply.send(
+                        self.segs
+                            .iter()
+                            .filter(|(_, st)| !st.markers.is_empty())
+                            .map(|(&seg, st)| (seg, st.file.clone(), st.markers.clone()))
+                            .collect(),
+                    );
                 }
                 Cmd::Synced(seq) => {
                     if self.inflight.as_ref().is_some_and(|f| f.first_seq == seq) {

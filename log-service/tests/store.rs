@@ -426,7 +426,13 @@ fn damage_every_zone_and_check_repairs(dir: &Path, store: &Store) -> usize {
         assert_eq!(
             report.repaired.len(),
             damaged.len(),
-            "zone {zone}: {report:?}"
+            "zone {zone}: {report:?}; damaged {:?}; refusing {:?}; segments {:?}",
+            damaged
+                .iter()
+                .map(|d| d.0.file_name().unwrap().to_owned())
+                .collect::<Vec<_>>(),
+            store.appends_refused(),
+            store.segments_blocking()
         );
         assert!(
             report.unrecoverable.is_empty() && report.failed.is_empty(),
@@ -540,15 +546,25 @@ fn repaired_after_roll_backs_case(direct: bool, every_block: bool) {
 /// back for that batch's round. A part that fails is rolled back alone:
 /// its held-back writes must go and the earlier parts' must stay (they
 /// are acknowledged with the batch). Four threads append at once while
-/// syncs are slowed (so parts join) and write faults are armed at random;
-/// every acknowledged record must read back, before and after a reopen,
-/// and every segment damaged afterwards must be repaired to its original
-/// bytes (a rolled-back part's bytes left on disk break that). With large
-/// batches written directly, and with every block written directly.
+/// syncs are slowed (so parts join) and faults come at random: a write
+/// failing (torn or not), or every sync failing, or a full disk, for a
+/// few milliseconds. Every acknowledged record must read back, before and
+/// after a reopen, and every segment damaged afterwards must be repaired
+/// to its original bytes (a rolled-back part's bytes left on disk break
+/// that). Six runs with failing writes only, large batches and every
+/// block written directly; six with all three faults, buffered too.
 #[test]
 fn parts_of_a_batch_rolled_back_during_a_round_keep_the_parts_before_them() {
-    let modes = [(true, false), (false, true)];
-    for (run, (direct, every_block)) in modes.into_iter().cycle().take(6).enumerate() {
+    // (direct, every block, other faults than failed writes too)
+    let writes_only = [(true, false, false), (false, true, false)];
+    let mixed = [
+        (true, false, true),
+        (false, true, true),
+        (false, false, true),
+    ];
+    let runs = writes_only.into_iter().cycle().take(6);
+    let runs = runs.chain(mixed.into_iter().cycle().take(6));
+    for (run, (direct, every_block, mixed)) in runs.enumerate() {
         let seed = run as u64 * 10;
         let what = format!(
             "{}, run {run}",
@@ -581,7 +597,9 @@ fn parts_of_a_batch_rolled_back_during_a_round_keep_the_parts_before_them() {
                         let body = record(&mut rng, 20_000);
                         match store.append_blocking("j", t + 1, i, body.clone()) {
                             Ok(pos) => acked.push((pos, body)),
-                            Err(StoreError::WriteFailed(_)) => failed += 1,
+                            Err(StoreError::WriteFailed(_)) | Err(StoreError::NoSpace(_)) => {
+                                failed += 1
+                            }
                             Err(e) => panic!("thread {t}: {e}"),
                         }
                         i += 1;
@@ -592,8 +610,16 @@ fn parts_of_a_batch_rolled_back_during_a_round_keep_the_parts_before_them() {
             .collect();
         let mut rng = ChaCha8Rng::seed_from_u64(seed + 99);
         for _ in 0..120 {
-            faults.fail_write_after(rng.random_range(0..24), rng.random_bool(0.5));
+            // One write fails (torn or not); or, mixed, half the time
+            // every sync fails or the disk is full for a few milliseconds.
+            match if mixed { rng.random_range(0..4) } else { 0 } {
+                0 | 1 => faults.fail_write_after(rng.random_range(0..24), rng.random_bool(0.5)),
+                2 => faults.fail_syncs(true),
+                _ => faults.fill_disk(true),
+            }
             std::thread::sleep(std::time::Duration::from_millis(rng.random_range(2..9)));
+            faults.fail_syncs(false);
+            faults.fill_disk(false);
         }
         faults.fail_write_after(-1, false);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -825,6 +851,74 @@ fn injected_write_faults_case(direct: bool) {
     let store = Store::open(cfg).unwrap();
     check_all(&store);
     assert_eq!(store.scrub_blocking().bad_pages, 0);
+}
+
+/// A class marker is read by no append and no read, only by the next
+/// open, which takes a segment whose marker is damaged as another class
+/// or as ending there. A scrub reads every marker the writer recorded: one
+/// failing its checksum, and one rewritten as a valid marker of another
+/// class, each mark their segment, which is rebuilt with the marker
+/// written; a second scrub finds nothing, and every record survives a
+/// reopen.
+#[test]
+fn a_scrub_finds_damaged_class_markers_and_rebuilds_their_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = small_config(dir.path());
+    let store = Arc::new(Store::open(cfg.clone()).unwrap());
+    let mut model = Model::new();
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    append_burst(&store, &mut model, &mut rng, 60);
+    let clean = store.scrub_blocking();
+    assert_eq!(clean.bad_markers, 0, "{clean:?}");
+    assert!(clean.markers >= 9, "{clean:?}");
+    // Two segments whose first page is their class marker.
+    let mut damaged = Vec::new();
+    for info in store.segments_blocking() {
+        let f = seg_path(dir.path(), info.id);
+        let bytes = std::fs::read(&f).unwrap();
+        let Some((0, h)) = pages(&bytes).first().copied() else {
+            continue;
+        };
+        if h.kind != page::Kind::Class || damaged.len() == 2 {
+            continue;
+        }
+        let mut edited = bytes.clone();
+        if damaged.is_empty() {
+            edited[page::HEADER] ^= 0x40; // fails its checksum
+        } else {
+            let other = page::class_marker(bytes[page::HEADER] ^ 1);
+            edited[..other.len()].copy_from_slice(&other); // valid, wrong class
+        }
+        std::fs::write(&f, &edited).unwrap();
+        damaged.push((info.id, f, bytes));
+    }
+    assert_eq!(damaged.len(), 2, "two segments start with a marker");
+    let report = store.scrub_blocking();
+    assert_eq!(report.bad_markers, 2, "{report:?}");
+    let mut want: Vec<u64> = damaged.iter().map(|d| d.0).collect();
+    want.sort();
+    assert_eq!(report.repaired, want, "{report:?}");
+    let marker = page::class_marker(0).len();
+    for (_, f, before) in &damaged {
+        let after = std::fs::read(f).unwrap();
+        assert_eq!(
+            after[..marker],
+            before[..marker],
+            "{}: the marker is back",
+            f.display()
+        );
+    }
+    let again = store.scrub_blocking();
+    assert_eq!(
+        (again.bad_markers, again.repaired.len()),
+        (0, 0),
+        "{again:?}"
+    );
+    check(&store, &model);
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    check(&store, &model);
+    assert_eq!(store.scrub_blocking().bad_markers, 0);
 }
 
 /// A full disk at every append in turn, window slides included, over
