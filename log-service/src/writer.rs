@@ -565,8 +565,21 @@ impl Writer {
     /// the markers a crash keeps, it slides to a base at or before the
     /// one written here, and nothing was written under the new base yet.
     fn raise_classes(&mut self, changes: &[(u64, u8)]) -> Result<(), StoreError> {
+        let marker_len = page::class_marker(0).len() as u64;
         for &(seg, to) in changes {
             self.settle(seg)?;
+            // The marker of a raise that failed (its round, or a later
+            // marker), with nothing written after it: synced again below,
+            // not written again, so retries while a disk fails do not pile
+            // markers up (a device slot has room for a few thousand past
+            // its segment).
+            let last = self.segs.get(&seg).and_then(|s| {
+                let &(off, c) = s.markers.last()?;
+                (c == to && off + marker_len == s.len).then_some(())
+            });
+            if last.is_some() {
+                continue;
+            }
             // A sealed segment keeps the zeros after its seal marker:
             // recovery reads nothing past a seal marker that ends the
             // data, and cutting them made the seal a change of size (the

@@ -921,6 +921,51 @@ fn a_scrub_finds_damaged_class_markers_and_rebuilds_their_segments() {
     assert_eq!(store.scrub_blocking().bad_markers, 0);
 }
 
+/// While every sync fails, each append is refused and its roll back
+/// redoes the window slide it started, and the next append finishes it:
+/// each attempt raises the same segments again. A marker the last
+/// attempt wrote, with nothing after it, is synced again rather than
+/// written again, so a segment holds at most one marker per class it
+/// reached however long the disk fails (a device slot has room for a few
+/// thousand markers past its segment; a pile-up could fill it).
+#[test]
+fn raises_retried_while_syncs_fail_do_not_pile_up_markers() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = small_config(dir.path());
+    let faults = Arc::new(Faults::none());
+    let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
+    let body = |i: u64| vec![(i % 251) as u8; 500 + (i as usize * 997) % 9000];
+    for i in 0..100u64 {
+        faults.fail_syncs(true);
+        for _ in 0..4 {
+            let r = store.append_blocking("s", 9, i, body(i));
+            assert!(
+                matches!(r, Err(StoreError::WriteFailed(_))),
+                "append {i}: {r:?}"
+            );
+        }
+        faults.fail_syncs(false);
+        assert_eq!(store.append_blocking("s", 9, i, body(i)).unwrap(), i);
+    }
+    assert!(windows_slid(&store), "the windows slid");
+    for f in seg_files(dir.path()) {
+        let bytes = std::fs::read(&f).unwrap();
+        let classes: Vec<u8> = pages(&bytes)
+            .into_iter()
+            .filter(|(_, h)| h.kind == page::Kind::Class)
+            .map(|(off, _)| bytes[off + page::HEADER])
+            .collect();
+        let mut distinct = classes.clone();
+        distinct.dedup();
+        assert_eq!(classes, distinct, "{}: markers {classes:?}", f.display());
+    }
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    for i in 0..100u64 {
+        assert_eq!(store.read("s", i).unwrap()[..], body(i)[..], "s@{i}");
+    }
+}
+
 /// A full disk at every append in turn, window slides included, over
 /// spares and over zero-filled space: each append is refused once (its
 /// batch rolled back; a slide it started is redone by the roll back,
