@@ -171,11 +171,19 @@ fn ops(w: &FileWork) -> io::Result<Vec<Op>> {
     Ok(v)
 }
 
+/// Times in a row one operation may come back interrupted or "try
+/// again" before the file's result is that error: the kernel retries
+/// such writes itself, so a run this long means something is wrong, and
+/// the round must end rather than spin.
+const MAX_RETRIES: u32 = 1000;
+
 /// A file's progress through its operations.
 struct Progress {
     ops: Vec<Op>,
     next: usize,
     result: Option<io::Result<()>>,
+    /// Retries of the current operation in a row ([`MAX_RETRIES`]).
+    retries: u32,
 }
 
 /// Runs a stage: every file's operations in order, files side by side.
@@ -187,11 +195,13 @@ fn run_stage(ring: &mut IoUring, stage: Vec<FileWork>) -> Vec<(usize, io::Result
                 ops,
                 next: 0,
                 result: None,
+                retries: 0,
             },
             Err(e) => Progress {
                 ops: Vec::new(),
                 next: 0,
                 result: Some(Err(e)),
+                retries: 0,
             },
         })
         .collect();
@@ -343,7 +353,10 @@ fn complete(p: &mut Progress, res: i32) -> Option<Op> {
     if res < 0 {
         let errno = -res;
         return match op {
-            _ if errno == libc::EINTR || errno == libc::EAGAIN => Some(op),
+            _ if (errno == libc::EINTR || errno == libc::EAGAIN) && p.retries < MAX_RETRIES => {
+                p.retries += 1;
+                Some(op)
+            }
             Op::Write {
                 fallback: Some(fd),
                 ptr,
@@ -380,6 +393,7 @@ fn complete(p: &mut Progress, res: i32) -> Option<Op> {
             return None;
         }
         if n < len {
+            p.retries = 0;
             return Some(Op::Write {
                 fd,
                 fallback,
@@ -391,6 +405,7 @@ fn complete(p: &mut Progress, res: i32) -> Option<Op> {
         }
     }
     p.next += 1;
+    p.retries = 0;
     None
 }
 
@@ -398,6 +413,80 @@ fn complete(p: &mut Progress, res: i32) -> Option<Op> {
 mod tests {
     use super::*;
     use crate::direct::BufPool;
+
+    /// How a completion moves a file on: a short write queues its rest,
+    /// an `EINVAL` from a direct write queues the same bytes on the
+    /// buffered descriptor (once: a second `EINVAL` is the result), an
+    /// interruption queues the operation again but not forever, and any
+    /// other error ends the file with it.
+    #[test]
+    fn completions_resume_short_writes_fall_back_once_and_stop_retrying() {
+        let buf = [0u8; 8192];
+        let write = Op::Write {
+            fd: 7,
+            fallback: Some(3),
+            ptr: buf.as_ptr(),
+            len: 8192,
+            at: 4096,
+        };
+        let progress = |op| Progress {
+            ops: vec![op, Op::WriteBack],
+            next: 0,
+            result: None,
+            retries: 0,
+        };
+        let mut p = progress(write);
+        match complete(&mut p, 4096) {
+            Some(Op::Write {
+                fd: 7,
+                ptr,
+                len: 4096,
+                at: 8192,
+                ..
+            }) => assert_eq!(ptr, buf[4096..].as_ptr()),
+            _ => panic!("the rest of a short write"),
+        }
+        assert_eq!((p.next, p.result.is_none()), (0, true));
+        assert!(complete(&mut p, 8192).is_none());
+        assert_eq!(p.next, 1, "a whole write moves on");
+
+        let mut p = progress(write);
+        let again = complete(&mut p, -libc::EINVAL);
+        assert!(matches!(
+            again,
+            Some(Op::Write {
+                fd: 3,
+                fallback: None,
+                ..
+            })
+        ));
+        p.ops[0] = again.unwrap();
+        assert!(complete(&mut p, -libc::EINVAL).is_none());
+        let e = p.result.take().unwrap().unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+
+        let mut p = progress(write);
+        for _ in 0..MAX_RETRIES {
+            assert!(complete(&mut p, -libc::EAGAIN).is_some());
+        }
+        assert!(complete(&mut p, -libc::EAGAIN).is_none());
+        let e = p.result.take().unwrap().unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EAGAIN));
+
+        // Retries count in a row: progress starts the count again.
+        let mut p = progress(write);
+        for _ in 0..MAX_RETRIES {
+            assert!(complete(&mut p, -libc::EINTR).is_some());
+        }
+        assert!(complete(&mut p, 4096).is_some());
+        assert!(complete(&mut p, -libc::EINTR).is_some());
+        assert!(p.result.is_none());
+
+        let mut p = progress(Op::SyncData { fd: 3 });
+        assert!(complete(&mut p, -libc::EIO).is_none());
+        let e = p.result.take().unwrap().unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    }
 
     /// A round through the ring: each file's writes land in order (the
     /// second overwrites part of the first), a whole-block write goes
