@@ -579,6 +579,73 @@ mod tests {
         f.file().metadata().expect("metadata").ino()
     }
 
+    /// With the `io_uring` thread gone, a round goes to the helpers: the
+    /// held-back writes land in each file's order, the late file after
+    /// the others, and every file answers; with the thread there, the
+    /// helpers (whose syncs the trace records) see none of it.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn rounds_go_to_the_helpers_once_the_io_uring_thread_is_gone() {
+        let faults = Arc::new(Faults::none());
+        let mut pool = SyncPool::new(3, faults.clone(), Arc::new(|| {}));
+        if !pool.use_io_uring(Arc::new(|| {})) {
+            eprintln!("no io_uring here; skipped");
+            return;
+        }
+        let bufs = crate::direct::BufPool::default();
+        let (dir, files) = temp_files(3);
+        let round = |tag: u8| -> Vec<RoundFile> {
+            files
+                .iter()
+                .enumerate()
+                .map(|(i, f)| RoundFile {
+                    file: f.clone(),
+                    how: How::Sync,
+                    writes: vec![
+                        DeferredWrite::new(f.clone(), None, 0, &[tag; 3000], &bufs),
+                        DeferredWrite::new(f.clone(), None, 1000, &[tag + 1; 1000], &bufs),
+                    ],
+                    late: i == 2,
+                })
+                .collect()
+        };
+        let check = |tag: u8| {
+            for i in 0..3 {
+                let got = std::fs::read(dir.path().join(format!("f{i}"))).expect("read");
+                assert_eq!(got.len(), 3000);
+                assert!(got[..1000].iter().all(|&b| b == tag));
+                assert!(got[1000..2000].iter().all(|&b| b == tag + 1));
+                assert!(got[2000..].iter().all(|&b| b == tag));
+            }
+        };
+        let r = pool.start(round(1), Arc::new(|| {})).wait();
+        assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
+        check(1);
+        assert!(
+            crate::locks::lock(&faults.trace).is_empty(),
+            "the ring ran the round"
+        );
+        pool.uring.as_mut().expect("the ring").stop();
+        // Slow syncs: a late file started with the others (a helper
+        // each) would be written while they sync.
+        faults.slow_syncs(std::time::Duration::from_millis(20));
+        let r = pool.start(round(5), Arc::new(|| {})).wait();
+        assert_eq!(r.len(), 3);
+        assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
+        check(5);
+        let trace = crate::locks::lock(&faults.trace).clone();
+        let ops = |what: &str| trace.iter().filter(|t| t.0 == what).count();
+        assert_eq!(
+            (ops("deferred-write"), ops("fsync"), trace.len()),
+            (6, 3, 9),
+            "the helpers wrote and synced every file: {trace:?}"
+        );
+        assert!(
+            trace[6..].iter().all(|t| t.1 == ino(&files[2])),
+            "the late file after the others: {trace:?}"
+        );
+    }
+
     #[test]
     fn the_plan_flushes_each_device_once_through_its_first_write_back_file() {
         use How::*;

@@ -81,6 +81,16 @@ impl Uring {
         })
     }
 
+    /// Ends the thread as if it had died (tests of the way back to the
+    /// helpers).
+    #[cfg(test)]
+    pub(crate) fn stop(&mut self) {
+        self.tx.take();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+
     /// Hands a round to the thread; gives it back if the thread is gone.
     pub(crate) fn send(&self, work: Work) -> Result<(), Work> {
         match &self.tx {
