@@ -81,6 +81,21 @@ impl AlignedBuf {
         debug_assert_eq!(v[start..].as_ptr().align_offset(BLOCK as usize), 0);
         AlignedBuf { v, start }
     }
+
+    /// Keeps the first `keep` bytes of the contents, then `add`, then
+    /// `zeros` zero bytes, in place: `false` (nothing changed) when that
+    /// needs more room than the allocation has, since growing would move
+    /// the contents off their alignment.
+    fn rewrite_after(&mut self, keep: usize, add: &[u8], zeros: usize) -> bool {
+        let len = self.start + keep + add.len() + zeros;
+        if keep > self.v.len() - self.start || len > self.v.capacity() {
+            return false;
+        }
+        self.v.truncate(self.start + keep);
+        self.v.extend_from_slice(add);
+        self.v.resize(len, 0);
+        true
+    }
 }
 
 /// Aligned buffers for reuse: the writer fills one per direct write and
@@ -221,13 +236,27 @@ impl DeferredWrite {
     /// over their shared block (which the device must finish in order).
     pub(crate) fn extend(&mut self, buf: &[u8]) {
         let keep = (self.data_end - self.off) as usize;
-        let data_end = self.data_end + buf.len() as u64;
+        self.rebuild(keep, buf);
+    }
+
+    /// The whole-block contents become their first `keep` bytes, then
+    /// `add`, then zeros to the next block boundary: in place when the
+    /// buffer has room (a join of a few KiB mostly does), else copied
+    /// into a larger one from the pool.
+    fn rebuild(&mut self, keep: usize, add: &[u8]) {
+        let data_end = self.off + (keep + add.len()) as u64;
         let zeros = (data_end.next_multiple_of(BLOCK) - data_end) as usize;
-        let old = self.middle.take();
-        let bytes = old.as_ref().map_or(&[][..], |b| &b.bytes()[..keep]);
-        self.middle = Some(self.pool.copy_parts(&[bytes, buf], zeros));
-        if let Some(b) = old {
-            self.pool.put(b.v);
+        let in_place = self
+            .middle
+            .as_mut()
+            .is_some_and(|m| m.rewrite_after(keep, add, zeros));
+        if !in_place {
+            let old = self.middle.take();
+            let bytes = old.as_ref().map_or(&[][..], |b| &b.bytes()[..keep]);
+            self.middle = Some(self.pool.copy_parts(&[bytes, add], zeros));
+            if let Some(b) = old {
+                self.pool.put(b.v);
+            }
         }
         self.data_end = data_end;
     }
@@ -243,15 +272,7 @@ impl DeferredWrite {
         if !self.extends_to(self.data_end) || len <= self.off {
             return false;
         }
-        let keep = (len - self.off) as usize;
-        let zeros = (len.next_multiple_of(BLOCK) - len) as usize;
-        let old = self.middle.take();
-        let bytes = old.as_ref().map_or(&[][..], |b| &b.bytes()[..keep]);
-        self.middle = Some(self.pool.copy_parts(&[bytes], zeros));
-        if let Some(b) = old {
-            self.pool.put(b.v);
-        }
-        self.data_end = len;
+        self.rebuild((len - self.off) as usize, &[]);
         true
     }
 
@@ -299,6 +320,30 @@ pub(crate) fn open_direct(_file: &File) -> io::Result<File> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A rewrite keeps the allocation (so the alignment) when it fits,
+    /// and refuses without touching anything when it would have to grow.
+    #[test]
+    fn rewrites_in_place_keep_the_alignment_or_change_nothing() {
+        let mut b = AlignedBuf::fill_parts(Vec::with_capacity(64 << 10), &[&[1u8; 5000]], 3192);
+        let at = b.bytes().as_ptr();
+        assert!(b.rewrite_after(4000, &[2; 3000], 1192));
+        assert_eq!(b.bytes().as_ptr(), at);
+        assert_eq!(at.align_offset(BLOCK as usize), 0);
+        let want: Vec<u8> = [vec![1; 4000], vec![2; 3000], vec![0; 1192]].concat();
+        assert_eq!(b.bytes(), &want[..]);
+        let room = b.v.capacity() - b.start;
+        assert!(!b.rewrite_after(0, &vec![3; room], 1), "no room");
+        assert_eq!(b.bytes(), &want[..], "unchanged");
+        assert!(
+            !b.rewrite_after(want.len() + 1, &[], 0),
+            "past the contents"
+        );
+        assert!(b.rewrite_after(100, &[], 3996));
+        assert_eq!(b.bytes().len(), 4096);
+        assert!(b.bytes()[..100].iter().all(|&x| x == 1));
+        assert!(b.bytes()[100..].iter().all(|&x| x == 0));
+    }
 
     proptest! {
         /// The middle is exactly the whole blocks of the range: aligned,
