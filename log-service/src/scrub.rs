@@ -284,11 +284,7 @@ fn records_on(store: &Store, r: &StripeRef) -> Vec<Record> {
 /// Reads every copy of every live end-write; a copy that is missing,
 /// fails its checksum or holds another version marks its segment.
 fn check_end_writes(store: &Store, report: &mut ScrubReport, bad_segs: &mut BadSegments) {
-    let (reply, rx) = oneshot::channel();
-    if store.tx.blocking_send(Cmd::EndWriteCopies(reply)).is_err() {
-        return;
-    }
-    let Ok(all) = rx.blocking_recv() else {
+    let Some(all) = ask_writer(store, Cmd::EndWriteCopies) else {
         return;
     };
     for c in all {
@@ -313,11 +309,7 @@ fn check_end_writes(store: &Store, report: &mut ScrubReport, bad_segs: &mut BadS
 /// Reads every class marker the writer recorded; one that is missing or
 /// holds other bytes than the marker written marks its segment.
 fn check_markers(store: &Store, report: &mut ScrubReport, bad_segs: &mut BadSegments) {
-    let (reply, rx) = oneshot::channel();
-    if store.tx.blocking_send(Cmd::Markers(reply)).is_err() {
-        return;
-    }
-    let Ok(all) = rx.blocking_recv() else {
+    let Some(all) = ask_writer(store, Cmd::Markers) else {
         return;
     };
     for (seg, file, markers) in all {
@@ -337,4 +329,12 @@ fn check_markers(store: &Store, report: &mut ScrubReport, bad_segs: &mut BadSegm
             bad_segs.entry(seg).or_default();
         }
     }
+}
+
+/// Sends the writer a question and waits for its answer; `None` when the
+/// writer has stopped (the scrub then checks nothing more of that kind).
+fn ask_writer<T>(store: &Store, cmd: impl FnOnce(oneshot::Sender<T>) -> Cmd) -> Option<T> {
+    let (reply, rx) = oneshot::channel();
+    store.tx.blocking_send(cmd(reply)).ok()?;
+    rx.blocking_recv().ok()
 }
