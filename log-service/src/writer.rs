@@ -573,11 +573,12 @@ impl Writer {
             // not written again, so retries while a disk fails do not pile
             // markers up (a device slot has room for a few thousand past
             // its segment).
-            let last = self.segs.get(&seg).and_then(|s| {
-                let &(off, c) = s.markers.last()?;
-                (c == to && off + marker_len == s.len).then_some(())
+            let written = self.segs.get(&seg).is_some_and(|s| {
+                s.markers
+                    .last()
+                    .is_some_and(|&(off, c)| c == to && off + marker_len == s.len)
             });
-            if last.is_some() {
+            if written {
                 continue;
             }
             // A sealed segment keeps the zeros after its seal marker:
@@ -1370,8 +1371,8 @@ impl Writer {
         for (&seg, st) in self.segs.iter_mut() {
             let before = lens_before.get(&seg).copied().unwrap_or(0);
             // A torn end at or below `before` is stale: a marker write that
-            // failed outside a batch (a trim's window slide, the roll back's
-            // own `ensure_window`), written over by pages since.
+            // failed outside a batch (the roll back's own slide, or the
+            // next append finishing it), written over since.
             let torn = self.torn.remove(&seg).filter(|&end| end > before);
             if st.len == before && lens_before.contains_key(&seg) {
                 // Only a failed write's bytes to undo: over zeros written
