@@ -8,8 +8,12 @@
 //! Each zone also keeps a reserve file ([`RESERVE_FILE`]) that nothing
 //! reads. A trim must write the metadata before it deletes segments, so on
 //! a file system with no byte left the write that would make room could
-//! never happen; a write that finds no space deletes the reserve and tries
-//! once more, and the reserve is made again once there is room.
+//! never happen. A write that finds no space shortens the reserve by a
+//! write's worth and tries again; once it is written, the reserve takes
+//! back what the write freed (the replaced file's blocks), so one reserve
+//! pays for any number of metadata writes, even while another program
+//! takes every byte it can. A reserve that could not be made whole is
+//! topped up once there is room.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,8 +28,12 @@ pub const FILE: &str = "meta.json";
 /// Name of the reserve file in each zone (see the module docs).
 pub const RESERVE_FILE: &str = "reserve";
 
-/// The reserve's size: twice the metadata, and at least this.
+/// The reserve's size: four times the metadata, and at least this.
 const RESERVE_MIN: u64 = 64 << 10;
+
+/// Blocks are counted in this unit (the common file-system block; a
+/// larger one only makes each step give up more).
+const RESERVE_BLOCK: u64 = 4096;
 
 /// Counts in the file stay below this ([`Meta::check`]): a store counts
 /// one at a time from 0 and never gets near it.
@@ -172,22 +180,38 @@ impl Meta {
         }
         self.version += 1;
         let bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        // What one write may need beyond the file it replaces: the new
+        // file's blocks, and one more for the directory or the file
+        // system's own bookkeeping.
+        let step = (bytes.len() as u64).next_multiple_of(RESERVE_BLOCK) + RESERVE_BLOCK;
+        let mut paid = false;
         for z in zones {
-            match write_atomic(z, &bytes) {
-                Err(e) if crate::error::no_space(&e) && release_reserve(z) => {
-                    tracing::warn!(zone = %z.display(), "no space left for the metadata: its reserve file was given up to write it; it is made again once there is room");
-                    write_atomic(z, &bytes)?
+            loop {
+                match write_atomic(z, &bytes) {
+                    Err(e) if crate::error::no_space(&e) && shorten_reserve(z, step) => {
+                        tracing::warn!(zone = %z.display(), "no space left for the metadata: its reserve file gave up {step} bytes to write it");
+                        paid = true;
+                    }
+                    r => {
+                        r?;
+                        break;
+                    }
                 }
-                r => r?,
             }
+        }
+        if paid {
+            // The replaced files' blocks are free now: back into the
+            // reserves before anything else takes them.
+            keep_reserve(zones, bytes.len() as u64);
         }
         Ok(())
     }
 
-    /// Makes each zone's reserve file where it is missing or short: at
-    /// the open, and after a trim deleted segments. Twice the metadata's
-    /// size, at least 64 KiB, written rather than sparse, and not synced;
-    /// left for a later call where there is no room yet.
+    /// Makes each zone's reserve file whole where it is missing or short:
+    /// at the open, and after a trim deleted segments. Four times the
+    /// metadata's size, at least 64 KiB, written rather than sparse, and
+    /// not synced; topped up as far as there is room, the rest left for a
+    /// later call.
     pub fn keep_reserve(&self, zones: &[PathBuf]) {
         if let Ok(bytes) = serde_json::to_vec_pretty(self) {
             keep_reserve(zones, bytes.len() as u64);
@@ -195,27 +219,63 @@ impl Meta {
     }
 }
 
-/// Deletes `zone`'s reserve file; whether there was one.
-fn release_reserve(zone: &Path) -> bool {
-    std::fs::remove_file(zone.join(RESERVE_FILE)).is_ok()
+/// Gives up `step` bytes of `zone`'s reserve file (all of it when it
+/// holds no more); whether there was any to give.
+fn shorten_reserve(zone: &Path, step: u64) -> bool {
+    let path = zone.join(RESERVE_FILE);
+    let Ok(len) = std::fs::metadata(&path).map(|m| m.len()) else {
+        return false;
+    };
+    let keep = len.saturating_sub(step) / RESERVE_BLOCK * RESERVE_BLOCK;
+    if keep == 0 {
+        return std::fs::remove_file(&path).is_ok();
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_len(keep))
+        .is_ok()
 }
 
-/// Makes each zone's reserve file (twice `meta_len` bytes, at least
-/// [`RESERVE_MIN`]) where it is missing or short. Written, not sparse, so
-/// its blocks are really taken; not synced, since a reserve a crash lost
-/// is only made again. Where there is no room yet it is left for a later
-/// call: the store works without it.
+/// Brings each zone's reserve file up to four times `meta_len` bytes, at
+/// least [`RESERVE_MIN`], where it is missing or short. Written, not
+/// sparse, so its blocks are really taken; not synced, since a reserve a
+/// crash lost is only made again. Where there is not room for all of it,
+/// it keeps the whole blocks it got (a shorter reserve still pays for a
+/// write or two) and is topped up by a later call: the store works
+/// without it.
 fn keep_reserve(zones: &[PathBuf], meta_len: u64) {
-    let want = (2 * meta_len).max(RESERVE_MIN).next_multiple_of(4096);
+    let want = (4 * meta_len)
+        .max(RESERVE_MIN)
+        .next_multiple_of(RESERVE_BLOCK);
     for z in zones {
         let path = z.join(RESERVE_FILE);
-        if std::fs::metadata(&path).is_ok_and(|m| m.len() >= want) {
+        let Ok(f) = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+        else {
+            continue;
+        };
+        let len = f.metadata().map_or(0, |m| m.len());
+        if len >= want {
             continue;
         }
-        let made = std::fs::File::create(&path)
-            .and_then(|f| std::io::Write::write_all(&mut &f, &vec![0u8; want as usize]));
-        if made.is_err() {
-            // A partial reserve would only look whole by its length.
+        // Whole blocks only, so its length says what it really holds.
+        let from = len / RESERVE_BLOCK * RESERVE_BLOCK;
+        let zeros = vec![0u8; RESERVE_BLOCK as usize];
+        let mut at = from;
+        while at < want {
+            if std::os::unix::fs::FileExt::write_all_at(&f, &zeros, at).is_err() {
+                break;
+            }
+            at += RESERVE_BLOCK;
+        }
+        if at < want || from < len {
+            let _ = f.set_len(at);
+        }
+        if at == 0 {
             let _ = std::fs::remove_file(&path);
         }
     }
@@ -366,7 +426,7 @@ mod tests {
     }
 
     #[test]
-    fn the_reserve_is_twice_the_metadata_at_least_64_kib_and_made_again_when_short() {
+    fn the_reserve_is_four_times_the_metadata_at_least_64_kib_and_topped_up_when_short() {
         let (_d, zs) = zones(2);
         let mut m = with_version(0);
         m.store(&zs).expect("store");
@@ -379,18 +439,20 @@ mod tests {
         m.keep_reserve(&zs);
         assert_eq!(len(&zs[0]), Some(RESERVE_MIN));
         assert_eq!(len(&zs[1]), Some(RESERVE_MIN));
-        // Many logs: the metadata outgrows half the minimum.
+        // Many logs: the metadata outgrows a quarter of the minimum.
         for i in 0..2_000 {
             m.logs.insert(format!("log-{i:05}"), LogMeta::default());
         }
         m.store(&zs).expect("store");
+        // A short reserve, not a whole block long: topped up, not
+        // taken as whole.
         std::fs::write(zs[1].join(RESERVE_FILE), b"short").expect("write");
         m.keep_reserve(&zs);
         let meta_len = std::fs::metadata(zs[0].join(FILE)).expect("meta").len();
         for z in &zs {
             let r = len(z).expect("reserve");
             assert!(
-                r >= 2 * meta_len && r > RESERVE_MIN && r % 4096 == 0,
+                r >= 4 * meta_len && r > RESERVE_MIN && r % RESERVE_BLOCK == 0,
                 "{r} for {meta_len}"
             );
             let bytes = std::fs::read(z.join(RESERVE_FILE)).expect("read");
@@ -399,6 +461,33 @@ mod tests {
                 "written zeros, not a stale copy"
             );
         }
-        assert!(release_reserve(&zs[0]) && !release_reserve(&zs[0]));
+    }
+
+    #[test]
+    fn a_reserve_gives_up_a_step_at_a_time_in_whole_blocks_until_it_is_gone() {
+        let (_d, zs) = zones(1);
+        let m = with_version(0);
+        m.keep_reserve(&zs);
+        let len = || {
+            std::fs::metadata(zs[0].join(RESERVE_FILE))
+                .map(|m| m.len())
+                .ok()
+        };
+        assert_eq!(len(), Some(RESERVE_MIN));
+        let step = 3 * RESERVE_BLOCK - 100;
+        // Whole blocks are kept: the step rounds the rest down.
+        assert!(shorten_reserve(&zs[0], step));
+        assert_eq!(len(), Some(RESERVE_MIN - 3 * RESERVE_BLOCK));
+        let mut gave = 1;
+        while shorten_reserve(&zs[0], step) {
+            gave += 1;
+            assert!(gave <= 6, "a 16-block reserve outlived 6 steps of 3");
+        }
+        assert_eq!(gave, 6, "five steps of 3 blocks, then the last one");
+        assert_eq!(len(), None, "the last step removes the file");
+        assert!(!shorten_reserve(&zs[0], step));
+        // Made whole again from nothing.
+        m.keep_reserve(&zs);
+        assert_eq!(len(), Some(RESERVE_MIN));
     }
 }

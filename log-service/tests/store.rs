@@ -3274,8 +3274,9 @@ fn spares_leave_room_on_their_file_system() {
 
 /// Appends refused on a file system with no byte left, where even the
 /// metadata write of their roll back (the stripe numbers they took, as
-/// discarded) finds no room once the reserve is gone (another program
-/// takes every byte freed): the store must not stop for good. It answers
+/// discarded) finds no room: the reserve files were deleted by hand and
+/// another program takes every byte freed. The store must not stop for
+/// good. It answers
 /// `NoSpace` while there is no room and takes appends again, without a
 /// restart, once space is freed; everything acknowledged reads back,
 /// also after a reopen.
@@ -3291,7 +3292,10 @@ fn appends_refused_on_a_disk_with_no_byte_left_do_not_stop_the_store() {
         assert_eq!(store.append_blocking("w", 4, i, rec(i)).unwrap(), i);
     }
     // Page writes fail before writing anything, so a roll back frees
-    // nothing, and the filler takes whatever the reserve gave back.
+    // nothing; with no reserve to pay for it, its metadata write fails.
+    for z in &cfg.zones {
+        std::fs::remove_file(z.join("reserve")).unwrap();
+    }
     faults.fill_disk(true);
     let mut filler = PathBuf::new();
     for i in 200..206u64 {
@@ -3325,6 +3329,61 @@ fn appends_refused_on_a_disk_with_no_byte_left_do_not_stop_the_store() {
     }
     assert_eq!(&store.read("w", 200).unwrap()[..], &rec(300)[..]);
     assert_eq!(&store.read("w", 201).unwrap()[..], &rec(301)[..]);
+}
+
+/// Metadata writes on a file system with no byte left, each paid for by
+/// the zone's reserve file while another program takes whatever that
+/// write frees: the roll backs of refused appends, then a trim. The
+/// reserve must still pay for the trim (which is what makes room), so it
+/// gives up only a write's worth at a time and takes back what the
+/// write freed; a reserve spent on the first write would leave the store
+/// unable to trim until someone else freed space. Everything acknowledged
+/// reads back after the trim and after a reopen.
+#[test]
+fn a_trim_makes_room_after_the_reserve_paid_for_earlier_metadata_writes() {
+    let Some(fs) = SmallFs::mount() else {
+        return;
+    };
+    let cfg = fs.config();
+    let faults = Arc::new(Faults::none());
+    let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
+    for i in 0..200u64 {
+        assert_eq!(store.append_blocking("t", 4, i, rec(i)).unwrap(), i);
+    }
+    // Each refused append's roll back writes the metadata (its stripe
+    // numbers as discarded) on a file system with no byte left.
+    faults.fill_disk(true);
+    for i in 200..204u64 {
+        take_every_byte(&fs.path);
+        let r = store.append_blocking("t", 4, i, rec(i));
+        assert!(
+            matches!(r, Err(StoreError::NoSpace(_))),
+            "append {i}: {r:?}"
+        );
+    }
+    faults.fill_disk(false);
+    let filler = take_every_byte(&fs.path);
+    assert_eq!(free_bytes(&fs.path), 0);
+    store
+        .trim_blocking("t", 150)
+        .expect("a trim on a file system with no byte left");
+    assert!(
+        free_bytes(&fs.path) >= 256 << 10,
+        "the trim deleted segments"
+    );
+    for z in &cfg.zones {
+        let r = std::fs::metadata(z.join("reserve")).expect("a reserve in each zone");
+        assert!(r.len() >= 64 << 10, "{}: {}", z.display(), r.len());
+    }
+    assert_eq!(store.append_blocking("t", 4, 300, rec(300)).unwrap(), 200);
+    drop(store);
+    std::fs::remove_file(&filler).unwrap();
+    let store = Store::open(cfg).unwrap();
+    assert_eq!(store.bounds("t"), (150, 201));
+    for i in 150..200 {
+        assert_eq!(&store.read("t", i).unwrap()[..], &rec(i)[..]);
+    }
+    assert_eq!(&store.read("t", 200).unwrap()[..], &rec(300)[..]);
 }
 
 /// Counts just under the metadata's limit (2^62, `meta::LIMIT`), which an
