@@ -14,7 +14,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 mod common;
-use common::{append_burst, check_at, record, small_config, write_back_supported, Model};
+use common::{
+    append_burst, check_at, record, small_config, take_every_byte, write_back_supported, Model,
+    SmallFs,
+};
 
 /// `segment_bytes` of [`small_config`], which slot offsets are made of.
 const SEG: u64 = 64 << 10;
@@ -298,6 +301,53 @@ fn a_full_device_refuses_appends_until_a_trim_frees_slots() {
     drop(store);
     let store = Store::open(cfg).unwrap();
     assert_eq!(store.bounds("x"), (acked, acked + 1));
+}
+
+/// Device images on a file system that fills up. The images are sparse,
+/// so zeroing a slot for a new segment needs blocks: with none left the
+/// append that needed the slot is refused `NoSpace`, and the slot it took
+/// must be free again, not lost until a restart. Once there is room, the
+/// devices fill to their last slot (as many segments as slots), and every
+/// acknowledged record reads back, also after a reopen.
+#[test]
+fn a_slot_that_could_not_be_zeroed_for_lack_of_space_is_free_again() {
+    let Some(fs) = SmallFs::mount() else {
+        return;
+    };
+    let slots_per_device = 5;
+    let mut cfg = device_config(&fs.path, slots_per_device);
+    // No spares: the writer zeroes each new segment's slot itself.
+    cfg.prepared_segments = 0;
+    let store = Store::open(cfg.clone()).unwrap();
+    let rec = vec![7u8; 3000];
+    let mut acked = 0u64;
+    let mut fill = |store: &Store| loop {
+        match store.append_blocking("x", 0, 0, rec.clone()) {
+            Ok(p) => {
+                assert_eq!(p, acked);
+                acked += 1;
+            }
+            Err(e) => break e,
+        }
+        assert!(acked < 10_000, "the devices never filled");
+    };
+    let filler = take_every_byte(&fs.path);
+    let refused = fill(&store);
+    assert!(matches!(refused, StoreError::NoSpace(_)), "{refused}");
+    std::fs::remove_file(&filler).unwrap();
+    let full = fill(&store);
+    assert!(matches!(full, StoreError::Full(_)), "{full}");
+    assert_eq!(
+        slots(&cfg).len() as u64,
+        3 * slots_per_device,
+        "every slot of every device holds a segment"
+    );
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    assert_eq!(store.bounds("x"), (0, acked));
+    for p in 0..acked {
+        assert_eq!(&store.read("x", p).unwrap()[..], &rec[..]);
+    }
 }
 
 #[test]

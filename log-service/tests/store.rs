@@ -12,7 +12,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 mod common;
-use common::{append_burst, check, record, small_config, write_back_supported, Model};
+use common::{
+    append_burst, check, free_bytes, record, small_config, take_every_byte, write_back_supported,
+    Model, SmallFs,
+};
 
 /// The pages of a segment file's bytes in order, offset and header, up to
 /// the first place that holds no page header (window segments are
@@ -3063,65 +3066,9 @@ fn edited_metadata_with_extreme_numbers_is_refused_or_harmless() {
     }
 }
 
-/// A 4 MiB tmpfs mounted on a temporary directory for one test,
-/// unmounted when dropped (also when the test fails), before the
-/// directory goes.
-struct SmallFs {
-    path: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg(&self.path)
-            .status();
-    }
-}
-
-impl SmallFs {
-    /// The mount, or `None` where this machine does not allow it (not
-    /// root, no `mount`).
-    fn mount() -> Option<SmallFs> {
-        let dir = tempfile::tempdir().unwrap();
-        common::privileged(
-            std::process::Command::new("mount")
-                .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
-                .arg(dir.path()),
-        )?;
-        Some(SmallFs {
-            path: dir.path().to_path_buf(),
-            _dir: dir,
-        })
-    }
-
-    /// Three zones on it, segments of 256 KiB.
-    fn config(&self) -> Config {
-        let mut cfg = small_config(&self.path);
-        cfg.segment_bytes = 256 << 10;
-        cfg
-    }
-}
-
 /// The record the small file system tests append with request id `i`.
 fn rec(i: u64) -> Vec<u8> {
     vec![(i % 251) as u8; 6000]
-}
-
-/// Another program takes every byte left on the file system under `dir`.
-fn take_every_byte(dir: &Path) -> PathBuf {
-    use std::io::Write;
-    let filler = dir.join("filler");
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&filler)
-        .unwrap();
-    for size in [64 << 10, 4 << 10, 1] {
-        let chunk = vec![1u8; size];
-        while f.write_all(&chunk).is_ok() {}
-    }
-    filler
 }
 
 /// A real file system that fills up (a 4 MiB tmpfs under three zones):
@@ -3224,12 +3171,6 @@ fn a_file_system_that_fills_up_answers_no_space_and_a_trim_makes_room() {
     for z in &cfg.zones {
         assert!(z.join("reserve").exists(), "the reserve is made again");
     }
-}
-
-/// Free bytes for this user on the file system of `dir`.
-fn free_bytes(dir: &Path) -> u64 {
-    let st = rustix::fs::statvfs(dir).unwrap();
-    st.f_bavail * st.f_frsize
 }
 
 /// Spares asked for than the file system holds (15 of 256 KiB on a 4 MiB

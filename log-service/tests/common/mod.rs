@@ -1,6 +1,7 @@
 //! What the storage tests share (`tests/store.rs`, `tests/devices.rs`):
 //! a small configuration, random records, a model of every log the
-//! store must agree with, and concurrent bursts of appends.
+//! store must agree with, concurrent bursts of appends, and a small
+//! file system that fills up.
 
 // Each test crate uses part of this module.
 #![allow(dead_code)]
@@ -143,4 +144,66 @@ pub fn privileged(cmd: &mut std::process::Command) -> Option<std::process::Outpu
         return None;
     }
     Some(out)
+}
+
+/// A 4 MiB tmpfs mounted on a temporary directory for one test,
+/// unmounted when dropped (also when the test fails), before the
+/// directory goes.
+pub struct SmallFs {
+    pub path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(&self.path)
+            .status();
+    }
+}
+
+impl SmallFs {
+    /// The mount, or `None` where this machine does not allow it (not
+    /// root, no `mount`).
+    pub fn mount() -> Option<SmallFs> {
+        let dir = tempfile::tempdir().unwrap();
+        privileged(
+            std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+                .arg(dir.path()),
+        )?;
+        Some(SmallFs {
+            path: dir.path().to_path_buf(),
+            _dir: dir,
+        })
+    }
+
+    /// Three zones on it, segments of 256 KiB.
+    pub fn config(&self) -> Config {
+        let mut cfg = small_config(&self.path);
+        cfg.segment_bytes = 256 << 10;
+        cfg
+    }
+}
+
+/// Another program takes every byte left on the file system under `dir`.
+pub fn take_every_byte(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let filler = dir.join("filler");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&filler)
+        .unwrap();
+    for size in [64 << 10, 4 << 10, 1] {
+        let chunk = vec![1u8; size];
+        while f.write_all(&chunk).is_ok() {}
+    }
+    filler
+}
+
+/// Free bytes for this user on the file system of `dir`.
+pub fn free_bytes(dir: &Path) -> u64 {
+    let st = rustix::fs::statvfs(dir).unwrap();
+    st.f_bavail * st.f_frsize
 }
