@@ -815,6 +815,48 @@ mod tests {
         assert_eq!(found, vec![(9, d)]);
     }
 
+    /// `zero` clears exactly the range asked for, inside the slot named,
+    /// and refuses one that runs past the slot's end: every slot and
+    /// header around it keeps its bytes.
+    #[test]
+    fn zeroing_clears_exactly_its_range_of_its_slot_and_refuses_one_past_the_end() {
+        let (_d, path) = image(3);
+        let dev = Device::open(&path, 0, 3, SEG).expect("open");
+        let sb = dev.slot_bytes();
+        let mut files = Vec::new();
+        for seg in 0..3 {
+            let s = dev.zeroed_slot().expect("zero").expect("slot").0;
+            assert_eq!(s, seg, "slots are taken lowest first");
+            let f = dev.assign(s, seg).expect("assign");
+            f.write_all_at(&vec![0xA0 + seg as u8; sb as usize], 0)
+                .expect("fill");
+            files.push(f);
+        }
+        let whole = || std::fs::read(&path).expect("read image");
+        let before = whole();
+        let (off, len) = (3 * 4096 + 100, 5 * 4096 + 7);
+        dev.zero(1, off, len).expect("zero a range");
+        let after = whole();
+        let start = (dev.header_at(1) + HEADER_BYTES + off) as usize;
+        let end = start + len as usize;
+        assert!(
+            after[start..end].iter().all(|&b| b == 0),
+            "the range is zeros"
+        );
+        assert_eq!(&after[..start], &before[..start], "bytes before it");
+        assert_eq!(&after[end..], &before[end..], "bytes after it");
+        // Up to the slot's last byte, and not one past it.
+        dev.zero(1, sb - 10, 10).expect("the slot's last bytes");
+        for (off, len) in [(sb - 10, 11), (sb, 1), (0, sb + 1), (u64::MAX, 2)] {
+            let e = dev.zero(1, off, len).expect_err("past the slot");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{off} + {len}: {e}");
+        }
+        let last = whole();
+        let slot_end = (dev.header_at(2)) as usize;
+        assert!(last[slot_end - 10..slot_end].iter().all(|&b| b == 0));
+        assert_eq!(&last[slot_end..], &before[slot_end..], "the next slot");
+    }
+
     #[test]
     fn a_full_device_has_no_slot_and_a_freed_slot_comes_back_zeroed() {
         let (_d, path) = image(2);
