@@ -269,6 +269,22 @@ fn devices_hold_exactly_the_bytes_segment_files_hold() {
     }
 }
 
+/// Appends `rec` to log "x" (no request id) until the store refuses one,
+/// counting the positions acknowledged, in order, in `acked`; the
+/// refusal.
+fn append_until_refused(store: &Store, rec: &[u8], acked: &mut u64) -> StoreError {
+    loop {
+        match store.append_blocking("x", 0, 0, rec.to_vec()) {
+            Ok(p) => {
+                assert_eq!(p, *acked);
+                *acked += 1;
+            }
+            Err(e) => return e,
+        }
+        assert!(*acked < 10_000, "the devices never filled");
+    }
+}
+
 #[test]
 fn a_full_device_refuses_appends_until_a_trim_frees_slots() {
     let dir = tempfile::tempdir().unwrap();
@@ -278,16 +294,7 @@ fn a_full_device_refuses_appends_until_a_trim_frees_slots() {
     let store = Store::open(cfg.clone()).unwrap();
     let rec = vec![7u8; 3000];
     let mut acked = 0u64;
-    let err = loop {
-        match store.append_blocking("x", 0, 0, rec.clone()) {
-            Ok(p) => {
-                assert_eq!(p, acked);
-                acked += 1;
-            }
-            Err(e) => break e,
-        }
-        assert!(acked < 10_000, "the devices never filled");
-    };
+    let err = append_until_refused(&store, &rec, &mut acked);
     assert!(matches!(err, StoreError::Full(_)), "{err}");
     assert!(err.to_string().contains("trim"), "{err}");
     // Everything acknowledged is there; a trim frees sealed segments'
@@ -321,21 +328,11 @@ fn a_slot_that_could_not_be_zeroed_for_lack_of_space_is_free_again() {
     let store = Store::open(cfg.clone()).unwrap();
     let rec = vec![7u8; 3000];
     let mut acked = 0u64;
-    let mut fill = |store: &Store| loop {
-        match store.append_blocking("x", 0, 0, rec.clone()) {
-            Ok(p) => {
-                assert_eq!(p, acked);
-                acked += 1;
-            }
-            Err(e) => break e,
-        }
-        assert!(acked < 10_000, "the devices never filled");
-    };
     let filler = take_every_byte(&fs.path);
-    let refused = fill(&store);
+    let refused = append_until_refused(&store, &rec, &mut acked);
     assert!(matches!(refused, StoreError::NoSpace(_)), "{refused}");
     std::fs::remove_file(&filler).unwrap();
-    let full = fill(&store);
+    let full = append_until_refused(&store, &rec, &mut acked);
     assert!(matches!(full, StoreError::Full(_)), "{full}");
     assert_eq!(
         slots(&cfg).len() as u64,

@@ -3213,6 +3213,20 @@ fn spares_leave_room_on_their_file_system() {
     assert_eq!(store.bounds("s"), (0, 100));
 }
 
+/// A store on a fresh [`SmallFs`] with a fault injector, holding the
+/// records of request ids 0..200 at positions 0..200 of `log`; `None`
+/// where the machine cannot mount one.
+fn small_fs_store(log: &str) -> Option<(SmallFs, Config, Arc<Faults>, Store)> {
+    let fs = SmallFs::mount()?;
+    let cfg = fs.config();
+    let faults = Arc::new(Faults::none());
+    let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
+    for i in 0..200u64 {
+        assert_eq!(store.append_blocking(log, 4, i, rec(i)).unwrap(), i);
+    }
+    Some((fs, cfg, faults, store))
+}
+
 /// Appends refused on a file system with no byte left, where even the
 /// metadata write of their roll back (the stripe numbers they took, as
 /// discarded) finds no room: the reserve files were deleted by hand and
@@ -3223,15 +3237,9 @@ fn spares_leave_room_on_their_file_system() {
 /// also after a reopen.
 #[test]
 fn appends_refused_on_a_disk_with_no_byte_left_do_not_stop_the_store() {
-    let Some(fs) = SmallFs::mount() else {
+    let Some((fs, cfg, faults, store)) = small_fs_store("w") else {
         return;
     };
-    let cfg = fs.config();
-    let faults = Arc::new(Faults::none());
-    let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
-    for i in 0..200u64 {
-        assert_eq!(store.append_blocking("w", 4, i, rec(i)).unwrap(), i);
-    }
     // Page writes fail before writing anything, so a roll back frees
     // nothing; with no reserve to pay for it, its metadata write fails.
     for z in &cfg.zones {
@@ -3282,15 +3290,9 @@ fn appends_refused_on_a_disk_with_no_byte_left_do_not_stop_the_store() {
 /// reads back after the trim and after a reopen.
 #[test]
 fn a_trim_makes_room_after_the_reserve_paid_for_earlier_metadata_writes() {
-    let Some(fs) = SmallFs::mount() else {
+    let Some((fs, cfg, faults, store)) = small_fs_store("t") else {
         return;
     };
-    let cfg = fs.config();
-    let faults = Arc::new(Faults::none());
-    let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
-    for i in 0..200u64 {
-        assert_eq!(store.append_blocking("t", 4, i, rec(i)).unwrap(), i);
-    }
     // Each refused append's roll back writes the metadata (its stripe
     // numbers as discarded) on a file system with no byte left.
     faults.fill_disk(true);
