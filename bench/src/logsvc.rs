@@ -992,6 +992,8 @@ pub struct Probe {
     pub stalls: Timeline,
     /// Threads that run with `realtime_priority` (0: off or refused).
     pub realtime_threads: u64,
+    /// Threads placed on or off the writer's CPU (`writer_cpu`; 0: unset).
+    pub pinned_threads: u64,
     /// Whether transparent huge pages were off for the process.
     pub thp_disabled: bool,
 }
@@ -1070,6 +1072,10 @@ pub struct ProbeSettings {
     /// Put each zone's segments in slots of a device image (`devices`): a
     /// sparse file of [`DEVICE_SLOTS`] slots beside the zone directories.
     pub devices: bool,
+    /// Give the writer this CPU to itself (`writer_cpu`); the runtime's
+    /// threads (the service's network threads and the clients) are kept
+    /// off it as `melddb-log serve` keeps its own.
+    pub writer_cpu: Option<usize>,
 }
 
 /// Slots of each device image a probe with `devices` makes: far more than
@@ -1092,6 +1098,20 @@ fn device_images(dir: &Path, cfg: &Config) -> Result<Vec<PathBuf>, String> {
         .collect()
 }
 
+/// The runtime of the service and its clients; with `writer_cpu`, its
+/// threads start off that CPU.
+fn runtime(writer_cpu: Option<usize>) -> Result<tokio::runtime::Runtime, String> {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(cpu) = writer_cpu {
+        rt.on_thread_start(move || {
+            if let Err(e) = melddb_log::keep_off_cpu(cpu) {
+                eprintln!("warning: a runtime thread stays on CPU {cpu}: {e}");
+            }
+        });
+    }
+    rt.enable_all().build().map_err(|e| e.to_string())
+}
+
 /// Runs one load point for `secs` on a fresh service with `settings`;
 /// progress to stderr.
 pub fn probe(
@@ -1100,15 +1120,13 @@ pub fn probe(
     spares: SparesOpt,
     settings: ProbeSettings,
 ) -> Result<Probe, String> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let rt = runtime(settings.writer_cpu)?;
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
     let dir = tmp.path().join("svc");
     rt.block_on(async {
         let mut cfg = spares.config(&dir, settings.data_shards);
         cfg.realtime_priority = settings.realtime_priority;
+        cfg.writer_cpu = settings.writer_cpu;
         cfg.disable_transparent_huge_pages = !settings.keep_thp;
         cfg.flush_once_per_device = !settings.fsync_each_file;
         cfg.direct_writes = settings.direct;
@@ -1117,6 +1135,12 @@ pub fn probe(
             cfg.devices = device_images(&dir, &cfg)?;
         }
         let (store, running, _) = start_prepared(cfg, spares).await?;
+        if let Some(cpu) = settings.writer_cpu {
+            // This thread drives the runtime's `block_on` and starts the
+            // stall sampler: off the writer's CPU too, now that the open
+            // has checked it against this thread's CPUs.
+            melddb_log::keep_off_cpu(cpu).map_err(|e| format!("writer_cpu {cpu}: {e}"))?;
+        }
         let addr = running.tcp.to_string();
         if settings.warmup_secs > 0.0 {
             eprintln!(
@@ -1166,6 +1190,7 @@ pub fn probe(
             stages,
             stalls,
             realtime_threads: after.realtime_threads,
+            pinned_threads: after.pinned_threads,
             thp_disabled: after.thp_disabled,
         })
     })

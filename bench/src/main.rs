@@ -110,6 +110,11 @@ struct Args {
     /// threads). Needs CAP_SYS_NICE; the probe prints whether it applied.
     #[arg(long, default_value_t = 0)]
     realtime: u8,
+    /// Log suite with `--point`: give the writer this CPU to itself
+    /// (`writer_cpu`), the fsync helpers, network threads and clients
+    /// the others.
+    #[arg(long)]
+    writer_cpu: Option<usize>,
     /// Log suite with `--point`: leave transparent huge pages as the
     /// system has them (`disable_transparent_huge_pages = false`); the
     /// service turns them off by default.
@@ -1224,6 +1229,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         before: args.before,
         idle_secs: args.idle,
         devices: args.devices,
+        writer_cpu: args.writer_cpu,
     };
     let r = melddb_bench::logsvc::probe(spec, args.secs, spares, settings)?;
     let p = &r.point;
@@ -1265,6 +1271,12 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
             } else {
                 ""
             }
+        );
+    }
+    if let Some(cpu) = args.writer_cpu {
+        println!(
+            "writer on CPU {cpu} alone: {} threads of the service placed on or off it",
+            r.pinned_threads
         );
     }
     println!(

@@ -147,6 +147,19 @@ pub struct Config {
     /// second by default; the writer blocks whenever it has no appends.
     #[serde(default)]
     pub realtime_priority: u8,
+    /// Run the writer thread on this CPU alone, and the store's other
+    /// threads (fsync helpers, the `io_uring` thread, the spares refill,
+    /// and in `melddb-log serve` the network threads) on the others. On a
+    /// small machine the writer is otherwise preempted thousands of times
+    /// a second by the threads it wakes, and every append in its batch
+    /// waits with it; pinned, it has a core to itself without real-time
+    /// privileges (docs/benchmarks.md, thirty-eighth session). Unset (the
+    /// default): no thread is pinned. Linux only; the open refuses a CPU
+    /// the process may not run on, or its only one. An embedding program
+    /// keeps its own threads off the CPU with
+    /// [`crate::keep_off_cpu`].
+    #[serde(default)]
+    pub writer_cpu: Option<usize>,
     /// Turn transparent huge pages off for the whole process when the
     /// store opens (`prctl(PR_SET_THP_DISABLE)`, Linux; the default). With
     /// THP the index's growth meets a 2 MiB page fault a few times a
@@ -348,6 +361,7 @@ impl Config {
             prepared_segments: 0,
             prepare_mib_s: defaults::prepare_mib_s(),
             realtime_priority: 0,
+            writer_cpu: None,
             disable_transparent_huge_pages: true,
             max_record_bytes: defaults::max_record_bytes(),
             dedup_window: defaults::dedup_window(),

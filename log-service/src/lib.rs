@@ -46,6 +46,7 @@ pub mod zone_lock;
 pub use client::{BlockingLog, Client, ClientError, ClientOptions, Subscription};
 pub use config::{Config, Limits, Listen, Rights};
 pub use error::{ConfigError, OpenError, StoreError};
+pub use sched::keep_off_cpu;
 pub use segment::Faults;
 pub use server::{start, start_on, Running};
 pub use store::{RecoveryReport, ScrubReport, SegmentInfo, Stats, Store};

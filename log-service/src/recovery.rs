@@ -831,7 +831,9 @@ pub(crate) fn recover(
             shared.faults.clone(),
             {
                 let shared = shared.clone();
-                Arc::new(move || crate::sched::make_realtime(&shared, "fsync helper"))
+                Arc::new(move || {
+                    crate::sched::settle(&shared, "fsync helper", crate::sched::Role::Round)
+                })
             },
         ),
         rs: ReedSolomon::new(shared.config.data_shards, shared.config.parity_shards).map_err(
@@ -869,7 +871,7 @@ pub(crate) fn recover(
     if shared.config.fsync && shared.config.direct_every_block && shared.faults.is_inert() {
         let shared = shared.clone();
         writer.syncer.use_io_uring(Arc::new(move || {
-            crate::sched::make_realtime(&shared, "io_uring round thread")
+            crate::sched::settle(&shared, "io_uring round thread", crate::sched::Role::Round)
         }));
     }
     // Forget what trim made unreachable before deciding what is missing.

@@ -1,15 +1,163 @@
-//! Real-time scheduling for the threads on the append path
-//! ([`crate::config::Config::realtime_priority`]).
+//! Scheduling for the threads on the append path: real-time priority
+//! ([`crate::config::Config::realtime_priority`]) and a CPU of the
+//! writer's own ([`crate::config::Config::writer_cpu`]).
 //!
 //! On a busy host an ordinary writer thread can wait for a core behind
 //! the network threads and the clients; every append taken into its batch
 //! waits with it. SCHED_FIFO lets the writer and the fsync helpers run as
 //! soon as they are ready (docs/benchmarks-log-history.md has the measured
-//! effect).
+//! effect). Pinning gets most of that without privileges: with the
+//! writer alone on its CPU, the threads it wakes (the helpers, the
+//! network threads answering) run on the others instead of preempting it
+//! (docs/benchmarks.md, thirty-eighth session).
 
 use std::sync::atomic::Ordering;
 
+use crate::config::Config;
 use crate::store::Shared;
+
+/// What a thread of the store does, for where it runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// The writer: real-time if configured, on `writer_cpu` if set.
+    Writer,
+    /// An fsync helper or the `io_uring` thread: real-time if
+    /// configured, off `writer_cpu`.
+    Round,
+    /// Background work (the spares refill): off `writer_cpu`.
+    Background,
+}
+
+/// Gives the calling thread the scheduling its role has in `shared`'s
+/// configuration. Refusals are warnings: the thread runs as it was.
+pub(crate) fn settle(shared: &Shared, what: &str, role: Role) {
+    if role != Role::Background {
+        make_realtime(shared, what);
+    }
+    if let Some(p) = &shared.pinning {
+        match p.apply(role == Role::Writer) {
+            Ok(()) => {
+                shared
+                    .counters
+                    .pinned_threads
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!(
+                thread = what,
+                writer_cpu = p.writer,
+                error = %e,
+                "could not place the thread on or off the writer's CPU; it runs where it was"
+            ),
+        }
+    }
+}
+
+/// The CPUs of a store whose writer has one to itself.
+#[derive(Clone, Copy)]
+pub(crate) struct Pinning {
+    /// The writer's CPU.
+    pub writer: usize,
+    /// The CPUs the opening thread could run on, but the writer's.
+    #[cfg(target_os = "linux")]
+    others: rustix::thread::CpuSet,
+}
+
+impl Pinning {
+    /// Checks `config.writer_cpu` against the CPUs the process may run on
+    /// (its main thread's affinity: the thread that opens the store may
+    /// be one kept off the writer's CPU already): `None` when unset; an
+    /// error saying which CPUs there are when the writer's is not among
+    /// them or is the only one.
+    pub(crate) fn from_config(config: &Config) -> Result<Option<Pinning>, String> {
+        let Some(cpu) = config.writer_cpu else {
+            return Ok(None);
+        };
+        Self::check(cpu).map(Some)
+    }
+
+    #[cfg(target_os = "linux")]
+    fn check(cpu: usize) -> Result<Pinning, String> {
+        let allowed = rustix::thread::sched_getaffinity(Some(rustix::process::getpid()))
+            .map_err(|e| format!("writer_cpu {cpu}: cannot read this process's CPUs: {e}"))?;
+        let list: Vec<String> = (0..rustix::thread::CpuSet::MAX_CPU)
+            .filter(|&c| allowed.is_set(c))
+            .map(|c| c.to_string())
+            .collect();
+        let list = list.join(", ");
+        if cpu >= rustix::thread::CpuSet::MAX_CPU || !allowed.is_set(cpu) {
+            return Err(format!(
+                "writer_cpu {cpu} is not a CPU this process may run on (it may use {list}): pick one of those, or leave writer_cpu unset"
+            ));
+        }
+        if allowed.count() < 2 {
+            return Err(format!(
+                "writer_cpu {cpu} is the only CPU this process may run on: the writer needs another for the threads it wakes; leave writer_cpu unset"
+            ));
+        }
+        let mut others = allowed;
+        others.unset(cpu);
+        Ok(Pinning {
+            writer: cpu,
+            others,
+        })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn check(cpu: usize) -> Result<Pinning, String> {
+        Err(format!(
+            "writer_cpu {cpu}: pinning the writer is implemented for Linux only; leave writer_cpu unset"
+        ))
+    }
+
+    /// Runs the calling thread on the writer's CPU (`writer`) or on the
+    /// others.
+    #[cfg(target_os = "linux")]
+    fn apply(&self, writer: bool) -> std::io::Result<()> {
+        let set = if writer {
+            let mut one = rustix::thread::CpuSet::new();
+            one.set(self.writer);
+            one
+        } else {
+            self.others
+        };
+        rustix::thread::sched_setaffinity(None, &set).map_err(std::io::Error::from)
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn apply(&self, _writer: bool) -> std::io::Result<()> {
+        Err(std::io::Error::other("Linux only"))
+    }
+}
+
+/// Keeps the calling thread off `cpu`, on the other CPUs it may run on:
+/// for a program that embeds a store opened with `writer_cpu` and wants
+/// its own busy threads (a runtime's workers, clients) away from the
+/// writer, as `melddb-log serve` does with its network threads. An error
+/// when `cpu` is the only CPU left to it, or the system refuses; Linux
+/// only.
+#[cfg(target_os = "linux")]
+pub fn keep_off_cpu(cpu: usize) -> std::io::Result<()> {
+    let mut set = rustix::thread::sched_getaffinity(None)?;
+    if cpu < rustix::thread::CpuSet::MAX_CPU {
+        set.unset(cpu);
+    }
+    if set.count() == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("CPU {cpu} is the only one this thread may run on"),
+        ));
+    }
+    rustix::thread::sched_setaffinity(None, &set)?;
+    Ok(())
+}
+
+/// Keeps the calling thread off `cpu` (Linux only: an error here).
+#[cfg(not(target_os = "linux"))]
+pub fn keep_off_cpu(cpu: usize) -> std::io::Result<()> {
+    Err(std::io::Error::other(format!(
+        "keeping threads off CPU {cpu} is implemented for Linux only"
+    )))
+}
 
 /// Highest SCHED_FIFO priority Linux accepts.
 pub(crate) const MAX_PRIORITY: u8 = 99;
@@ -18,7 +166,7 @@ pub(crate) const MAX_PRIORITY: u8 = 99;
 /// Refusal (no CAP_SYS_NICE, a low RLIMIT_RTPRIO, another OS) is a warning,
 /// not an error: the thread then runs as an ordinary one. Counts the
 /// threads that got it in the `realtime_threads` stat.
-pub(crate) fn make_realtime(shared: &Shared, what: &str) {
+fn make_realtime(shared: &Shared, what: &str) {
     let priority = shared.config.realtime_priority;
     if priority == 0 {
         return;

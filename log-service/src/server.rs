@@ -701,7 +701,7 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
         c.inc_by(v);
         reg.register(name, help, c);
     }
-    let gauges: [(&str, &str, u64); 5] = [
+    let gauges: [(&str, &str, u64); 6] = [
         (
             "connections_open",
             "Open connections",
@@ -713,6 +713,11 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
             "realtime_threads",
             "Writer and fsync helper threads running at realtime_priority",
             s.realtime_threads,
+        ),
+        (
+            "pinned_threads",
+            "Threads placed on or off the writer's CPU by writer_cpu",
+            s.pinned_threads,
         ),
         (
             "thp_disabled",

@@ -463,7 +463,14 @@ impl Spares {
         let worker = inner.clone();
         let thread = std::thread::Builder::new()
             .name("melddb-log-spares".into())
-            .spawn(move || worker.run())
+            .spawn(move || {
+                crate::sched::settle(
+                    &worker.shared,
+                    "spares refill",
+                    crate::sched::Role::Background,
+                );
+                worker.run()
+            })
             .map_err(|source| OpenError::Io {
                 path: config.zones[0].clone(),
                 source,

@@ -103,6 +103,7 @@ pub(crate) struct Counters {
     pub segments_prepared: AtomicU64,
     pub spares_ready: AtomicU64,
     pub realtime_threads: AtomicU64,
+    pub pinned_threads: AtomicU64,
 }
 
 /// State shared by the writer and readers.
@@ -128,6 +129,9 @@ pub(crate) struct Shared {
     /// back it could not finish (until one succeeds) or not undo (until a
     /// restart). `/health` reports it.
     pub refusing: Mutex<Option<String>>,
+    /// The writer's CPU and the others (`writer_cpu`), checked at the
+    /// open.
+    pub pinning: Option<crate::sched::Pinning>,
 }
 
 /// The locks of [`Shared`], taken past poisoning ([`crate::locks`]).
@@ -238,6 +242,9 @@ pub struct Stats {
     /// Threads running with `realtime_priority` (the writer and the fsync
     /// helpers; 0 when it is off or the system refused it).
     pub realtime_threads: u64,
+    /// Threads placed by `writer_cpu`: the writer on its CPU, the fsync
+    /// helpers and the background threads off it (0 when it is unset).
+    pub pinned_threads: u64,
     /// Whether transparent huge pages are off for this process
     /// (`disable_transparent_huge_pages`, or whoever started it).
     pub thp_disabled: bool,
@@ -281,6 +288,8 @@ impl Store {
     /// Opens with a fault injector in the write path (tests).
     pub fn open_with_faults(config: Config, faults: Arc<Faults>) -> Result<Store, OpenError> {
         config.validate()?;
+        let pinning = crate::sched::Pinning::from_config(&config)
+            .map_err(|e| OpenError::Config(crate::error::ConfigError::Invalid(e)))?;
         if config.disable_transparent_huge_pages {
             // Before recovery builds the index, so that it too is in
             // ordinary pages.
@@ -311,6 +320,7 @@ impl Store {
             counters: Counters::default(),
             stages: Default::default(),
             stopping: Default::default(),
+            pinning,
         });
         let (tx, rx) = mpsc::channel(config.limits.append_queue);
         let (writer, report) = crate::recovery::recover(shared.clone(), rx, tx.downgrade())?;
@@ -319,7 +329,7 @@ impl Store {
         let handle = std::thread::Builder::new()
             .name("melddb-log-writer".into())
             .spawn(move || {
-                crate::sched::make_realtime(&writer_shared, "writer");
+                crate::sched::settle(&writer_shared, "writer", crate::sched::Role::Writer);
                 drop(writer_shared);
                 let _ = ready_tx.send(());
                 writer.run()
@@ -796,6 +806,7 @@ impl Store {
             segments_prepared: g(&c.segments_prepared),
             spares_ready: g(&c.spares_ready),
             realtime_threads: g(&c.realtime_threads),
+            pinned_threads: g(&c.pinned_threads),
             thp_disabled: crate::thp::disabled(),
             segments: self.shared.files().len() as u64,
             stages: stages.summary(),
