@@ -132,6 +132,28 @@ fn check_exits_2_on_a_config_it_cannot_read() {
     assert!(err.starts_with("error:"), "{err}");
 }
 
+/// A configuration that parses but that the open refuses (here a
+/// `writer_cpu` this process may not run on) is a bad configuration too:
+/// exit 2, with the reason, for `check` and for `serve`.
+#[test]
+fn a_config_the_open_refuses_exits_2_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("writer_cpu = 100000\n");
+    std::fs::write(&config, text).unwrap();
+    for sub in ["check", "serve"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_melddb-log"))
+            .args([sub, "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{sub}: {err}");
+        assert!(err.contains("writer_cpu 100000"), "{sub}: {err}");
+    }
+}
+
 /// A check while a service holds the zones would recover and repair under
 /// its feet: it is refused, naming the holder, and runs once it is gone.
 #[test]
