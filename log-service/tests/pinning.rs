@@ -41,7 +41,8 @@ fn threads_named(prefix: &str) -> Vec<Vec<usize>> {
 /// `writer_cpu`: the writer runs on that CPU alone, the fsync helpers and
 /// the spares refill on every other CPU the process has and never on
 /// it, and the stats count them; the store works as before. A CPU the
-/// process may not use is refused at the open, naming the ones it may;
+/// process may not use, or its only one, is refused at the open, naming
+/// the ones it may;
 /// `keep_off_cpu` moves a thread of the embedding program off the CPU.
 #[test]
 fn writer_cpu_gives_the_writer_a_cpu_of_its_own_and_keeps_the_store_s_other_threads_off_it() {
@@ -65,6 +66,18 @@ fn writer_cpu_gives_the_writer_a_cpu_of_its_own_and_keeps_the_store_s_other_thre
     // The last CPU, so that the pinned threads differ from their default.
     let cpu = *process.last().unwrap();
     cfg.writer_cpu = Some(cpu);
+    // A process that may run on that CPU alone (its main thread's CPUs
+    // are what the open checks): the writer would share it with every
+    // thread it wakes, so the open refuses.
+    let pid = rustix::process::getpid();
+    let saved = rustix::thread::sched_getaffinity(Some(pid)).unwrap();
+    let mut one = rustix::thread::CpuSet::new();
+    one.set(cpu);
+    rustix::thread::sched_setaffinity(Some(pid), &one).unwrap();
+    let refused = Store::open(cfg.clone()).err();
+    rustix::thread::sched_setaffinity(Some(pid), &saved).unwrap();
+    let e = refused.expect("the process's only CPU");
+    assert!(e.to_string().contains("the only CPU"), "{e}");
     let store = Store::open(cfg).unwrap();
     let writers = threads_named("melddb-log-writ");
     assert_eq!(writers, vec![vec![cpu]], "the writer, on its CPU alone");

@@ -3,6 +3,8 @@
 //! says exactly how many do. One test in its own binary, so that no other
 //! test's store has threads of the same names in this process.
 
+#![cfg(target_os = "linux")]
+
 use std::path::{Path, PathBuf};
 
 use melddb_log::{Config, Store};
@@ -42,6 +44,21 @@ fn append_path_threads() -> Vec<(String, u32, u32)> {
     v
 }
 
+/// Whether a thread of this process may switch itself to SCHED_FIFO at
+/// `priority` (tried on a thread of its own, which then ends).
+fn fifo_allowed(priority: i32) -> bool {
+    std::thread::spawn(move || {
+        let param = libc::sched_param {
+            sched_priority: priority,
+        };
+        // SAFETY: `param` is a valid sched_param for the call's duration;
+        // pid 0 is the calling thread.
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
+    })
+    .join()
+    .unwrap()
+}
+
 #[test]
 fn realtime_priority_reaches_the_append_path_threads_or_is_reported_refused() {
     const SCHED_OTHER: u32 = 0;
@@ -74,6 +91,12 @@ fn realtime_priority_reaches_the_append_path_threads_or_is_reported_refused() {
         "the stat and the kernel disagree: {threads:?}"
     );
     assert!(fifo == 0 || fifo == 7, "some threads only: {threads:?}");
+    // Where a thread of this process can take SCHED_FIFO itself, the
+    // store's threads must have taken it: a refusal is no excuse here.
+    assert!(
+        fifo == 7 || !fifo_allowed(7),
+        "the system allows SCHED_FIFO 7 but the store's threads did not take it: {threads:?}"
+    );
     if fifo == 0 {
         eprintln!(
             "real-time priority refused here (no CAP_SYS_NICE); only the refusal was checked"
