@@ -262,18 +262,13 @@ fn keep_reserve(zones: &[PathBuf], meta_len: u64) {
         if len >= want {
             continue;
         }
-        // Whole blocks only, so its length says what it really holds.
-        let from = len / RESERVE_BLOCK * RESERVE_BLOCK;
+        // From its last whole block: a block a failed write left partly
+        // written is written again (and `shorten_reserve` counts whole
+        // blocks only).
         let zeros = vec![0u8; RESERVE_BLOCK as usize];
-        let mut at = from;
-        while at < want {
-            if std::os::unix::fs::FileExt::write_all_at(&f, &zeros, at).is_err() {
-                break;
-            }
+        let mut at = len / RESERVE_BLOCK * RESERVE_BLOCK;
+        while at < want && std::os::unix::fs::FileExt::write_all_at(&f, &zeros, at).is_ok() {
             at += RESERVE_BLOCK;
-        }
-        if at < want || from < len {
-            let _ = f.set_len(at);
         }
         if at == 0 {
             let _ = std::fs::remove_file(&path);
