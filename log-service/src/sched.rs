@@ -57,7 +57,8 @@ pub(crate) fn settle(shared: &Shared, what: &str, role: Role) {
 pub(crate) struct Pinning {
     /// The writer's CPU.
     pub writer: usize,
-    /// The CPUs the opening thread could run on, but the writer's.
+    /// The CPUs the process may run on (its main thread's, at the
+    /// open), but the writer's.
     #[cfg(target_os = "linux")]
     others: rustix::thread::CpuSet,
 }
