@@ -994,6 +994,8 @@ pub struct Probe {
     pub realtime_threads: u64,
     /// Threads placed on or off the writer's CPU (`writer_cpu`; 0: unset).
     pub pinned_threads: u64,
+    /// Threads running with the probe's time slice (`slice_us`; 0: unset).
+    pub short_slice_threads: u64,
     /// Whether transparent huge pages were off for the process.
     pub thp_disabled: bool,
 }
@@ -1076,6 +1078,9 @@ pub struct ProbeSettings {
     /// threads (the service's network threads and the clients) are kept
     /// off it as `melddb-log serve` keeps its own.
     pub writer_cpu: Option<usize>,
+    /// The writer's and fsync helpers' time slice (`slice_us`; 0: the
+    /// system's).
+    pub slice_us: u32,
 }
 
 /// Slots of each device image a probe with `devices` makes: far more than
@@ -1127,6 +1132,7 @@ pub fn probe(
         let mut cfg = spares.config(&dir, settings.data_shards);
         cfg.realtime_priority = settings.realtime_priority;
         cfg.writer_cpu = settings.writer_cpu;
+        cfg.slice_us = settings.slice_us;
         cfg.disable_transparent_huge_pages = !settings.keep_thp;
         cfg.flush_once_per_device = !settings.fsync_each_file;
         cfg.direct_writes = settings.direct;
@@ -1191,6 +1197,7 @@ pub fn probe(
             stalls,
             realtime_threads: after.realtime_threads,
             pinned_threads: after.pinned_threads,
+            short_slice_threads: after.short_slice_threads,
             thp_disabled: after.thp_disabled,
         })
     })

@@ -115,6 +115,10 @@ struct Args {
     /// the others.
     #[arg(long)]
     writer_cpu: Option<usize>,
+    /// Log suite with `--point`: the writer's and fsync helpers' time
+    /// slice in microseconds (`slice_us`, 100-100000; 0: the system's).
+    #[arg(long, default_value_t = 0)]
+    slice_us: u32,
     /// Log suite with `--point`: leave transparent huge pages as the
     /// system has them (`disable_transparent_huge_pages = false`); the
     /// service turns them off by default.
@@ -1230,6 +1234,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         idle_secs: args.idle,
         devices: args.devices,
         writer_cpu: args.writer_cpu,
+        slice_us: args.slice_us,
     };
     let r = melddb_bench::logsvc::probe(spec, args.secs, spares, settings)?;
     let p = &r.point;
@@ -1268,6 +1273,18 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
             r.realtime_threads,
             if r.realtime_threads == 0 {
                 " (refused: it needs CAP_SYS_NICE or `ulimit -r` of at least that)"
+            } else {
+                ""
+            }
+        );
+    }
+    if args.slice_us != 0 {
+        println!(
+            "time slice of {} µs: {} threads of the service run with it{}",
+            args.slice_us,
+            r.short_slice_threads,
+            if r.short_slice_threads == 0 {
+                " (this kernel has no custom slices, or the threads are real-time)"
             } else {
                 ""
             }

@@ -1,6 +1,7 @@
 //! Scheduling for the threads on the append path: real-time priority
-//! ([`crate::config::Config::realtime_priority`]) and a CPU of the
-//! writer's own ([`crate::config::Config::writer_cpu`]).
+//! ([`crate::config::Config::realtime_priority`]), a short time slice
+//! ([`crate::config::Config::slice_us`]) and a CPU of the writer's own
+//! ([`crate::config::Config::writer_cpu`]).
 //!
 //! On a busy host an ordinary writer thread can wait for a core behind
 //! the network threads and the clients; every append taken into its batch
@@ -9,7 +10,11 @@
 //! effect). Pinning gets most of that without privileges: with the
 //! writer alone on its CPU, the threads it wakes (the helpers, the
 //! network threads answering) run on the others instead of preempting it
-//! (docs/benchmarks.md, thirty-eighth session).
+//! (docs/benchmarks.md, thirty-eighth session). A short slice needs
+//! neither privileges nor a spare CPU: Linux's EEVDF scheduler (6.12 and
+//! later) lets a waking thread whose slice is shorter than the running
+//! one's preempt it, so the writer and the helpers run within a fraction
+//! of the default slice of waking (thirty-ninth session).
 
 use std::sync::atomic::Ordering;
 
@@ -33,6 +38,7 @@ pub(crate) enum Role {
 pub(crate) fn settle(shared: &Shared, what: &str, role: Role) {
     if role != Role::Background {
         make_realtime(shared, what);
+        shorten_slice(shared, what);
     }
     if let Some(p) = &shared.pinning {
         match p.apply(role == Role::Writer) {
@@ -158,6 +164,116 @@ pub fn keep_off_cpu(cpu: usize) -> std::io::Result<()> {
     Err(std::io::Error::other(format!(
         "keeping threads off CPU {cpu} is implemented for Linux only"
     )))
+}
+
+/// Shortest time slice, in microseconds, Linux gives an ordinary thread
+/// (it raises a shorter request to this).
+pub(crate) const MIN_SLICE_US: u32 = 100;
+
+/// Longest time slice, in microseconds, Linux gives an ordinary thread.
+pub(crate) const MAX_SLICE_US: u32 = 100_000;
+
+/// Gives the calling thread the configured time slice, if any, and counts
+/// it in the `short_slice_threads` stat when the kernel reports the slice
+/// back. A real-time thread keeps its policy (slices are for ordinary
+/// threads), and a kernel without custom slices (before 6.12) accepts the
+/// request but ignores it, so neither is counted; a refusal is a warning.
+fn shorten_slice(shared: &Shared, what: &str) {
+    let us = shared.config.slice_us;
+    if us == 0 {
+        return;
+    }
+    match set_slice(us) {
+        Ok(true) => {
+            shared
+                .counters
+                .short_slice_threads
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(false) => {}
+        Err(why) => tracing::warn!(
+            thread = what,
+            slice_us = us,
+            error = %why,
+            "could not shorten the thread's time slice; it runs with the system's"
+        ),
+    }
+}
+
+/// Reads the calling thread's scheduling attributes.
+#[cfg(target_os = "linux")]
+fn get_attr() -> std::io::Result<libc::sched_attr> {
+    let mut attr = libc::sched_attr {
+        size: 0,
+        sched_policy: 0,
+        sched_flags: 0,
+        sched_nice: 0,
+        sched_priority: 0,
+        sched_runtime: 0,
+        sched_deadline: 0,
+        sched_period: 0,
+    };
+    let size = std::mem::size_of::<libc::sched_attr>() as libc::c_uint;
+    // SAFETY: `attr` is a live, writable sched_attr of `size` bytes; the
+    // kernel writes at most `size` bytes into it. Thread 0 is the caller.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getattr,
+            0,
+            &mut attr as *mut libc::sched_attr,
+            size,
+            0,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(attr)
+}
+
+/// Sets an ordinary thread's slice (`sched_runtime` of SCHED_OTHER or
+/// SCHED_BATCH), keeping its policy and nice value. `Ok(true)` when the
+/// kernel reports the slice back, `Ok(false)` when the thread is not an
+/// ordinary one or the kernel has no custom slices.
+#[cfg(target_os = "linux")]
+fn set_slice(us: u32) -> Result<bool, String> {
+    let mut attr = get_attr().map_err(|e| format!("sched_getattr: {e}"))?;
+    let ordinary = [libc::SCHED_OTHER, libc::SCHED_BATCH];
+    if !ordinary.contains(&(attr.sched_policy as libc::c_int)) {
+        return Ok(false);
+    }
+    let ns = u64::from(us) * 1_000;
+    attr.size = std::mem::size_of::<libc::sched_attr>() as u32;
+    attr.sched_flags = 0;
+    attr.sched_runtime = ns;
+    // SAFETY: `attr` is a complete sched_attr whose `size` says so; the
+    // kernel only reads it. Thread 0 is the caller.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_setattr,
+            0,
+            &attr as *const libc::sched_attr,
+            0,
+        )
+    };
+    if r != 0 {
+        return Err(format!(
+            "sched_setattr: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let now = get_attr().map_err(|e| format!("sched_getattr: {e}"))?;
+    // The kernel clamps the slice to its range; an old kernel reports 0.
+    let want = ns.clamp(
+        u64::from(MIN_SLICE_US) * 1_000,
+        u64::from(MAX_SLICE_US) * 1_000,
+    );
+    Ok(now.sched_runtime == want)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn set_slice(_us: u32) -> Result<bool, String> {
+    Err("time slices are implemented for Linux only".into())
 }
 
 /// Highest SCHED_FIFO priority Linux accepts.

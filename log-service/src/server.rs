@@ -701,7 +701,7 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
         c.inc_by(v);
         reg.register(name, help, c);
     }
-    let gauges: [(&str, &str, u64); 6] = [
+    let gauges: [(&str, &str, u64); 7] = [
         (
             "connections_open",
             "Open connections",
@@ -718,6 +718,11 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
             "pinned_threads",
             "Threads placed on or off the writer's CPU by writer_cpu",
             s.pinned_threads,
+        ),
+        (
+            "short_slice_threads",
+            "Writer and fsync helper threads running with the time slice slice_us",
+            s.short_slice_threads,
         ),
         (
             "thp_disabled",

@@ -104,6 +104,7 @@ pub(crate) struct Counters {
     pub spares_ready: AtomicU64,
     pub realtime_threads: AtomicU64,
     pub pinned_threads: AtomicU64,
+    pub short_slice_threads: AtomicU64,
 }
 
 /// State shared by the writer and readers.
@@ -245,6 +246,10 @@ pub struct Stats {
     /// Threads placed by `writer_cpu`: the writer on its CPU, the fsync
     /// helpers and the background threads off it (0 when it is unset).
     pub pinned_threads: u64,
+    /// Threads the kernel reports running with `slice_us` (the writer and
+    /// the fsync helpers; 0 when it is off, the threads are real-time or
+    /// the kernel has no custom slices).
+    pub short_slice_threads: u64,
     /// Whether transparent huge pages are off for this process
     /// (`disable_transparent_huge_pages`, or whoever started it).
     pub thp_disabled: bool,
@@ -807,6 +812,7 @@ impl Store {
             spares_ready: g(&c.spares_ready),
             realtime_threads: g(&c.realtime_threads),
             pinned_threads: g(&c.pinned_threads),
+            short_slice_threads: g(&c.short_slice_threads),
             thp_disabled: crate::thp::disabled(),
             segments: self.shared.files().len() as u64,
             stages: stages.summary(),
