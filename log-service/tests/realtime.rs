@@ -7,6 +7,9 @@
 
 use std::path::{Path, PathBuf};
 
+mod common;
+
+use common::fifo_allowed;
 use melddb_log::{Config, Store};
 
 fn config(dir: &Path, priority: u8) -> Config {
@@ -42,21 +45,6 @@ fn append_path_threads() -> Vec<(String, u32, u32)> {
         v.push((comm, field(41), field(40)));
     }
     v
-}
-
-/// Whether a thread of this process may switch itself to SCHED_FIFO at
-/// `priority` (tried on a thread of its own, which then ends).
-fn fifo_allowed(priority: i32) -> bool {
-    std::thread::spawn(move || {
-        let param = libc::sched_param {
-            sched_priority: priority,
-        };
-        // SAFETY: `param` is a valid sched_param for the call's duration;
-        // pid 0 is the calling thread.
-        unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
-    })
-    .join()
-    .unwrap()
 }
 
 #[test]

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::small_config;
+use common::{fifo_allowed, small_config};
 use melddb_log::Store;
 
 /// A slice no kernel default comes to, so that a thread has it only if
@@ -83,20 +83,6 @@ fn kernel_has_custom_slices() -> bool {
             )
         };
         r == 0 && attr_of(0).is_some_and(|a| a.sched_runtime == u64::from(SLICE_US) * 1_000)
-    })
-    .join()
-    .unwrap()
-}
-
-/// Whether a thread of this process may switch itself to SCHED_FIFO.
-fn fifo_allowed(priority: i32) -> bool {
-    std::thread::spawn(move || {
-        let param = libc::sched_param {
-            sched_priority: priority,
-        };
-        // SAFETY: `param` is a valid sched_param for the call's duration;
-        // pid 0 is the calling thread.
-        unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
     })
     .join()
     .unwrap()

@@ -1,7 +1,9 @@
-//! What the storage tests share (`tests/store.rs`, `tests/devices.rs`):
+//! What the storage tests share (`tests/store.rs`, `tests/devices.rs`,
+//! and the scheduling tests):
 //! a small configuration, random records, a model of every log the
 //! store must agree with, concurrent bursts of appends, and a small
-//! file system that fills up.
+//! file system that fills up; and whether this process may take
+//! SCHED_FIFO.
 
 // Each test crate uses part of this module.
 #![allow(dead_code)]
@@ -206,4 +208,21 @@ pub fn take_every_byte(dir: &Path) -> PathBuf {
 pub fn free_bytes(dir: &Path) -> u64 {
     let st = rustix::fs::statvfs(dir).unwrap();
     st.f_bavail * st.f_frsize
+}
+
+/// Whether a thread of this process may switch itself to SCHED_FIFO at
+/// `priority` (tried on a thread of its own, which then ends): where it
+/// may, a store asked for real-time threads must have them.
+#[cfg(target_os = "linux")]
+pub fn fifo_allowed(priority: i32) -> bool {
+    std::thread::spawn(move || {
+        let param = libc::sched_param {
+            sched_priority: priority,
+        };
+        // SAFETY: `param` is a valid sched_param for the call's duration;
+        // pid 0 is the calling thread.
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
+    })
+    .join()
+    .unwrap()
 }
