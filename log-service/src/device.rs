@@ -655,6 +655,42 @@ mod tests {
         (dir, path)
     }
 
+    /// The flush key names the device one flush covers: a block device's
+    /// own number; for an image on ext4 or xfs, its file system's device;
+    /// none on a file system where write-back is not sound (tmpfs), so
+    /// the rounds fsync that image itself.
+    #[test]
+    fn flush_key_is_the_device_one_flush_covers() {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        // Any block device of this machine: its metadata only, never
+        // opened.
+        let block = std::fs::read_dir("/dev")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find(|e| e.file_type().is_ok_and(|t| t.is_block_device()));
+        if let Some(b) = block {
+            let rdev = std::fs::metadata(b.path()).expect("stat").rdev();
+            assert_eq!(flush_key(&b.path()), Some(rdev), "{}", b.path().display());
+        }
+        let (dir, path) = image(1);
+        let fs_dev = std::fs::metadata(dir.path()).expect("stat").dev();
+        match crate::flush::write_back_device(dir.path()) {
+            Some(dev) => {
+                assert_eq!(dev, fs_dev);
+                assert_eq!(flush_key(&path), Some(fs_dev));
+            }
+            None => assert_eq!(flush_key(&path), None),
+        }
+        if let Ok(shm) = tempfile::tempdir_in("/dev/shm") {
+            let p = shm.path().join("dev.img");
+            File::create(&p).expect("create");
+            if rustix::fs::statfs(shm.path()).is_ok_and(|s| s.f_type == 0x0102_1994) {
+                assert_eq!(flush_key(&p), None, "an image on tmpfs");
+            }
+        }
+    }
+
     #[test]
     fn labels_and_slot_headers_round_trip_and_any_changed_byte_is_refused() {
         let l = Label {
