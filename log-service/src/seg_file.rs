@@ -52,13 +52,6 @@ impl SegFile {
         &self.file
     }
 
-    /// Where this segment's byte 0 is in the underlying file.
-    pub fn base(&self) -> u64 {
-        self.base
-    }
-
-    /// The device offset of `len` bytes at `off`, or an error if they do
-    /// not lie inside the slot.
     /// Where `len` bytes at segment offset `off` are in the file, for
     /// writes that bypass [`SegFile::write_all_at`] (`io_uring`); an error
     /// if they run past a slot.
@@ -67,6 +60,8 @@ impl SegFile {
         self.at(off, len)
     }
 
+    /// The file offset of `len` bytes at segment offset `off`, or an
+    /// error if they do not lie inside the slot.
     fn at(&self, off: u64, len: usize) -> io::Result<u64> {
         match self.size {
             Some(size) if off.checked_add(len as u64).is_none_or(|end| end > size) => {
