@@ -171,6 +171,20 @@ pub struct Config {
     /// [`crate::keep_off_cpu`].
     #[serde(default)]
     pub writer_cpu: Option<usize>,
+    /// A round whose batch carries at most this many payload bytes, and
+    /// whose files are all only written back (segments made from spares,
+    /// `flush_once_per_device`), runs on the writer thread itself instead
+    /// of the fsync helpers: handing
+    /// it out costs a wake-up per file and one back, which on a small or
+    /// virtual machine cost more CPU than the round's own I/O, and the
+    /// appends that arrive meanwhile wait for the round's end instead of
+    /// being written beside it (docs/log-service.md, "Small rounds on the
+    /// writer"). Larger rounds go to the helpers, whose files' write-backs
+    /// overlap while the writer writes the next batch, and so do rounds
+    /// with direct writes held back for them. 0 sends every round to the
+    /// helpers; the default is 256 KiB.
+    #[serde(default = "defaults::writer_round_max_bytes")]
+    pub writer_round_max_bytes: u64,
     /// Turn transparent huge pages off for the whole process when the
     /// store opens (`prctl(PR_SET_THP_DISABLE)`, Linux; the default). With
     /// THP the index's growth meets a 2 MiB page fault a few times a
@@ -313,6 +327,9 @@ mod defaults {
     pub fn disable_transparent_huge_pages() -> bool {
         true
     }
+    pub fn writer_round_max_bytes() -> u64 {
+        256 << 10
+    }
     pub fn flush_once_per_device() -> bool {
         true
     }
@@ -374,6 +391,7 @@ impl Config {
             realtime_priority: 0,
             slice_us: 0,
             writer_cpu: None,
+            writer_round_max_bytes: defaults::writer_round_max_bytes(),
             disable_transparent_huge_pages: true,
             max_record_bytes: defaults::max_record_bytes(),
             dedup_window: defaults::dedup_window(),

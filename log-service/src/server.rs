@@ -608,7 +608,7 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
     let m = &ctx.metrics;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let mut reg = Registry::with_prefix("melddb_log");
-    let counters: [(&str, &str, u64); 22] = [
+    let counters: [(&str, &str, u64); 23] = [
         ("appends", "Acknowledged appends", s.appends),
         (
             "append_bytes",
@@ -632,6 +632,11 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
             "flushes",
             "Device cache flushes ending fsync rounds with write-back files",
             s.flushes,
+        ),
+        (
+            "rounds_on_writer",
+            "fsync rounds the writer ran itself (small batches) instead of the helpers",
+            s.rounds_on_writer,
         ),
         (
             "direct_write_bytes",

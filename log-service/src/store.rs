@@ -94,6 +94,7 @@ pub(crate) struct Counters {
     pub fsyncs: AtomicU64,
     pub write_backs: AtomicU64,
     pub flushes: AtomicU64,
+    pub rounds_on_writer: AtomicU64,
     pub direct_write_bytes: AtomicU64,
     pub reads: AtomicU64,
     pub pages_rebuilt: AtomicU64,
@@ -216,6 +217,9 @@ pub struct Stats {
     /// Device cache flushes that ended rounds with write-back files (one
     /// per device per such round; also counted in `fsyncs`).
     pub flushes: u64,
+    /// fsync rounds the writer ran itself instead of the helpers (rounds
+    /// of batches within `writer_round_max_bytes`).
+    pub rounds_on_writer: u64,
     /// Bytes of `bytes_written` written with `O_DIRECT` by the fsync
     /// helpers (`direct_writes`), not copied into the page cache.
     pub direct_write_bytes: u64,
@@ -800,6 +804,7 @@ impl Store {
             fsyncs: g(&c.fsyncs),
             write_backs: g(&c.write_backs),
             flushes: g(&c.flushes),
+            rounds_on_writer: g(&c.rounds_on_writer),
             direct_write_bytes: g(&c.direct_write_bytes),
             write_us: stages.write.total_us(),
             sync_us: stages.round_wait.total_us(),

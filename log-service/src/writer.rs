@@ -1023,8 +1023,10 @@ impl Writer {
                 Cmd::Shutdown => {}
             }
             // A round that ended while the writer was busy (its wake-up is
-            // dropped when the queue is full) is answered here.
-            if self.inflight.as_mut().is_some_and(|f| f.round_done()) {
+            // dropped when the queue is full, or taken while gathering a
+            // batch) is answered here, and so is the next if it has ended
+            // too.
+            while self.inflight.as_mut().is_some_and(|f| f.round_done()) {
                 self.finish_inflight();
             }
             if self.shared.stopping.load(Ordering::SeqCst) && queue.is_empty() {
@@ -1173,7 +1175,9 @@ impl Writer {
             None => self.next = Some(batch),
         }
         if self.inflight.is_none() {
-            self.promote();
+            if self.promote() {
+                self.finish_inflight();
+            }
         } else if self
             .next
             .as_ref()
@@ -1266,20 +1270,38 @@ impl Writer {
     }
 
     /// Starts the fsync round of the batch written meanwhile, which becomes
-    /// the one in flight; without fsync it is answered at once.
-    fn promote(&mut self) {
+    /// the one in flight; without fsync it is answered at once. Returns
+    /// whether the writer ran the round itself: it is over, and the caller
+    /// answers it ([`Writer::finish_inflight`]), as no helper will send a
+    /// wake-up for it.
+    #[must_use = "a round the writer ran itself must be answered by the caller"]
+    fn promote(&mut self) -> bool {
         debug_assert!(self.inflight.is_none());
         let Some(mut n) = self.next.take() else {
-            return;
+            return false;
         };
-        match self.start_sync(Some(n.first_seq)) {
+        // A small round runs here. Handing it to the helpers costs a
+        // wake-up per file and one back to the writer, which on two shared
+        // cores took more CPU than the round's I/O; appends that arrive
+        // meanwhile wait for the round's end instead of being written
+        // beside it, and measured less than that (docs/log-service.md,
+        // "Small rounds on the writer"). A large round goes to the
+        // helpers: its files' write-backs overlap, and the writer writes
+        // the next batch meanwhile. ([`Writer::start_sync`] sends more
+        // to the helpers.)
+        let limit = self.shared.config.writer_round_max_bytes;
+        let small = limit > 0 && (n.payload as u64) <= limit;
+        match self.start_sync(Some(n.first_seq), small) {
             None => {
                 let answered = self.publish(n.pending, n.ews, n.first_seq);
                 self.remember_ids(&answered);
+                false
             }
             Some(round) => {
+                let here = round.1.ran_here();
                 n.round = Some(round);
                 self.inflight = Some(n);
+                here
             }
         }
     }
@@ -1288,8 +1310,9 @@ impl Writer {
     /// syncs and answers the batch written meanwhile.
     fn finish_all(&mut self) {
         while self.inflight.is_some() || self.next.is_some() {
+            // A round promote ran here is answered on the next turn.
             if self.inflight.is_none() {
-                self.promote();
+                let _ = self.promote();
             } else {
                 self.finish_inflight();
             }
@@ -1314,8 +1337,12 @@ impl Writer {
         match synced {
             Ok(()) => {
                 let answered = self.publish(f.pending, f.ews, f.first_seq);
-                self.promote();
+                let ran_here = self.promote();
+                // In answer order, so the table's window holds the latest.
                 self.remember_ids(&answered);
+                if ran_here {
+                    self.finish_inflight();
+                }
             }
             Err(e) => {
                 self.roll_back(&f.lens_before, f.first_seq);
@@ -1851,7 +1878,7 @@ impl Writer {
     /// fsyncs every segment written since the last round, in parallel
     /// (they are independent devices in a real deployment).
     fn sync_dirty(&mut self) -> Result<(), StoreError> {
-        let r = self.start_sync(None).map_or(Ok(()), wait_round);
+        let r = self.start_sync(None, false).map_or(Ok(()), wait_round);
         self.round_held.clear();
         r
     }
@@ -1860,7 +1887,14 @@ impl Writer {
     /// on the helpers; `None` when there is nothing to sync (or fsync is
     /// off). With `wake`, the round's end is sent to the writer's own queue
     /// as `Cmd::Synced(wake)`, so an idle writer answers the batch at once.
-    fn start_sync(&mut self, wake: Option<u64>) -> Option<(Vec<u64>, Round)> {
+    /// With `small` the writer runs the round itself if every file of it
+    /// is only written back, with no writes held back for it, and it is
+    /// over when this returns ([`Round::ran_here`]; no wake-up needed).
+    /// An fsync of its own per file (a device flush each, and perhaps a
+    /// journal commit) is left to the helpers, which overlap them, and so
+    /// are held-back device writes (`direct_writes`, `direct_every_block`),
+    /// which the helpers or the `io_uring` thread issue in parallel.
+    fn start_sync(&mut self, wake: Option<u64>, small: bool) -> Option<(Vec<u64>, Round)> {
         let dirty = std::mem::take(&mut self.dirty);
         if !self.shared.config.fsync || dirty.is_empty() {
             return None;
@@ -1872,9 +1906,14 @@ impl Writer {
                 Some((s, (st.file.clone(), self.how_durable(s, st))))
             })
             .unzip();
+        let here = small
+            && files
+                .iter()
+                .all(|(_, how)| matches!(how, How::WriteBack(_)))
+            && segs.iter().all(|s| !self.deferred.contains_key(s));
         let started = Instant::now();
         let shared = self.shared.clone();
-        let tx = wake.map(|seq| (seq, self.wake.clone()));
+        let tx = wake.filter(|_| !here).map(|seq| (seq, self.wake.clone()));
         let on_done: OnDone = Arc::new(move || {
             shared.stages.round.record(started.elapsed());
             // Full means commands are queued: handling any of them
@@ -1904,7 +1943,15 @@ impl Writer {
         // Writes of segments that are gone (none expected) are dropped.
         self.deferred.clear();
         self.late.clear();
-        let round = self.syncer.start(files, on_done);
+        let round = if here {
+            self.shared
+                .counters
+                .rounds_on_writer
+                .fetch_add(1, Ordering::Relaxed);
+            self.syncer.run_here(files, on_done)
+        } else {
+            self.syncer.start(files, on_done)
+        };
         let (write_backs, flushes) = (round.write_backs(), round.flushes());
         let c = &self.shared.counters;
         c.fsyncs
