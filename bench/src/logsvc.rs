@@ -976,6 +976,8 @@ pub struct Probe {
     pub write_backs: u64,
     /// Device flushes that ended rounds with write-back files.
     pub flushes: u64,
+    /// fsync rounds the writer ran itself (`writer_round_max_bytes`).
+    pub rounds_on_writer: u64,
     /// Bytes the fsync helpers wrote with `O_DIRECT`, of all bytes
     /// written to segments.
     pub direct_write_bytes: u64,
@@ -1081,6 +1083,9 @@ pub struct ProbeSettings {
     /// The writer's and fsync helpers' time slice (`slice_us`; 0: the
     /// system's).
     pub slice_us: u32,
+    /// The largest round the writer runs itself
+    /// (`writer_round_max_bytes`); `None`: the service's default.
+    pub writer_round_bytes: Option<u64>,
 }
 
 /// Slots of each device image a probe with `devices` makes: far more than
@@ -1133,6 +1138,9 @@ pub fn probe(
         cfg.realtime_priority = settings.realtime_priority;
         cfg.writer_cpu = settings.writer_cpu;
         cfg.slice_us = settings.slice_us;
+        if let Some(b) = settings.writer_round_bytes {
+            cfg.writer_round_max_bytes = b;
+        }
         cfg.disable_transparent_huge_pages = !settings.keep_thp;
         cfg.flush_once_per_device = !settings.fsync_each_file;
         cfg.direct_writes = settings.direct;
@@ -1189,6 +1197,7 @@ pub fn probe(
             fsyncs: after.fsyncs - before.fsyncs,
             write_backs: after.write_backs - before.write_backs,
             flushes: after.flushes - before.flushes,
+            rounds_on_writer: after.rounds_on_writer - before.rounds_on_writer,
             direct_write_bytes: after.direct_write_bytes - before.direct_write_bytes,
             bytes_written: after.bytes_written - before.bytes_written,
             write_share: share(after.write_us - before.write_us),

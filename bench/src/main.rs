@@ -119,6 +119,11 @@ struct Args {
     /// slice in microseconds (`slice_us`, 100-100000; 0: the system's).
     #[arg(long, default_value_t = 0)]
     slice_us: u32,
+    /// Log suite with `--point`: the largest batch whose round the
+    /// writer runs itself (`writer_round_max_bytes`, payload bytes; 0:
+    /// every round on the fsync helpers). Unset: the service's default.
+    #[arg(long)]
+    writer_round_bytes: Option<u64>,
     /// Log suite with `--point`: leave transparent huge pages as the
     /// system has them (`disable_transparent_huge_pages = false`); the
     /// service turns them off by default.
@@ -1235,6 +1240,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         devices: args.devices,
         writer_cpu: args.writer_cpu,
         slice_us: args.slice_us,
+        writer_round_bytes: args.writer_round_bytes,
     };
     let r = melddb_bench::logsvc::probe(spec, args.secs, spares, settings)?;
     let p = &r.point;
@@ -1305,14 +1311,15 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         }
     );
     println!(
-        "rounds: {} segment files written back and {} device flushes ({})",
+        "rounds: {} segment files written back and {} device flushes ({}); {} rounds run on the writer",
         r.write_backs,
         r.flushes,
         if args.fsync_each_file {
             "--fsync-each-file: every file fsynced"
         } else {
             "files of segments made from spares are written back, each device flushed once per round"
-        }
+        },
+        r.rounds_on_writer
     );
     println!(
         "written: {:.1} MiB, {:.1} % of it directly ({})",
