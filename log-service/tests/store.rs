@@ -625,6 +625,25 @@ fn parts_of_a_batch_rolled_back_during_a_round_keep_the_parts_before_them() {
             faults.fill_disk(false);
         }
         faults.fail_write_after(-1, false);
+        // The fault loop is timed, so on a loaded machine it may end with
+        // few segments written. Keep appending without faults until enough
+        // segments hold data for the damage below to mean something, so the
+        // check of what it repaired does not depend on the machine's speed.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while store
+            .segments_blocking()
+            .iter()
+            .filter(|s| s.class != 0 && s.len > 4096)
+            .count()
+            < 10
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: too few segments written in 120 s: {:?}",
+                store.segments_blocking()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let mut acked = BTreeMap::new();
         let mut failed = 0;
