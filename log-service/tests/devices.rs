@@ -639,6 +639,24 @@ fn a_roll_back_keeps_slots_written_back_and_makes_cut_files_fsynced() {
             other => panic!("{what}: {other:?}"),
         }
         faults.fail_write_after(-1, false);
+        // Past every segment's data there is nothing but zeros: the pages
+        // cut off are gone from the slot as from the file.
+        let on_disk = slots(&cfg);
+        for seg in store.segments_blocking() {
+            let bytes = if on_devices {
+                let (dev, slot) = &on_disk[&seg.id];
+                slot_data(dev, *slot)
+            } else {
+                std::fs::read(melddb_log::segment::path(&cfg.zones, seg.id)).unwrap()
+            };
+            assert!(
+                data_end(&bytes) as u64 <= seg.len,
+                "{what}: segment {} has bytes up to {} past its data's end {}",
+                seg.id,
+                data_end(&bytes),
+                seg.len
+            );
+        }
         let rolled = store.stats();
         for i in 10..15u8 {
             append(&store, vec![i; 300]);
