@@ -315,19 +315,11 @@ mod tests {
     #[test]
     #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
     fn write_back_and_syncs_leave_no_dirty_page_and_a_start_only_its_range() {
-        let dir = tempfile::tempdir().expect("temp dir");
+        let (dir, f) = device(1 << 20);
         if crate::flush::write_back_device(dir.path()).is_none() {
             eprintln!("skipped: not ext4 or xfs, whose dirty pages this counts");
             return;
         }
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(dir.path().join("dev"))
-            .expect("create");
-        f.set_len(1 << 20).expect("size");
         let Some((0, _)) = dirty_pages(&f, 0, 0) else {
             eprintln!("skipped: no cachestat here");
             return;

@@ -573,9 +573,9 @@ fn image_slots_from_spares_are_written_back_and_the_rest_fsynced() {
 /// pages still go over blocks written and committed: written back and
 /// flushed, no `fdatasync` of their own. A segment file is truncated, so
 /// its later pages extend it and each round must `fdatasync` it, or a
-/// power loss could lose the size. Files of one own fsync before the
-/// failure would make the first check meaningless, so that is checked
-/// too.
+/// power loss could lose the size. Without a roll back no segment from a
+/// spare is fsynced on its own; the test checks that first, or the count
+/// after the roll back would say nothing.
 #[test]
 fn a_roll_back_keeps_slots_written_back_and_makes_cut_files_fsynced() {
     let dir = tempfile::tempdir().unwrap();
