@@ -111,6 +111,34 @@ pub fn write_back(file: &File, _off: u64, _len: u64) -> io::Result<()> {
     file.sync_data()
 }
 
+/// Dirty and under-write-back page counts of `len` bytes of `file` at
+/// `off` (0: to the end of the file), from the `cachestat` system call
+/// (Linux 6.5); `None` where it is missing. For tests: what a write-back
+/// or sync left in the page cache, which otherwise only a power loss shows.
+#[cfg(all(test, target_os = "linux"))]
+pub(crate) fn dirty_pages(file: &File, off: u64, len: u64) -> Option<(u64, u64)> {
+    use std::os::fd::AsRawFd;
+    // The same number on every architecture (the unified table).
+    const SYS_CACHESTAT: libc::c_long = 451;
+    // struct cachestat_range: offset, length.
+    let range = [off, len];
+    // struct cachestat: nr_cache, nr_dirty, nr_writeback, nr_evicted,
+    // nr_recently_evicted.
+    let mut stat = [0u64; 5];
+    // SAFETY: both pointers are to live arrays of the layout the call
+    // expects, and the descriptor is open.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            range.as_ptr(),
+            stat.as_mut_ptr(),
+            0,
+        )
+    };
+    (r == 0).then_some((stat[1], stat[2]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,32 +174,6 @@ mod tests {
         assert!(write_back(&f, u64::MAX, 1).is_err(), "offset past i64");
     }
 
-    /// Dirty and under-write-back page counts of `file`, from the
-    /// `cachestat` system call (Linux 6.5); `None` where it is missing.
-    #[cfg(target_os = "linux")]
-    fn dirty_pages(file: &File) -> Option<(u64, u64)> {
-        use std::os::fd::AsRawFd;
-        // The same number on every architecture (the unified table).
-        const SYS_CACHESTAT: libc::c_long = 451;
-        // struct cachestat_range: offset, length (0: to the end of the file).
-        let range = [0u64, 0];
-        // struct cachestat: nr_cache, nr_dirty, nr_writeback, nr_evicted,
-        // nr_recently_evicted.
-        let mut stat = [0u64; 5];
-        // SAFETY: both pointers are to live arrays of the layout the call
-        // expects, and the descriptor is open.
-        let r = unsafe {
-            libc::syscall(
-                SYS_CACHESTAT,
-                file.as_raw_fd(),
-                range.as_ptr(),
-                stat.as_mut_ptr(),
-                0,
-            )
-        };
-        (r == 0).then_some((stat[1], stat[2]))
-    }
-
     #[test]
     #[cfg(target_os = "linux")]
     fn start_write_back_gets_the_pages_going_without_a_sync() {
@@ -179,7 +181,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let f = File::create(dir.path().join("f")).expect("create");
         f.write_all_at(&vec![7u8; 1 << 20], 0).expect("write");
-        match dirty_pages(&f) {
+        match dirty_pages(&f, 0, 0) {
             Some((dirty, _)) if dirty > 0 => {}
             other => {
                 // No cachestat, or a file system without write-back
@@ -194,7 +196,7 @@ mod tests {
         // call's doing.
         let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
-            let (dirty, writeback) = dirty_pages(&f).expect("cachestat");
+            let (dirty, writeback) = dirty_pages(&f, 0, 0).expect("cachestat");
             if dirty == 0 && writeback == 0 {
                 break;
             }

@@ -284,37 +284,14 @@ mod tests {
         assert!(back[end..].iter().all(|&b| b == 5), "the next slot");
     }
 
-    /// Dirty and under-write-back pages of `len` bytes of `f` at `off`
-    /// (0: to the end), from the kernel's `cachestat` (Linux 6.5); `None`
-    /// where the call is missing.
-    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-    fn dirty_pages(f: &File, off: u64, len: u64) -> Option<(u64, u64)> {
-        use std::os::fd::AsRawFd;
-        const SYS_CACHESTAT: libc::c_long = 451;
-        let range = [off, len];
-        // nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted
-        let mut stat = [0u64; 5];
-        // SAFETY: both pointers are to live arrays laid out as the
-        // kernel's `cachestat_range` and `cachestat`; flags must be 0.
-        let r = unsafe {
-            libc::syscall(
-                SYS_CACHESTAT,
-                f.as_raw_fd(),
-                range.as_ptr(),
-                stat.as_mut_ptr(),
-                0u32,
-            )
-        };
-        (r == 0).then_some((stat[1], stat[2]))
-    }
-
     /// What the durability calls leave in the page cache, which only a
     /// power loss would otherwise show: `write_back` and both syncs leave
     /// no dirty page, and `start_write_back` starts exactly its range of
     /// a slot (the slot's base added), leaving the rest dirty.
     #[test]
-    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    #[cfg(target_os = "linux")]
     fn write_back_and_syncs_leave_no_dirty_page_and_a_start_only_its_range() {
+        use crate::flush::dirty_pages;
         let (dir, f) = device(1 << 20);
         if crate::flush::write_back_device(dir.path()).is_none() {
             eprintln!("skipped: not ext4 or xfs, whose dirty pages this counts");

@@ -571,118 +571,92 @@ fn image_slots_from_spares_are_written_back_and_the_rest_fsynced() {
 /// A batch rolled back after some of its pages were written cuts them
 /// off. A device slot keeps its size and writes zeros back, so its later
 /// pages still go over blocks written and committed: written back and
-/// flushed, no `fdatasync` of their own. A segment file is truncated, so
-/// its later pages extend it and each round must `fdatasync` it, or a
-/// power loss could lose the size. Without a roll back no segment from a
-/// spare is fsynced on its own; the test checks that first, or the count
-/// after the roll back would say nothing.
+/// flushed, no `fdatasync` of their own (a segment file is truncated
+/// instead and fsynced from then on:
+/// `tests/store.rs`, `a_rolled_back_spare_segment_is_fsynced_from_then_on`).
+/// Without a roll back no slot from a spare is fsynced on its own; the
+/// test checks that first, or the count after the roll back would say
+/// nothing.
 #[test]
-fn a_roll_back_keeps_slots_written_back_and_makes_cut_files_fsynced() {
+fn a_roll_back_keeps_slots_written_back_and_zeros_past_their_data() {
     let dir = tempfile::tempdir().unwrap();
     if !write_back_supported(dir.path()) {
         eprintln!("skipped: this file system is not one whose write-back the store relies on");
         return;
     }
-    for on_devices in [true, false] {
-        let what = if on_devices { "devices" } else { "files" };
-        let sub = dir.path().join(what);
-        std::fs::create_dir_all(&sub).unwrap();
-        let mut cfg = if on_devices {
-            device_config(&sub, 40)
-        } else {
-            small_config(&sub)
-        };
-        cfg.prepared_segments = 2;
-        let faults = Arc::new(Faults::none());
-        let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
-        let spares_ready = |store: &Store| {
-            let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
-            while store.stats().spares_ready < 6 {
-                assert!(
-                    std::time::Instant::now() < until,
-                    "{what}: {:?}",
-                    store.stats()
-                );
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-        };
-        let own_fsyncs = |s: &melddb_log::Stats| s.fsyncs - s.flushes;
-        let mut acked = Vec::new();
-        let mut req = 0u64;
-        let mut append = |store: &Store, body: Vec<u8>| {
-            req += 1;
-            let pos = store
-                .append_blocking("r", 1, req, body.clone())
-                .unwrap_or_else(|e| panic!("{what}: append {req}: {e}"));
-            acked.push((pos, body));
-        };
-        for i in 0..5u8 {
-            append(&store, vec![i; 300]);
-        }
-        spares_ready(&store);
-        let before = store.stats();
-        for i in 5..10u8 {
-            append(&store, vec![i; 300]);
-        }
-        let s = store.stats();
-        assert_eq!(
-            own_fsyncs(&s),
-            own_fsyncs(&before),
-            "{what}: segments from spares need no fsync of their own: {s:?}"
+    let mut cfg = device_config(dir.path(), 40);
+    cfg.prepared_segments = 2;
+    let faults = Arc::new(Faults::none());
+    let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
+    let own_fsyncs = |s: &melddb_log::Stats| s.fsyncs - s.flushes;
+    let mut acked = Vec::new();
+    let mut req = 0u64;
+    let mut append = |store: &Store, body: Vec<u8>| {
+        req += 1;
+        let pos = store
+            .append_blocking("r", 1, req, body.clone())
+            .unwrap_or_else(|e| panic!("append {req}: {e}"));
+        acked.push((pos, body));
+    };
+    for i in 0..5u8 {
+        append(&store, vec![i; 300]);
+    }
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while store.stats().spares_ready < 6 {
+        assert!(std::time::Instant::now() < until, "{:?}", store.stats());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let before = store.stats();
+    for i in 5..10u8 {
+        append(&store, vec![i; 300]);
+    }
+    let s = store.stats();
+    assert_eq!(
+        own_fsyncs(&s),
+        own_fsyncs(&before),
+        "slots from spares need no fsync of their own: {s:?}"
+    );
+    assert!(s.write_backs > before.write_backs, "{s:?}");
+    // The second write of a record of one stripe fails: the pages
+    // written to the first segment (from a spare) are cut off again.
+    faults.fail_write_after(1, false);
+    match store.append_blocking("r", 1, 1_000, vec![0xab; 7_000]) {
+        Err(StoreError::WriteFailed(_)) => {}
+        other => panic!("{other:?}"),
+    }
+    faults.fail_write_after(-1, false);
+    // Past every segment's data its slot holds nothing but zeros: the
+    // pages cut off are gone.
+    let on_disk = slots(&cfg);
+    for seg in store.segments_blocking() {
+        let (dev, slot) = &on_disk[&seg.id];
+        let bytes = slot_data(dev, *slot);
+        assert!(
+            data_end(&bytes) as u64 <= seg.len,
+            "segment {} has bytes up to {} past its data's end {}",
+            seg.id,
+            data_end(&bytes),
+            seg.len
         );
-        assert!(s.write_backs > before.write_backs, "{what}: {s:?}");
-        // The second write of a record of one stripe fails: the pages
-        // written to the first segment (from a spare) are cut off again.
-        faults.fail_write_after(1, false);
-        match store.append_blocking("r", 1, 1_000, vec![0xab; 7_000]) {
-            Err(StoreError::WriteFailed(_)) => {}
-            other => panic!("{what}: {other:?}"),
-        }
-        faults.fail_write_after(-1, false);
-        // Past every segment's data there is nothing but zeros: the pages
-        // cut off are gone from the slot as from the file.
-        let on_disk = slots(&cfg);
-        for seg in store.segments_blocking() {
-            let bytes = if on_devices {
-                let (dev, slot) = &on_disk[&seg.id];
-                slot_data(dev, *slot)
-            } else {
-                std::fs::read(melddb_log::segment::path(&cfg.zones, seg.id)).unwrap()
-            };
-            assert!(
-                data_end(&bytes) as u64 <= seg.len,
-                "{what}: segment {} has bytes up to {} past its data's end {}",
-                seg.id,
-                data_end(&bytes),
-                seg.len
-            );
-        }
-        let rolled = store.stats();
-        for i in 10..15u8 {
-            append(&store, vec![i; 300]);
-        }
-        let s = store.stats();
-        if on_devices {
-            assert_eq!(
-                own_fsyncs(&s),
-                own_fsyncs(&rolled),
-                "{what}: a slot cut back to zeros stays written back: {s:?}"
-            );
-        } else {
-            assert!(
-                own_fsyncs(&s) > own_fsyncs(&rolled),
-                "{what}: a cut file is fsynced: {s:?}"
-            );
-        }
-        for (pos, body) in &acked {
-            assert_eq!(&store.read("r", *pos).unwrap()[..], &body[..], "{what}");
-        }
-        drop(store);
-        let store = Store::open(cfg).unwrap();
-        assert_eq!(store.bounds("r"), (0, acked.len() as u64), "{what}");
-        for (pos, body) in &acked {
-            assert_eq!(&store.read("r", *pos).unwrap()[..], &body[..], "{what}");
-        }
+    }
+    let rolled = store.stats();
+    for i in 10..15u8 {
+        append(&store, vec![i; 300]);
+    }
+    let s = store.stats();
+    assert_eq!(
+        own_fsyncs(&s),
+        own_fsyncs(&rolled),
+        "a slot cut back to zeros stays written back: {s:?}"
+    );
+    for (pos, body) in &acked {
+        assert_eq!(&store.read("r", *pos).unwrap()[..], &body[..]);
+    }
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    assert_eq!(store.bounds("r"), (0, acked.len() as u64));
+    for (pos, body) in &acked {
+        assert_eq!(&store.read("r", *pos).unwrap()[..], &body[..]);
     }
 }
 
