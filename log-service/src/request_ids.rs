@@ -534,6 +534,62 @@ mod tests {
     }
 
     #[test]
+    fn taking_an_id_out_of_a_run_leaves_no_empty_run_behind() {
+        // Splitting a run at its first or last id leaves one part, not a
+        // part and an empty one: empty runs would answer nothing but hold
+        // memory until their batch left the window.
+        let mut ids = RequestIds::new(100);
+        for r in 0..6u64 {
+            ids.remember((1, r), r);
+        }
+        assert_eq!(ids.held_runs().0, 1);
+        // The first id again: the rest (1..=5) and the new occurrence.
+        ids.remember((1, 0), 60);
+        assert_eq!(ids.held_runs().0, 2);
+        // The last id again: 1..=4, 0 at 60 and 5 at 65.
+        ids.remember((1, 5), 65);
+        assert_eq!(ids.held_runs().0, 3);
+        // A middle id again: 1, 3..=4, 0, 5 and 2 at 62.
+        ids.remember((1, 2), 62);
+        assert_eq!(ids.held_runs().0, 5);
+        for (r, pos) in [(0, 60), (1, 1), (2, 62), (3, 3), (4, 4), (5, 65)] {
+            assert_eq!(ids.get((1, r)), Some(pos), "request {r}");
+        }
+    }
+
+    #[test]
+    fn a_run_leaves_the_table_with_its_last_id_out_of_the_window() {
+        // Runs of one id each (a client apiece): with a window of 4, the
+        // table holds exactly the last four, not one more until the next
+        // remember.
+        let mut ids = RequestIds::new(4);
+        for n in 0..10u64 {
+            ids.remember((n + 1, 7), n);
+            let held = (n + 1).min(4);
+            assert_eq!(
+                ids.held_runs(),
+                (held as usize, held as usize, held),
+                "after {n}"
+            );
+        }
+        // A run of three leaves only when its third id does.
+        for r in 0..3u64 {
+            ids.remember((20, r), 100 + r);
+        }
+        ids.remember((21, 0), 200);
+        assert_eq!(ids.held_runs(), (2, 2, 4));
+        ids.remember((22, 0), 201);
+        assert_eq!(ids.held_runs(), (3, 3, 5), "one of the run's ids is out");
+        ids.remember((23, 0), 202);
+        assert_eq!(ids.held_runs(), (4, 4, 6), "two of the run's ids are out");
+        assert_eq!(ids.get((20, 1)), None);
+        assert_eq!(ids.get((20, 2)), Some(102));
+        ids.remember((24, 0), 203);
+        assert_eq!(ids.held_runs(), (4, 4, 4));
+        assert_eq!(ids.get((20, 2)), None);
+    }
+
+    #[test]
     fn extreme_ids_neither_overflow_nor_merge() {
         let mut ids = RequestIds::new(8);
         ids.remember((u64::MAX, u64::MAX - 1), u64::MAX - 1);
