@@ -1484,9 +1484,10 @@ fn a_log_taken_as_trimmed_at_recovery_stays_so_across_later_opens() {
 }
 
 /// Changes a byte of record bytes in the second half of the body of the
-/// first page of `kind` (shard `shard`, at least 256 bytes) and seals the
-/// page again, so it passes its own checksum but holds other bytes than
-/// were written. Returns the page's stripe.
+/// first page of `kind` (shard `shard`, at least 256 bytes; with `last`,
+/// of the highest stripe that has such a page) and seals the page again,
+/// so it passes its own checksum but holds other bytes than were written.
+/// Returns the page's stripe.
 ///
 /// Record bytes, not a root stripe's entry headers: a data page's byte
 /// counts as a record's when the 16 bytes around it occur in one of
@@ -1497,7 +1498,19 @@ fn a_log_taken_as_trimmed_at_recovery_stays_so_across_later_opens() {
 /// first, found its rebuild consistent with every record and blamed it
 /// (a run under load repaired the parity page's segment instead of the
 /// liar's). Such a lie changes nothing any read returns.
-fn falsify_first_page(dir: &Path, kind: page::Kind, shard: u8, model: &Model) -> u64 {
+fn falsify_page(dir: &Path, kind: page::Kind, shard: u8, last: bool, model: &Model) -> u64 {
+    let fits = |h: &page::Header| h.kind == kind && h.shard == shard && h.body_len >= 256;
+    let from = if last {
+        seg_files(dir)
+            .iter()
+            .flat_map(|f| pages(&std::fs::read(f).unwrap()))
+            .filter(|(_, h)| fits(h))
+            .map(|(_, h)| h.stripe)
+            .max()
+            .unwrap_or(0)
+    } else {
+        0
+    };
     let windows: std::collections::HashSet<&[u8]> = model
         .values()
         .flat_map(|(_, recs)| recs.iter())
@@ -1505,7 +1518,7 @@ fn falsify_first_page(dir: &Path, kind: page::Kind, shard: u8, model: &Model) ->
         .collect();
     let mut seq = 0;
     edit_first_page(dir, "data", |h, bytes| {
-        if h.kind != kind || h.shard != shard || h.body_len < 256 {
+        if !fits(h) || h.stripe < from {
             return false;
         }
         let (start, end) = (page::HEADER, page::HEADER + h.body_len as usize);
@@ -1532,14 +1545,17 @@ fn a_scrub_finds_a_page_that_lies_under_a_valid_checksum_before_parity_is_needed
     // records' checksums say which), rebuild it, and leave the stripe
     // able to lose any other page.
     let cases = [
-        (page::Kind::Ordered, 0u8, 2u8),
-        (page::Kind::Unordered, 1, 2),
+        (page::Kind::Ordered, 0u8, 2u8, false),
+        (page::Kind::Unordered, 1, 2, false),
+        // The last fragment stripe: the records on it are found by
+        // bisecting each log near its end, not its start.
+        (page::Kind::Unordered, 1, 2, true),
         // The parity page itself (small_config: 2 data + 1 parity).
-        (page::Kind::Ordered, 2, 0),
-        (page::Kind::Unordered, 2, 1),
+        (page::Kind::Ordered, 2, 0, false),
+        (page::Kind::Unordered, 2, 1, false),
     ];
-    for (kind, shard, then_lose) in cases {
-        let what = format!("{kind:?} page {shard}, then page {then_lose} lost");
+    for (kind, shard, then_lose, last) in cases {
+        let what = format!("{kind:?} page {shard} (last: {last}), then page {then_lose} lost");
         let dir = tempfile::tempdir().unwrap();
         let cfg = small_config(dir.path());
         let store = Arc::new(Store::open(cfg.clone()).unwrap());
@@ -1547,7 +1563,7 @@ fn a_scrub_finds_a_page_that_lies_under_a_valid_checksum_before_parity_is_needed
         let mut rng = ChaCha8Rng::seed_from_u64(11);
         append_burst(&store, &mut model, &mut rng, 60);
         drop(store);
-        let seq = falsify_first_page(dir.path(), kind, shard, &model);
+        let seq = falsify_page(dir.path(), kind, shard, last, &model);
         let liar = file_of_page(dir.path(), seq, shard);
         let store = Store::open(cfg.clone()).unwrap();
         let report = store.scrub_blocking();
@@ -1616,6 +1632,74 @@ fn scrub_progress_counts_every_stripe_and_page_byte_once() {
         "{} page bytes for {records} record bytes",
         last.bytes
     );
+    // The exact figures: nothing was trimmed or rolled back, so every
+    // stripe page in the segment files is a live stripe's, and the scrub
+    // must count those pages' bytes, headers included, and those stripes.
+    let mut on_disk = 0u64;
+    let mut stripes = std::collections::BTreeSet::new();
+    for f in seg_files(dir.path()) {
+        for (_, h) in pages(&std::fs::read(&f).unwrap()) {
+            if matches!(h.kind, page::Kind::Ordered | page::Kind::Unordered) {
+                on_disk += h.page_len();
+                stripes.insert(h.stripe);
+            }
+        }
+    }
+    assert_eq!(
+        (last.bytes, report.stripes),
+        (on_disk, stripes.len() as u64)
+    );
+}
+
+#[test]
+fn a_scrub_counts_every_damaged_page_of_a_segment_once() {
+    // Damage the body of every stripe page of one segment while the store
+    // is open: the scrub must count each of them (every stripe page here
+    // is live: nothing was trimmed or rolled back), rebuild that segment
+    // alone, and leave nothing for a second scrub.
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(small_config(dir.path())).unwrap());
+    let mut model = Model::new();
+    let mut rng = ChaCha8Rng::seed_from_u64(15);
+    append_burst(&store, &mut model, &mut rng, 30);
+    let stripe_pages = |bytes: &[u8]| {
+        pages(bytes)
+            .into_iter()
+            .filter(|(_, h)| matches!(h.kind, page::Kind::Ordered | page::Kind::Unordered))
+            .collect::<Vec<_>>()
+    };
+    let victim = seg_files(dir.path())
+        .into_iter()
+        .max_by_key(|f| stripe_pages(&std::fs::read(f).unwrap()).len())
+        .unwrap();
+    let mut bytes = std::fs::read(&victim).unwrap();
+    let hit = stripe_pages(&bytes);
+    assert!(
+        hit.len() >= 2,
+        "{}: {} stripe pages",
+        victim.display(),
+        hit.len()
+    );
+    for (off, h) in &hit {
+        bytes[off + page::HEADER + h.body_len as usize / 2] ^= 0x5a;
+    }
+    std::fs::write(&victim, &bytes).unwrap();
+    let seg = victim
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(melddb_log::segment::parse_name)
+        .unwrap();
+    let report = store.scrub_blocking();
+    assert_eq!(report.bad_pages, hit.len() as u64, "{report:?}");
+    assert_eq!(report.parity_mismatches, 0, "{report:?}");
+    assert_eq!(report.repaired, vec![seg], "{report:?}");
+    assert!(
+        report.unrecoverable.is_empty() && report.failed.is_empty(),
+        "{report:?}"
+    );
+    let again = store.scrub_blocking();
+    assert_eq!((again.bad_pages, again.repaired.len()), (0, 0), "{again:?}");
+    check(&store, &model);
 }
 
 #[test]
@@ -1775,7 +1859,7 @@ fn a_page_that_passes_its_checksum_but_lies_is_outvoted_by_parity() {
         let mut rng = ChaCha8Rng::seed_from_u64(9);
         append_burst(&store, &mut model, &mut rng, 60);
         drop(store);
-        falsify_first_page(dir.path(), kind, shard, &model);
+        falsify_page(dir.path(), kind, shard, false, &model);
         let store = Arc::new(Store::open(cfg.clone()).unwrap());
         check(&store, &model);
         assert!(
