@@ -333,8 +333,11 @@ impl Client {
                 }
                 Err(e) => last = e,
             }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(1));
+            // No wait after the last attempt: nothing follows it.
+            if attempt < self.opts.attempts {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
         }
         Err(ClientError::Disconnected {
             attempts: self.opts.attempts,
