@@ -658,20 +658,22 @@ async fn cutting_proxy(upstream: String, cuts: usize) -> String {
     addr
 }
 
+/// A client of `running` through a [`cutting_proxy`] that cuts `cuts`
+/// connections, retrying after 5 ms.
+async fn client_through_cuts(running: &Running, cuts: usize) -> Client {
+    let proxy = cutting_proxy(running.tcp.to_string(), cuts).await;
+    let opts = ClientOptions {
+        backoff: Duration::from_millis(5),
+        ..Default::default()
+    };
+    Client::connect_with(&proxy, opts).await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_connections_mid_append_are_retried_without_duplicates() {
     let dir = tempfile::tempdir().unwrap();
     let (store, running) = start(config(dir.path())).await;
-    let proxy = cutting_proxy(running.tcp.to_string(), 3).await;
-    let c = Client::connect_with(
-        &proxy,
-        ClientOptions {
-            backoff: Duration::from_millis(5),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let c = client_through_cuts(&running, 3).await;
     // The connect itself used connection 1 (cut, but the client has not
     // noticed yet); appends run into cuts 1..3, each after the service got
     // the request, and are retried with the same request id.
@@ -1389,16 +1391,7 @@ async fn a_batch_cut_off_mid_append_lands_once() {
     let (store, running) = start(config(dir.path())).await;
     // The connect takes the first connection, which is cut with the
     // first request on it (the batch); the retry meets the second cut.
-    let proxy = cutting_proxy(running.tcp.to_string(), 2).await;
-    let c = Client::connect_with(
-        &proxy,
-        ClientOptions {
-            backoff: Duration::from_millis(5),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let c = client_through_cuts(&running, 2).await;
     let direct = Client::connect(&running.tcp.to_string()).await.unwrap();
     assert_eq!(direct.append("b", "first").await.unwrap(), 0);
     let records: Vec<Bytes> = (0..3).map(|i| Bytes::from(format!("b{i}"))).collect();

@@ -37,6 +37,15 @@ fn data_end(bytes: &[u8]) -> usize {
         .map_or(0, |(off, h)| off + h.page_len() as usize)
 }
 
+/// The stripe pages (root and fragment shards) among a segment file's
+/// bytes.
+fn stripe_pages(bytes: &[u8]) -> Vec<(usize, page::Header)> {
+    pages(bytes)
+        .into_iter()
+        .filter(|(_, h)| matches!(h.kind, page::Kind::Ordered | page::Kind::Unordered))
+        .collect()
+}
+
 /// Whether the windows have slid: some segment is sealed.
 fn windows_slid(store: &Store) -> bool {
     store
@@ -1638,11 +1647,9 @@ fn scrub_progress_counts_every_stripe_and_page_byte_once() {
     let mut on_disk = 0u64;
     let mut stripes = std::collections::BTreeSet::new();
     for f in seg_files(dir.path()) {
-        for (_, h) in pages(&std::fs::read(&f).unwrap()) {
-            if matches!(h.kind, page::Kind::Ordered | page::Kind::Unordered) {
-                on_disk += h.page_len();
-                stripes.insert(h.stripe);
-            }
+        for (_, h) in stripe_pages(&std::fs::read(&f).unwrap()) {
+            on_disk += h.page_len();
+            stripes.insert(h.stripe);
         }
     }
     assert_eq!(
@@ -1662,12 +1669,6 @@ fn a_scrub_counts_every_damaged_page_of_a_segment_once() {
     let mut model = Model::new();
     let mut rng = ChaCha8Rng::seed_from_u64(15);
     append_burst(&store, &mut model, &mut rng, 30);
-    let stripe_pages = |bytes: &[u8]| {
-        pages(bytes)
-            .into_iter()
-            .filter(|(_, h)| matches!(h.kind, page::Kind::Ordered | page::Kind::Unordered))
-            .collect::<Vec<_>>()
-    };
     let victim = seg_files(dir.path())
         .into_iter()
         .max_by_key(|f| stripe_pages(&std::fs::read(f).unwrap()).len())
