@@ -1354,6 +1354,17 @@ async fn answers_that_do_not_fit_the_request_are_protocol_errors() {
     );
 }
 
+/// A client of `addr` that tries each request `attempts` times, waiting
+/// `backoff` (doubling) between tries.
+async fn client_with_retries(addr: &str, attempts: u32, backoff: Duration) -> Client {
+    let opts = ClientOptions {
+        attempts,
+        backoff,
+        ..Default::default()
+    };
+    Client::connect_with(addr, opts).await.unwrap()
+}
+
 /// Retries wait the backoff, doubling from `ClientOptions::backoff`, and
 /// give up after `attempts` tries without waiting after the last one.
 /// (Tokio's clock is paused, so the time taken is exactly the waits.)
@@ -1361,16 +1372,7 @@ async fn answers_that_do_not_fit_the_request_are_protocol_errors() {
 async fn retries_back_off_doubling_and_stop_after_the_last_attempt() {
     let addr = fake_service(|_| Vec::new()).await;
     let backoff = Duration::from_millis(40);
-    let c = Client::connect_with(
-        &addr,
-        ClientOptions {
-            attempts: 4,
-            backoff,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let c = client_with_retries(&addr, 4, backoff).await;
     let started = tokio::time::Instant::now();
     let e = tokio::time::timeout(Duration::from_secs(60), c.ping())
         .await
@@ -1426,16 +1428,7 @@ async fn a_subscription_that_cannot_resubscribe_gives_up_after_the_attempts() {
         let _ = s.read_exact(&mut len).await;
     });
     let backoff = Duration::from_millis(40);
-    let c = Client::connect_with(
-        &addr,
-        ClientOptions {
-            attempts: 3,
-            backoff,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let c = client_with_retries(&addr, 3, backoff).await;
     let started = tokio::time::Instant::now();
     // A bound in (paused) time: a subscription that never gives up fails
     // here instead of hanging the test.
