@@ -612,6 +612,19 @@ mod tests {
             .collect()
     }
 
+    /// Whether this kernel gives a process an `io_uring`, asked apart
+    /// from the pool, so a pool that wrongly refuses one fails the tests
+    /// instead of skipping them.
+    #[cfg(target_os = "linux")]
+    fn ring_here() -> bool {
+        io_uring::IoUring::new(2).is_ok()
+    }
+
+    /// The fault injector's trace so far.
+    fn trace_of(faults: &Faults) -> Vec<(&'static str, u64, String)> {
+        crate::locks::lock(&faults.trace).clone()
+    }
+
     fn ino(f: &SegFile) -> u64 {
         use std::os::unix::fs::MetadataExt;
         f.file().metadata().expect("metadata").ino()
@@ -626,7 +639,13 @@ mod tests {
     fn rounds_go_to_the_helpers_once_the_io_uring_thread_is_gone() {
         let faults = Arc::new(Faults::none());
         let mut pool = SyncPool::new(3, faults.clone(), Arc::new(|| {}));
-        if !pool.use_io_uring(Arc::new(|| {})) {
+        let ring = pool.use_io_uring(Arc::new(|| {}));
+        assert_eq!(
+            ring,
+            ring_here(),
+            "the pool takes a ring where the kernel has one"
+        );
+        if !ring {
             eprintln!("no io_uring here; skipped");
             return;
         }
@@ -811,6 +830,7 @@ mod tests {
             "on_done ran before the return"
         );
         assert!(r.is_done(), "nothing left to wait for");
+        assert!(r.ran_here());
         let results = r.wait();
         assert_eq!(results.len(), 4);
         assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
@@ -1003,5 +1023,138 @@ mod tests {
             .wait()
             .iter()
             .all(|r| r.is_ok()));
+    }
+
+    /// With write-back files on two devices and a late file, a round run
+    /// by the `io_uring` thread, and the same round on the helpers once
+    /// that thread is gone, answer each file once: the two flushes' results
+    /// (after the files') are not mistaken for files'.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn write_back_rounds_answer_every_file_through_the_ring_and_without_it() {
+        let faults = Arc::new(Faults::none());
+        let mut pool = SyncPool::new(2, faults.clone(), Arc::new(|| {}));
+        if !pool.use_io_uring(Arc::new(|| {})) {
+            assert!(!ring_here(), "the pool refused a ring the kernel offers");
+            eprintln!("no io_uring here; skipped");
+            return;
+        }
+        let (_dir, files) = temp_files(5);
+        let hows = [
+            How::WriteBack(7),
+            How::Sync,
+            How::WriteBack(9),
+            How::WriteBack(7),
+            How::Sync,
+        ];
+        let round = || -> Vec<RoundFile> {
+            files
+                .iter()
+                .zip(hows)
+                .enumerate()
+                .map(|(i, (f, how))| RoundFile {
+                    late: i == 4,
+                    ..RoundFile::sync(f.clone(), how)
+                })
+                .collect()
+        };
+        let r = pool.start(round(), Arc::new(|| {}));
+        assert_eq!((r.write_backs(), r.flushes(), r.ran_here()), (3, 2, false));
+        let results = r.wait();
+        assert_eq!(results.len(), 5);
+        assert!(results.iter().all(|r| r.is_ok()), "the ring: {results:?}");
+        assert!(trace_of(&faults).is_empty(), "the ring ran the round");
+        pool.uring.as_mut().expect("the ring").stop();
+        let results = pool.start(round(), Arc::new(|| {})).wait();
+        assert_eq!(results.len(), 5);
+        assert!(
+            results.iter().all(|r| r.is_ok()),
+            "the helpers: {results:?}"
+        );
+        let trace = trace_of(&faults);
+        let steps: Vec<&str> = trace.iter().map(|t| t.0).collect();
+        // Three write-backs and two fsyncs of files in some order, then
+        // the late file's fsync, then the two flushes.
+        assert_eq!(steps.len(), 7, "{trace:?}");
+        assert_eq!(trace[4].1, ino(&files[4]), "the late file fifth: {trace:?}");
+        let mut flushed: Vec<u64> = trace[5..].iter().map(|t| t.1).collect();
+        flushed.sort_unstable();
+        let mut want = vec![ino(&files[0]), ino(&files[2])];
+        want.sort_unstable();
+        assert_eq!(flushed, want, "each device flushed last: {trace:?}");
+    }
+
+    /// A round is done once every file and flush has answered, and not
+    /// before: the writer answers a batch when `is_done` says so (without
+    /// blocking), and acknowledging before the flush would acknowledge
+    /// appends that are not durable.
+    #[test]
+    fn a_round_is_done_once_every_file_and_flush_answered_and_not_before() {
+        let faults = Arc::new(Faults::none());
+        faults.slow_syncs(std::time::Duration::from_millis(300));
+        let pool = SyncPool::new(3, faults.clone(), Arc::new(|| {}));
+        let (_dir, files) = temp_files(3);
+        let mut round = synced(&files);
+        round[0].1 = How::WriteBack(7);
+        round[1].1 = How::WriteBack(7);
+        let mut r = pool.start(round_of(&round), Arc::new(|| {}));
+        assert_eq!((r.write_backs(), r.flushes(), r.ran_here()), (2, 1, false));
+        assert!(!r.is_done(), "every sync takes 300 ms");
+        let t = std::time::Instant::now();
+        while !r.is_done() {
+            assert!(t.elapsed().as_secs() < 30, "the round never ended");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let trace = trace_of(&faults);
+        assert_eq!(
+            trace.len(),
+            4,
+            "two write-backs, an fsync and the flush, all answered: {trace:?}"
+        );
+        let results = r.wait();
+        assert_eq!(results.len(), 3);
+        assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    }
+
+    /// With as many helpers as files, each file of a round goes to a
+    /// helper of its own, so their syncs run side by side.
+    #[test]
+    fn a_rounds_files_go_to_a_helper_each() {
+        let faults = Arc::new(Faults::none());
+        let pool = SyncPool::new(3, faults.clone(), Arc::new(|| {}));
+        let (_dir, files) = temp_files(3);
+        let r = pool
+            .start(round_of(&synced(&files)), Arc::new(|| {}))
+            .wait();
+        assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
+        let trace = trace_of(&faults);
+        let threads: std::collections::BTreeSet<&str> =
+            trace.iter().map(|t| t.2.as_str()).collect();
+        assert_eq!(threads.len(), 3, "{trace:?}");
+        assert!(
+            threads.iter().all(|t| t.starts_with("melddb-log-fsync-")),
+            "{trace:?}"
+        );
+    }
+
+    /// Dropping the pool waits for its helpers, so a sync under way has
+    /// ended (and the helpers let go of what they hold) when the drop
+    /// returns: the store closes its files after.
+    #[test]
+    fn dropping_the_pool_waits_for_a_sync_under_way() {
+        let faults = Arc::new(Faults::none());
+        faults.slow_syncs(std::time::Duration::from_millis(200));
+        let pool = SyncPool::new(2, faults.clone(), Arc::new(|| {}));
+        let (_dir, files) = temp_files(1);
+        let round = pool.start(round_of(&synced(&files)), Arc::new(|| {}));
+        drop(pool);
+        assert_eq!(
+            trace_of(&faults).len(),
+            1,
+            "the sync ended before the drop returned"
+        );
+        assert_eq!(Arc::strong_count(&faults), 1, "every helper ended");
+        let results = round.wait();
+        assert!(results.len() == 1 && results[0].is_ok(), "{results:?}");
     }
 }
