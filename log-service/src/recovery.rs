@@ -1031,6 +1031,89 @@ mod tests {
         }
     }
 
+    /// A window reaches three end-write segments and two stripe widths
+    /// past the last segment on disk, and a page must end within its
+    /// segment: both bounds are inclusive, and one further is refused.
+    #[test]
+    fn the_plausible_reach_and_page_end_are_exact() {
+        let bounds = Bounds {
+            segment_len: 1 << 20,
+            last_segment: 13,
+        };
+        // Width 3: the last page may be on segment 13 + 3 + 2 * 3 = 22.
+        let on = |first: u64| {
+            let mut e = crate::samples::end_write();
+            for (i, p) in e.stripe.pages.iter_mut().enumerate() {
+                p.0 = first + i as u64;
+            }
+            e
+        };
+        assert!(plausible(&on(20), 10, bounds), "last page on segment 22");
+        assert!(!plausible(&on(21), 10, bounds), "last page on segment 23");
+        // A page is its 28-byte header and a 64-byte shard.
+        let ending_at = |end: u64| {
+            let mut e = crate::samples::end_write();
+            e.stripe.pages[2].1 = end - (HEADER as u64 + 64);
+            e
+        };
+        assert!(
+            plausible(&ending_at(1 << 20), 10, bounds),
+            "ends at the segment's end"
+        );
+        assert!(
+            !plausible(&ending_at((1 << 20) + 1), 10, bounds),
+            "one byte past it"
+        );
+    }
+
+    /// Of a stripe's end-write copies, the one most copies agree on is
+    /// taken, a tie going to the copy on the lowest segment, and every
+    /// copy that differs from it counts as one corrupt page.
+    #[test]
+    fn the_end_write_most_copies_agree_on_wins_and_ties_go_to_the_lowest_segment() {
+        let version = |batch_seq: u64| {
+            let mut e = crate::samples::end_write();
+            e.batch_seq = batch_seq;
+            e
+        };
+        let copies = |found: &[(u64, u64)]| -> Vec<Copy> {
+            found
+                .iter()
+                .map(|&(seg, v)| Copy {
+                    seg,
+                    ew: version(v),
+                    page_crc: v as u32,
+                })
+                .collect()
+        };
+        // (copies as (segment, version) in the order found, the winner's
+        // segment and version, corrupt pages)
+        type Case = (&'static [(u64, u64)], (u64, u64), u64);
+        let cases: [Case; 6] = [
+            (&[(11, 1)], (11, 1), 0),
+            (&[(12, 1), (10, 1), (11, 1)], (10, 1), 0),
+            (&[(10, 2), (11, 1), (12, 1)], (11, 1), 1),
+            (&[(12, 1), (11, 1), (10, 2)], (11, 1), 1),
+            (&[(12, 3), (10, 1), (11, 2)], (10, 1), 2),
+            (&[(11, 2), (12, 1)], (11, 2), 1),
+        ];
+        for (found, (seg, v), corrupt) in cases {
+            let mut report = RecoveryReport::default();
+            let mut all = BTreeMap::new();
+            all.insert(41, copies(found));
+            all.insert(42, copies(&[(11, 7)]));
+            let chosen = choose_copies(all, &mut report);
+            assert_eq!(chosen.len(), 2, "{found:?}");
+            let c = &chosen[&41];
+            assert_eq!(
+                (c.seg, c.ew.batch_seq, c.page_crc, report.corrupt_pages),
+                (seg, v, v as u32, corrupt),
+                "{found:?}"
+            );
+            assert_eq!(chosen[&42].ew.batch_seq, 7);
+        }
+    }
+
     /// How far past an open data segment's data the tests' scans look.
     const NEAR: u64 = 1 << 20;
 
@@ -1092,7 +1175,7 @@ mod tests {
             // or a window per page of a few KiB, fails).
             let most = n * HEADER as u64 + WINDOW as u64 + size as u64 + 4096;
             assert!(
-                s.read <= most,
+                s.read <= most && s.read >= n * HEADER as u64 + size as u64,
                 "{size} B pages: read {} of {data} bytes",
                 s.read
             );
@@ -1118,6 +1201,18 @@ mod tests {
             s.read < data + data / 8 + (1 << 20) + WINDOW as u64,
             "read {}",
             s.read
+        );
+        // Without a tail every byte read is the walk's: windows of small
+        // pages take in nearly all their bodies too (a read per header
+        // instead, with no window or small pages walked header by header,
+        // reads a tenth of the data).
+        let (_d2, path2, data2) = segment(&pages, 0);
+        let s2 = scan_of(&path2);
+        assert_eq!((s2.len, s2.markers.len()), (data2, 1));
+        assert!(
+            s2.read >= data2 - data2 / 16 && s2.read < data2 + data2 / 8 + WINDOW as u64,
+            "read {} of {data2}",
+            s2.read
         );
     }
 
@@ -1209,6 +1304,120 @@ mod tests {
         poke(&path2, data2 - 50, &[0u8; 50]);
         let s2 = scan_of(&path2);
         assert_eq!((s2.len, s2.corrupt, s2.damaged_at), (data2, 1, None));
+    }
+
+    /// A file that ends inside a page header (fewer than its 28 bytes,
+    /// not all zero) ends in a torn page, like one whose body runs past
+    /// the end: a cut candidate, not damage.
+    #[test]
+    fn a_header_cut_short_at_the_end_is_a_cut_candidate() {
+        let mut pages: Vec<Vec<u8>> = (1..=3).map(|s| shard(4000, s)).collect();
+        let whole = 3 * pages[0].len() as u64;
+        pages.push(shard(4000, 4)[..HEADER / 2].to_vec());
+        let (_d, path, data) = segment(&pages, 0);
+        let s = scan_of(&path);
+        assert_eq!((s.len, s.damaged_at), (whole, None));
+        assert_eq!(s.cut, Some((whole, data)));
+    }
+
+    /// End-write pages are kept with their offset, record and stored
+    /// checksum; one whose record names another stripe than its header,
+    /// one whose body is not a record, and one failing its checksum are
+    /// each counted once as corrupt and kept out.
+    #[test]
+    fn end_writes_are_kept_with_their_checksum_and_bad_ones_counted() {
+        let ew = |seq: u64| {
+            let mut e = crate::samples::end_write();
+            e.stripe.seq = seq;
+            e
+        };
+        let with_header_stripe = |body: &[u8], stripe: u64| {
+            page::encode(
+                &Header {
+                    kind: Kind::EndWrite,
+                    shard: 0,
+                    k: 0,
+                    m: 0,
+                    body_len: body.len() as u32,
+                    stripe,
+                    payload_len: 0,
+                },
+                body,
+            )
+        };
+        let good = crate::writer::ew_page(&ew(41));
+        let other_stripe = with_header_stripe(&stripe::encode_end_write(&ew(42)), 43);
+        let not_a_record = with_header_stripe(b"not an end-write record", 44);
+        let bad_crc = crate::writer::ew_page(&ew(45));
+        let last = crate::writer::ew_page(&ew(46));
+        let pages = vec![
+            page::class_marker(class::END_WRITE),
+            good.clone(),
+            other_stripe,
+            not_a_record,
+            bad_crc,
+            last.clone(),
+        ];
+        let offsets: Vec<u64> = pages
+            .iter()
+            .scan(0u64, |at, p| {
+                let here = *at;
+                *at += p.len() as u64;
+                Some(here)
+            })
+            .collect();
+        let (_d, path, data) = segment(&pages, 1 << 16);
+        // One byte of the fifth page's body flipped: its checksum fails.
+        poke(&path, offsets[4] + HEADER as u64 + 3, &[0xff]);
+        let s = scan_of(&path);
+        assert_eq!((s.len, s.damaged_at, s.cut), (data, None, None));
+        assert_eq!(s.markers, vec![(0, class::END_WRITE)]);
+        let kept: Vec<(u64, u64, u32)> = s
+            .ews
+            .iter()
+            .map(|(at, e, crc)| (*at, e.stripe.seq, *crc))
+            .collect();
+        assert_eq!(
+            kept,
+            vec![
+                (offsets[1], 41, page::stored_crc(&good)),
+                (offsets[5], 46, page::stored_crc(&last)),
+            ]
+        );
+        assert_eq!(s.ews[0].1, ew(41));
+        assert_eq!(s.corrupt, 3, "the three bad end-write pages");
+    }
+
+    /// `data_end` over ranges longer than its 1 MiB reads: the end of the
+    /// data inside the range, or the range's start when the range holds
+    /// only zeros, whatever lies below it.
+    #[test]
+    fn the_end_of_data_is_looked_for_inside_the_range_only() {
+        let (_d, path, _) = segment(&[vec![0xaa; 4096]], 3 << 20);
+        let file = SegFile::whole(std::fs::File::open(&path).expect("open"));
+        let len = 4096 + (3 << 20);
+        let mut read = 0;
+        let from = 1 << 20;
+        assert_eq!(data_end(&file, len, from, &mut read).expect("read"), from);
+        assert_eq!(read, len - from, "the range, once");
+        poke(&path, (2 << 20) + 5, &[1]);
+        let mut read = 0;
+        assert_eq!(
+            data_end(&file, len, from, &mut read).expect("read"),
+            (2 << 20) + 6
+        );
+        assert_eq!(data_end(&file, 4000, 10, &mut read).expect("read"), 4000);
+        assert_eq!(data_end(&file, 3000, 3000, &mut read).expect("read"), 3000);
+    }
+
+    /// Bytes past the last whole word of the lowest block are found too.
+    #[test]
+    fn a_last_non_zero_byte_after_the_last_whole_word_is_found() {
+        for (len, from) in [(13, 8), (5, 0), (4096 + 5, 0), (4096 + 13, 8)] {
+            let mut buf = vec![0u8; len];
+            buf[from..len % 4096].fill(7);
+            assert_eq!(last_non_zero(&buf), Some(len % 4096 - 1), "{len} {from}");
+        }
     }
 
     #[test]
