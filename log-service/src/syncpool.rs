@@ -678,10 +678,7 @@ mod tests {
         let r = pool.start(round(1), Arc::new(|| {})).wait();
         assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
         check(1);
-        assert!(
-            crate::locks::lock(&faults.trace).is_empty(),
-            "the ring ran the round"
-        );
+        assert!(trace_of(&faults).is_empty(), "the ring ran the round");
         pool.uring.as_mut().expect("the ring").stop();
         // Slow syncs: a late file started with the others (a helper
         // each) would be written while they sync.
@@ -690,7 +687,7 @@ mod tests {
         assert_eq!(r.len(), 3);
         assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
         check(5);
-        let trace = crate::locks::lock(&faults.trace).clone();
+        let trace = trace_of(&faults);
         let ops = |what: &str| trace.iter().filter(|t| t.0 == what).count();
         assert_eq!(
             (ops("deferred-write"), ops("fsync"), trace.len()),
@@ -743,7 +740,7 @@ mod tests {
             let r = pool.start(round_of(&round), on_done).wait();
             assert_eq!(r.len(), 5);
             assert!(r.iter().all(|r| r.is_ok()), "{helpers} helpers");
-            let trace = crate::locks::lock(&faults.trace).clone();
+            let trace = trace_of(&faults);
             // 3 write-backs, 2 fsyncs of their own, 2 flushes.
             assert_eq!(trace.len(), 7, "{helpers} helpers: {trace:?}");
             let count = |what: &str, f: &SegFile| {
@@ -835,7 +832,7 @@ mod tests {
         assert_eq!(results.len(), 4);
         assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
         let me = std::thread::current().name().unwrap_or("").to_string();
-        let trace = crate::locks::lock(&faults.trace).clone();
+        let trace = trace_of(&faults);
         assert!(
             trace.iter().all(|(_, _, t)| *t == me),
             "every step on the calling thread ({me}): {trace:?}"
@@ -893,7 +890,7 @@ mod tests {
                 .collect();
             let r = pool.start(round, Arc::new(|| {})).wait();
             assert!(r.iter().all(|r| r.is_ok()), "{helpers} helpers: {r:?}");
-            let trace = crate::locks::lock(&faults.trace).clone();
+            let trace = trace_of(&faults);
             let at = |what: &str, f: &SegFile| {
                 trace
                     .iter()
@@ -933,7 +930,7 @@ mod tests {
             .collect();
         let r = pool.start(round_of(&round), Arc::new(|| {})).wait();
         assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
-        let trace = crate::locks::lock(&faults.trace).clone();
+        let trace = trace_of(&faults);
         assert_eq!(trace.len(), 4, "3 write-backs and a flush: {trace:?}");
         let helpers: Vec<&String> = trace
             .iter()
