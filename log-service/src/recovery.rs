@@ -1331,23 +1331,9 @@ mod tests {
             e.stripe.seq = seq;
             e
         };
-        let with_header_stripe = |body: &[u8], stripe: u64| {
-            page::encode(
-                &Header {
-                    kind: Kind::EndWrite,
-                    shard: 0,
-                    k: 0,
-                    m: 0,
-                    body_len: body.len() as u32,
-                    stripe,
-                    payload_len: 0,
-                },
-                body,
-            )
-        };
         let good = crate::writer::ew_page(&ew(41));
-        let other_stripe = with_header_stripe(&stripe::encode_end_write(&ew(42)), 43);
-        let not_a_record = with_header_stripe(b"not an end-write record", 44);
+        let other_stripe = crate::writer::ew_page_of(&stripe::encode_end_write(&ew(42)), 43);
+        let not_a_record = crate::writer::ew_page_of(b"not an end-write record", 44);
         let bad_crc = crate::writer::ew_page(&ew(45));
         let last = crate::writer::ew_page(&ew(46));
         let pages = vec![

@@ -2481,7 +2481,12 @@ pub(crate) fn read_ew_page(file: &SegFile, off: u64, seq: u64) -> Option<Vec<u8>
 
 /// The page bytes of an end-write.
 pub(crate) fn ew_page(ew: &EndWrite) -> Vec<u8> {
-    let body = stripe::encode_end_write(ew);
+    ew_page_of(&stripe::encode_end_write(ew), ew.stripe.seq)
+}
+
+/// An end-write page of `body` whose header names stripe `seq` (tests
+/// give it bodies that do not agree with it).
+pub(crate) fn ew_page_of(body: &[u8], seq: u64) -> Vec<u8> {
     page::encode(
         &Header {
             kind: Kind::EndWrite,
@@ -2489,9 +2494,9 @@ pub(crate) fn ew_page(ew: &EndWrite) -> Vec<u8> {
             k: 0,
             m: 0,
             body_len: body.len() as u32,
-            stripe: ew.stripe.seq,
+            stripe: seq,
             payload_len: 0,
         },
-        &body,
+        body,
     )
 }
