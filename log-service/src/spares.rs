@@ -555,4 +555,190 @@ mod tests {
         // Never mistaken for a segment by recovery.
         assert_eq!(segment::parse_name(&spare_name(7, false)), None);
     }
+
+    /// A pool over a store's shared state with no refill thread, so a
+    /// test can drive [`Inner::zero`] itself.
+    fn bare_pool(dir: &Path, edit: impl FnOnce(&mut crate::Config)) -> (crate::Store, Inner) {
+        let zones: Vec<PathBuf> = (0..3).map(|z| dir.join(format!("zone{z}"))).collect();
+        let mut cfg = crate::Config::with_zones(zones);
+        cfg.page_bytes = 4096;
+        cfg.segment_bytes = 1 << 20;
+        cfg.max_record_bytes = 256 << 10;
+        edit(&mut cfg);
+        let store = crate::Store::open(cfg).unwrap();
+        let inner = Inner {
+            shared: store.shared.clone(),
+            state: Mutex::new(State {
+                ready: vec![VecDeque::new(); 3],
+                next: 0,
+                stop: false,
+            }),
+            wake: Condvar::new(),
+        };
+        (store, inner)
+    }
+
+    /// What one `zero` call did: its writes `(at, len)` and, after how
+    /// many writes, each sync.
+    #[derive(Default)]
+    struct Zeroed {
+        writes: Vec<(u64, u64)>,
+        syncs: Vec<usize>,
+    }
+
+    fn zero_into(inner: &Inner, background: bool, rate: u64, total: u64) -> (bool, Zeroed) {
+        let log = Mutex::new(Zeroed::default());
+        let done = inner
+            .zero(
+                background,
+                rate,
+                total,
+                |at, len| {
+                    log.lock().unwrap().writes.push((at, len));
+                    Ok(())
+                },
+                || {
+                    let mut l = log.lock().unwrap();
+                    let n = l.writes.len();
+                    l.syncs.push(n);
+                    Ok(())
+                },
+            )
+            .unwrap();
+        (done, log.into_inner().unwrap())
+    }
+
+    /// Zeros go out in 1 MiB steps that cover the file exactly; only the
+    /// refill (background) syncs, once every `SYNC_EVERY`, never before
+    /// the first byte and never after the last (the caller syncs then).
+    #[test]
+    fn zeros_cover_the_file_in_steps_and_only_the_refill_syncs_on_the_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_store, inner) = bare_pool(dir.path(), |_| {});
+        let total = 2 * SYNC_EVERY + 3 * (1 << 20) + 4096;
+        let steps: Vec<(u64, u64)> = (0..total.div_ceil(1 << 20))
+            .map(|i| (i << 20, (total - (i << 20)).min(1 << 20)))
+            .collect();
+        assert_eq!(steps.last(), Some(&(total - 4096, 4096)));
+        for background in [false, true] {
+            let (done, z) = zero_into(&inner, background, 0, total);
+            assert!(done);
+            assert_eq!(z.writes, steps, "background {background}");
+            let per_sync = (SYNC_EVERY >> 20) as usize;
+            let syncs = if background {
+                vec![per_sync, 2 * per_sync]
+            } else {
+                vec![]
+            };
+            assert_eq!(z.syncs, syncs, "background {background}");
+        }
+        // A stopped pool writes nothing and says so.
+        inner.lock().stop = true;
+        let (done, z) = zero_into(&inner, true, 0, total);
+        assert!(!done);
+        assert!(z.writes.is_empty() && z.syncs.is_empty());
+    }
+
+    /// The refill keeps to its rate: the bytes written take at least as
+    /// long as the rate allows (a lower bound only, which no busy host
+    /// can break).
+    #[test]
+    fn the_refill_keeps_to_its_rate() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_store, inner) = bare_pool(dir.path(), |_| {});
+        let t0 = Instant::now();
+        let (done, z) = zero_into(&inner, true, 16 << 20, 4 << 20);
+        assert!(done);
+        assert_eq!(z.writes.len(), 4);
+        assert!(
+            t0.elapsed() >= Duration::from_millis(250),
+            "{:?}",
+            t0.elapsed()
+        );
+    }
+
+    /// A batch written while the refill zeros makes it stand aside at its
+    /// next sync until the log has been quiet for `QUIET`.
+    #[test]
+    fn the_refill_stands_aside_once_it_sees_appends() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_store, inner) = bare_pool(dir.path(), |_| {});
+        let batches = &inner.shared.counters.batches;
+        let mut times = Vec::new();
+        let done = inner
+            .zero(
+                true,
+                0,
+                SYNC_EVERY + (1 << 20),
+                |at, _| {
+                    times.push(Instant::now());
+                    if at == 1 << 20 {
+                        // An append lands while the refill writes.
+                        batches.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(())
+                },
+                || Ok(()),
+            )
+            .unwrap();
+        assert!(done);
+        let per_sync = (SYNC_EVERY >> 20) as usize;
+        assert_eq!(times.len(), per_sync + 1);
+        // The write after the sync waited out the quiet time, counted
+        // from the batch.
+        let waited = times[per_sync] - times[1];
+        assert!(waited >= QUIET, "{waited:?}");
+    }
+
+    /// A spare made by the refill keeps to `prepare_mib_s` and ends as a
+    /// complete `.dat` file; one the pool stops while making leaves
+    /// nothing behind.
+    #[test]
+    fn a_refilled_spare_keeps_to_the_configured_rate_and_is_complete() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, inner) = bare_pool(dir.path(), |cfg| cfg.prepare_mib_s = 4);
+        let zone0 = store.shared.config.zones[0].clone();
+        let t0 = Instant::now();
+        assert!(inner.make(0, 5, true).unwrap());
+        // 1 MiB at 4 MiB/s.
+        assert!(
+            t0.elapsed() >= Duration::from_millis(250),
+            "{:?}",
+            t0.elapsed()
+        );
+        let names = |dir: &Path| -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|n| n.starts_with("spare-"))
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(&zone0), [spare_name(5, false)]);
+        let len = std::fs::metadata(zone0.join(spare_name(5, false)))
+            .unwrap()
+            .len();
+        assert_eq!(len, 1 << 20);
+        inner.lock().stop = true;
+        assert!(!inner.make(0, 6, true).unwrap());
+        assert_eq!(names(&zone0), [spare_name(5, false)]);
+    }
+
+    /// Dropping the pool stops its refill thread and waits for it, so
+    /// nothing writes spares into a store's directories after it closed.
+    #[test]
+    fn dropping_the_pool_stops_and_joins_its_refill_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = bare_pool(dir.path(), |cfg| cfg.prepared_segments = 1);
+        // A second pool over the same zones: it adopts the store's spares
+        // and writes any missing, then waits for work.
+        let pool = Spares::open(store.shared.clone()).unwrap().unwrap();
+        let inner = Arc::downgrade(&pool.inner);
+        drop(pool);
+        assert!(
+            inner.upgrade().is_none(),
+            "the refill thread outlived its pool"
+        );
+    }
 }
