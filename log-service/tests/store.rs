@@ -2423,6 +2423,26 @@ fn spares_become_data_segments_and_leftovers_are_cleaned_up() {
     check(&store, &model);
     drop(store);
 
+    // Wanting one more spare per zone: the new ones are numbered past
+    // every spare on disk, so none replaces one adopted. One spare per
+    // zone, the highest number in zone 0, which takes the first new one.
+    for (path, _) in spare_files(dir.path()) {
+        std::fs::remove_file(path).unwrap();
+    }
+    for (z, n) in [(0, 99), (1, 97), (2, 98)] {
+        let name = format!("spare-{n:016}.dat");
+        let path = dir.path().join(format!("zone{z}")).join(name);
+        std::fs::write(path, vec![0u8; seg_bytes as usize]).unwrap();
+    }
+    cfg.prepared_segments = 3;
+    let store = Arc::new(Store::open(cfg.clone()).unwrap());
+    wait_for_spares(&store, 9);
+    let spares = spare_files(dir.path());
+    assert_eq!(spares.len(), 9, "{spares:?}");
+    assert_eq!(store.stats().segments_prepared, 6);
+    check(&store, &model);
+    drop(store);
+
     // Without spares configured, the open removes them and segments
     // start empty again.
     cfg.prepared_segments = 0;
