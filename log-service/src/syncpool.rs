@@ -620,6 +620,14 @@ mod tests {
         io_uring::IoUring::new(2).is_ok()
     }
 
+    /// A pool of `helpers` threads whose syncs go through a fault
+    /// injector that records them (read with [`trace_of`]).
+    fn traced_pool(helpers: usize) -> (Arc<Faults>, SyncPool) {
+        let faults = Arc::new(Faults::none());
+        let pool = SyncPool::new(helpers, faults.clone(), Arc::new(|| {}));
+        (faults, pool)
+    }
+
     /// The fault injector's trace so far.
     fn trace_of(faults: &Faults) -> Vec<(&'static str, u64, String)> {
         crate::locks::lock(&faults.trace).clone()
@@ -637,8 +645,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn rounds_go_to_the_helpers_once_the_io_uring_thread_is_gone() {
-        let faults = Arc::new(Faults::none());
-        let mut pool = SyncPool::new(3, faults.clone(), Arc::new(|| {}));
+        let (faults, mut pool) = traced_pool(3);
         let ring = pool.use_io_uring(Arc::new(|| {}));
         assert_eq!(
             ring,
@@ -724,8 +731,7 @@ mod tests {
     #[test]
     fn a_round_flushes_each_device_after_every_file() {
         for helpers in [0, 1, 3, 8] {
-            let faults = Arc::new(Faults::none());
-            let pool = SyncPool::new(helpers, faults.clone(), Arc::new(|| {}));
+            let (faults, pool) = traced_pool(helpers);
             let (_dir, files) = temp_files(5);
             let mut round = synced(&files);
             round[0].1 = How::WriteBack(7);
@@ -791,8 +797,7 @@ mod tests {
     #[test]
     fn a_round_run_here_runs_every_step_on_this_thread_in_order() {
         use crate::direct::{BufPool, DeferredWrite};
-        let faults = Arc::new(Faults::none());
-        let pool = SyncPool::new(3, faults.clone(), Arc::new(|| {}));
+        let (faults, pool) = traced_pool(3);
         let (dir, files) = temp_files(4);
         let bufs = BufPool::default();
         let round: Vec<RoundFile> = files
@@ -870,8 +875,7 @@ mod tests {
     fn late_files_start_after_every_other_file_and_writes_precede_syncs() {
         use crate::direct::{BufPool, DeferredWrite};
         for helpers in [0, 1, 3, 8] {
-            let faults = Arc::new(Faults::none());
-            let pool = SyncPool::new(helpers, faults.clone(), Arc::new(|| {}));
+            let (faults, pool) = traced_pool(helpers);
             let (dir, files) = temp_files(5);
             let bufs = BufPool::default();
             let late = [false, true, false, true, false];
@@ -920,9 +924,8 @@ mod tests {
     /// writer never runs a flush itself).
     #[test]
     fn the_flush_runs_on_the_helper_that_finished_the_last_write_back() {
-        let faults = Arc::new(Faults::none());
+        let (faults, pool) = traced_pool(8);
         faults.slow_syncs(std::time::Duration::from_millis(30));
-        let pool = SyncPool::new(8, faults.clone(), Arc::new(|| {}));
         let (_dir, files) = temp_files(3);
         let round: Vec<_> = files
             .iter()
@@ -956,8 +959,7 @@ mod tests {
 
     #[test]
     fn a_failed_flush_fails_that_devices_write_back_files_only() {
-        let faults = Arc::new(Faults::none());
-        let pool = SyncPool::new(3, faults.clone(), Arc::new(|| {}));
+        let (faults, pool) = traced_pool(3);
         let (_dir, files) = temp_files(4);
         let mut round = synced(&files);
         round[0].1 = How::WriteBack(7);
@@ -1004,8 +1006,7 @@ mod tests {
 
     #[test]
     fn an_injected_fsync_fault_reaches_every_result() {
-        let faults = Arc::new(Faults::none());
-        let pool = SyncPool::new(3, faults.clone(), Arc::new(|| {}));
+        let (faults, pool) = traced_pool(3);
         let (_dir, files) = temp_files(6);
         faults.fail_syncs(true);
         let mut files = synced(&files);
@@ -1029,8 +1030,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn write_back_rounds_answer_every_file_through_the_ring_and_without_it() {
-        let faults = Arc::new(Faults::none());
-        let mut pool = SyncPool::new(2, faults.clone(), Arc::new(|| {}));
+        let (faults, mut pool) = traced_pool(2);
         if !pool.use_io_uring(Arc::new(|| {})) {
             assert!(!ring_here(), "the pool refused a ring the kernel offers");
             eprintln!("no io_uring here; skipped");
@@ -1087,9 +1087,8 @@ mod tests {
     /// appends that are not durable.
     #[test]
     fn a_round_is_done_once_every_file_and_flush_answered_and_not_before() {
-        let faults = Arc::new(Faults::none());
+        let (faults, pool) = traced_pool(3);
         faults.slow_syncs(std::time::Duration::from_millis(300));
-        let pool = SyncPool::new(3, faults.clone(), Arc::new(|| {}));
         let (_dir, files) = temp_files(3);
         let mut round = synced(&files);
         round[0].1 = How::WriteBack(7);
@@ -1117,8 +1116,7 @@ mod tests {
     /// helper of its own, so their syncs run side by side.
     #[test]
     fn a_rounds_files_go_to_a_helper_each() {
-        let faults = Arc::new(Faults::none());
-        let pool = SyncPool::new(3, faults.clone(), Arc::new(|| {}));
+        let (faults, pool) = traced_pool(3);
         let (_dir, files) = temp_files(3);
         let r = pool
             .start(round_of(&synced(&files)), Arc::new(|| {}))
@@ -1139,9 +1137,8 @@ mod tests {
     /// returns: the store closes its files after.
     #[test]
     fn dropping_the_pool_waits_for_a_sync_under_way() {
-        let faults = Arc::new(Faults::none());
+        let (faults, pool) = traced_pool(2);
         faults.slow_syncs(std::time::Duration::from_millis(200));
-        let pool = SyncPool::new(2, faults.clone(), Arc::new(|| {}));
         let (_dir, files) = temp_files(1);
         let round = pool.start(round_of(&synced(&files)), Arc::new(|| {}));
         drop(pool);
