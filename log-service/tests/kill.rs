@@ -52,15 +52,26 @@ fn spawn_with_http(config: &Path) -> (Service, String, String) {
         .arg(config)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start melddb-log");
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let v: serde_json::Value =
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    // Warnings go to stderr; drain it on a thread so a chatty service
+    // never blocks on a full pipe, and keep it for a failed start.
+    let mut err = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut err, &mut text);
+        text
+    });
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| {
+        let status = child.wait();
+        let text = stderr.join().unwrap_or_default();
+        panic!("the service did not start ({e}: {line:?}), {status:?}, stderr:\n{text}")
+    });
     let addr = |k: &str| v[k].as_str().unwrap().to_string();
     (Service(child), addr("tcp"), addr("http"))
 }
