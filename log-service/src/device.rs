@@ -34,6 +34,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::error::{ConfigError, OpenError};
 use crate::seg_file::SegFile;
@@ -239,7 +240,7 @@ impl Device {
             path: path.to_path_buf(),
             source,
         };
-        let (file, block) = open_exclusive(path).map_err(io_err)?;
+        let (file, block) = open_exclusive(path, HELD_WAIT).map_err(io_err)?;
         let size = device_size(&file).map_err(io_err)?;
         let want = Label {
             zone: zone as u32,
@@ -583,11 +584,56 @@ impl Device {
     }
 }
 
+/// How long an open waits for a held device to be let go before refusing
+/// it. A killed service's claim outlives its process for a moment: the
+/// kernel tears an `io_uring` down after the process is reaped, and the
+/// writes it still had in flight keep the device's file (and with it the
+/// `flock` and `O_EXCL` claim) open until they finish. A restart right
+/// after a crash must not take that for a second service.
+const HELD_WAIT: Duration = Duration::from_secs(5);
+
+/// How often a held device is tried again while waiting.
+const HELD_POLL: Duration = Duration::from_millis(20);
+
 /// Opens a device for reading and writing. A block device is opened with
 /// `O_EXCL`, which Linux turns into an exclusive claim (it fails while the
 /// device is mounted or another process has claimed it); every file is
-/// also locked (`flock`), so two services never share one.
-fn open_exclusive(path: &Path) -> io::Result<(File, bool)> {
+/// also locked (`flock`), so two services never share one. A held device
+/// is tried again for up to `wait` (see [`HELD_WAIT`]) before it is
+/// refused.
+fn open_exclusive(path: &Path, wait: Duration) -> io::Result<(File, bool)> {
+    let start = Instant::now();
+    let mut warned = false;
+    loop {
+        match try_open_exclusive(path) {
+            Err(e) if e.kind() == io::ErrorKind::ResourceBusy && start.elapsed() < wait => {
+                if !warned {
+                    warned = true;
+                    tracing::warn!(
+                        device = %path.display(),
+                        "the device is held; waiting up to {wait:?} in case a stopped service's I/O is still finishing"
+                    );
+                }
+                std::thread::sleep(HELD_POLL);
+            }
+            Err(e) => return Err(e),
+            Ok(opened) => {
+                if warned {
+                    tracing::warn!(
+                        device = %path.display(),
+                        waited_ms = start.elapsed().as_millis() as u64,
+                        "the device was let go"
+                    );
+                }
+                return Ok(opened);
+            }
+        }
+    }
+}
+
+/// One attempt of [`open_exclusive`]: a held device is an error of kind
+/// `ResourceBusy`.
+fn try_open_exclusive(path: &Path) -> io::Result<(File, bool)> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let block = std::fs::metadata(path)?.file_type().is_block_device();
     let mut o = std::fs::OpenOptions::new();
@@ -605,8 +651,15 @@ fn open_exclusive(path: &Path) -> io::Result<(File, bool)> {
         Some(libc::EBUSY) => in_use(&e),
         _ => e,
     })?;
-    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive)
-        .map_err(|e| in_use(&e))?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
+        |e| {
+            if e == rustix::io::Errno::WOULDBLOCK {
+                in_use(&e)
+            } else {
+                io::Error::from(e)
+            }
+        },
+    )?;
     Ok((file, block))
 }
 
@@ -776,10 +829,34 @@ mod tests {
     fn a_second_open_of_a_held_device_is_refused() {
         let (_d, path) = image(2);
         let dev = Device::open(&path, 0, 3, SEG).expect("open");
+        let start = Instant::now();
         let e = Device::open(&path, 0, 3, SEG).expect_err("held");
         assert!(e.to_string().contains("the device is in use"), "{e}");
+        assert!(start.elapsed() >= HELD_WAIT, "refused only after waiting");
         drop(dev);
         Device::open(&path, 0, 3, SEG).expect("released");
+    }
+
+    /// A restart right after a kill finds the device still held while the
+    /// kernel finishes the dead process's `io_uring` writes; the open
+    /// waits for it instead of refusing.
+    #[test]
+    fn a_device_let_go_while_an_open_waits_is_taken() {
+        let (_d, path) = image(2);
+        let dev = Device::open(&path, 0, 3, SEG).expect("open");
+        let holder = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(dev);
+        });
+        let start = Instant::now();
+        Device::open(&path, 0, 3, SEG).expect("taken once let go");
+        assert!(start.elapsed() >= Duration::from_millis(300));
+        holder.join().expect("holder");
+        // A wait shorter than the hold still refuses.
+        let dev = Device::open(&path, 0, 3, SEG).expect("open");
+        let e = open_exclusive(&path, Duration::from_millis(100)).expect_err("held");
+        assert_eq!(e.kind(), io::ErrorKind::ResourceBusy, "{e}");
+        drop(dev);
     }
 
     #[test]
