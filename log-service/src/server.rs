@@ -608,7 +608,7 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
     let m = &ctx.metrics;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let mut reg = Registry::with_prefix("melddb_log");
-    let counters: [(&str, &str, u64); 23] = [
+    let counters: [(&str, &str, u64); 24] = [
         ("appends", "Acknowledged appends", s.appends),
         (
             "append_bytes",
@@ -678,6 +678,11 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
             "segments_prepared",
             "Spare segment files written full of zeros (prepared_segments)",
             s.segments_prepared,
+        ),
+        (
+            "spares_failed",
+            "Spare segments whose writing failed (a full disk, most likely); retried every 10 s",
+            s.spares_failed,
         ),
         (
             "connections",

@@ -181,6 +181,14 @@ impl Inner {
         self.publish_ready(&st);
     }
 
+    /// Writing a spare failed: counted, for the stats.
+    fn failed(&self) {
+        self.shared
+            .counters
+            .spares_failed
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     fn publish_ready(&self, st: &State) {
         let n: usize = (0..st.ready.len()).map(|z| self.count(st, z)).sum();
         self.shared
@@ -348,6 +356,7 @@ impl Inner {
                         tracing::warn!(zone, error = %e, "preparing a spare segment failed; retrying every 10 s");
                     }
                     said_no_room |= e.kind() == io::ErrorKind::StorageFull;
+                    self.failed();
                     let st = self.lock();
                     let _ = self
                         .wake
@@ -446,6 +455,7 @@ impl Spares {
                 // Spares only make appends faster: a full disk must not
                 // keep the log from opening. The refill tries again.
                 tracing::warn!(zone, error = %e, "writing a spare segment failed; going on with fewer");
+                inner.failed();
                 break;
             }
             inner.add(zone, n);

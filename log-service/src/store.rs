@@ -103,6 +103,7 @@ pub(crate) struct Counters {
     pub segments_freed: AtomicU64,
     pub segments_prepared: AtomicU64,
     pub spares_ready: AtomicU64,
+    pub spares_failed: AtomicU64,
     pub realtime_threads: AtomicU64,
     pub pinned_threads: AtomicU64,
     pub short_slice_threads: AtomicU64,
@@ -244,6 +245,11 @@ pub struct Stats {
     pub segments_prepared: u64,
     /// Spare segment files ready now, all zones together.
     pub spares_ready: u64,
+    /// Spares whose writing failed since open (a full disk, most likely,
+    /// or one under the spares' free-space rule); the refill tries again
+    /// every 10 s. A count that keeps growing means the pool will not
+    /// fill: free space, or lower `prepared_segments`.
+    pub spares_failed: u64,
     /// Threads running with `realtime_priority` (the writer and the fsync
     /// helpers; 0 when it is off or the system refused it).
     pub realtime_threads: u64,
@@ -815,6 +821,7 @@ impl Store {
             segments_freed: g(&c.segments_freed),
             segments_prepared: g(&c.segments_prepared),
             spares_ready: g(&c.spares_ready),
+            spares_failed: g(&c.spares_failed),
             realtime_threads: g(&c.realtime_threads),
             pinned_threads: g(&c.pinned_threads),
             short_slice_threads: g(&c.short_slice_threads),

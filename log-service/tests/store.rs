@@ -2534,13 +2534,20 @@ fn full_disk_child(dir: &Path) {
     let store = Store::open(cfg.clone()).expect("opens without spares");
     assert_eq!(store.stats().spares_ready, 0, "{:?}", store.stats());
     assert_eq!(store.stats().segments_prepared, 0);
+    assert!(store.stats().spares_failed >= 1, "{:?}", store.stats());
     assert!(spare_files(dir).is_empty(), "{:?}", spare_files(dir));
     for i in 0..60u64 {
         let rec = vec![i as u8; 1000];
         assert_eq!(store.append_blocking("a", 0, 0, rec).unwrap(), i);
     }
-    // Quiet long enough for the refill to try (and fail) again.
+    // Quiet long enough for the refill to try (and fail) again; the
+    // failure is counted.
     std::thread::sleep(std::time::Duration::from_millis(600));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while store.stats().spares_failed < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(store.stats().spares_failed >= 2, "{:?}", store.stats());
     for i in 0..60u64 {
         assert_eq!(&store.read("a", i).unwrap()[..], &vec![i as u8; 1000][..]);
     }
