@@ -187,22 +187,31 @@ const SUITE_SPARES: u32 = 4;
 pub const HALF_TARGET_TPS: f64 = 150_000.0;
 
 /// Waits until `store` has all its spares again (the refill runs while the
-/// log is quiet); returns the seconds waited.
+/// log is quiet); returns the seconds waited. Stops early when the refill
+/// says a spare failed (a disk under the spares' free-space rule, most
+/// likely: it would only retry every 10 s, for ever), and at
+/// [`SETTLE_MAX`] at the latest.
 async fn settle(store: &Store, spares: SparesOpt) -> f64 {
     let want = u64::from(spares.per_zone) * store.config().zones.len() as u64;
     let t = Instant::now();
+    let failed_before = store.stats().spares_failed;
     if store.stats().spares_ready < want {
         eprintln!("  waiting for the spares' refill ...");
     }
     while store.stats().spares_ready < want {
-        if t.elapsed() > SETTLE_MAX {
-            // The refill retries a failed spare every 10 s (a full disk,
-            // most likely): the run goes on with fewer rather than wait
-            // for ever.
+        let s = store.stats();
+        if s.spares_failed > failed_before {
             eprintln!(
-                "  the refill has not finished after {} s ({} of {want} spares ready; is the disk full?); going on without the rest",
+                "  the refill failed to write a spare ({} of {want} ready; is the disk full, or under 1/20 free?); going on without the rest",
+                s.spares_ready
+            );
+            break;
+        }
+        if t.elapsed() > SETTLE_MAX {
+            eprintln!(
+                "  the refill has not finished after {} s ({} of {want} spares ready); going on without the rest",
                 SETTLE_MAX.as_secs(),
-                store.stats().spares_ready
+                s.spares_ready
             );
             break;
         }
