@@ -240,7 +240,16 @@ impl Device {
             path: path.to_path_buf(),
             source,
         };
-        let (file, block) = open_exclusive(path, HELD_WAIT).map_err(io_err)?;
+        let (file, block) = open_exclusive(path, HELD_WAIT).map_err(|e| {
+            if e.kind() == io::ErrorKind::ResourceBusy {
+                OpenError::DeviceInUse {
+                    device: path.to_path_buf(),
+                    reason: e.to_string(),
+                }
+            } else {
+                io_err(e)
+            }
+        })?;
         let size = device_size(&file).map_err(io_err)?;
         let want = Label {
             zone: zone as u32,
@@ -641,12 +650,8 @@ fn try_open_exclusive(path: &Path) -> io::Result<(File, bool)> {
     if block {
         o.custom_flags(libc::O_EXCL);
     }
-    let in_use = |e: &dyn std::fmt::Display| {
-        io::Error::new(
-            io::ErrorKind::ResourceBusy,
-            format!("the device is in use: mounted, or held by another process ({e}); is a second service running on it?"),
-        )
-    };
+    let in_use =
+        |e: &dyn std::fmt::Display| io::Error::new(io::ErrorKind::ResourceBusy, e.to_string());
     let file = o.open(path).map_err(|e| match e.raw_os_error() {
         Some(libc::EBUSY) => in_use(&e),
         _ => e,
@@ -831,7 +836,10 @@ mod tests {
         let dev = Device::open(&path, 0, 3, SEG).expect("open");
         let start = Instant::now();
         let e = Device::open(&path, 0, 3, SEG).expect_err("held");
-        assert!(e.to_string().contains("the device is in use"), "{e}");
+        assert!(
+            matches!(&e, OpenError::DeviceInUse { device, .. } if *device == path),
+            "{e}"
+        );
         assert!(start.elapsed() >= HELD_WAIT, "refused only after waiting");
         drop(dev);
         Device::open(&path, 0, 3, SEG).expect("released");

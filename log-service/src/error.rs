@@ -61,6 +61,19 @@ pub enum OpenError {
         /// The holder's process id, as it wrote it in the lock file.
         holder: Option<u32>,
     },
+    /// A device is claimed by someone else (a second service on it from
+    /// other zone directories, or a mounted file system), still after the
+    /// open waited for a killed service's claim to be let go.
+    #[error(
+        "device {} is in use: mounted, or held by another process ({reason}); stop what holds it (or unmount it), or give this service its own devices",
+        .device.display()
+    )]
+    DeviceInUse {
+        /// The device's path.
+        device: PathBuf,
+        /// What the system said.
+        reason: String,
+    },
 }
 
 /// A store operation (append, read, trim) failed.

@@ -103,16 +103,7 @@ fn kill_cycles(on_devices: bool) {
     // Sparse images of 400 slots of a 1 MiB segment: room for every
     // cycle's appends without trimming.
     let devices = if on_devices {
-        let images: Vec<String> = (0..3)
-            .map(|z| {
-                let p = dir.path().join(format!("dev{z}.img"));
-                let slot = 4096 + melddb_log::device::slot_bytes(1 << 20);
-                std::fs::File::create(&p)
-                    .and_then(|f| f.set_len(4096 + 400 * slot))
-                    .unwrap();
-                p.display().to_string()
-            })
-            .collect();
+        let images = device_images(dir.path(), 400);
         format!("devices = {images:?}\n")
     } else {
         String::new()
@@ -273,6 +264,21 @@ fn loopback_config(dir: &Path) -> std::path::PathBuf {
     config
 }
 
+/// Three sparse images under `dir` standing in for devices, each of
+/// `slots` slots of a 1 MiB segment; their paths.
+fn device_images(dir: &Path, slots: u64) -> Vec<String> {
+    (0..3)
+        .map(|z| {
+            let p = dir.join(format!("dev{z}.img"));
+            let slot = 4096 + melddb_log::device::slot_bytes(1 << 20);
+            std::fs::File::create(&p)
+                .and_then(|f| f.set_len(4096 + slots * slot))
+                .unwrap();
+            p.display().to_string()
+        })
+        .collect()
+}
+
 #[test]
 fn sigterm_shuts_down_gracefully_and_keeps_everything() {
     let dir = tempfile::tempdir().unwrap();
@@ -366,6 +372,44 @@ fn a_second_service_on_held_zones_exits_3_and_the_first_serves_on() {
         );
         assert!(err.contains(&holder), "{args:?}: {err}");
     }
+    assert_eq!(rt.block_on(c.append("g", "after")).unwrap(), 1);
+    assert_eq!(
+        rt.block_on(c.read("g", 0)).unwrap(),
+        bytes::Bytes::from("before")
+    );
+}
+
+/// A second service on the same devices from zone directories of its own
+/// passes the zone locks and is refused by the devices' claim: exit 3
+/// naming the device (after the open's wait for a killed holder to let
+/// go), and the first serves on.
+#[test]
+fn a_second_service_on_held_devices_exits_3_and_the_first_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = device_images(dir.path(), 8);
+    let config_in = |name: &str| {
+        let zones: Vec<String> = (0..3)
+            .map(|z| dir.path().join(format!("{name}{z}")).display().to_string())
+            .collect();
+        let config = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &config,
+            format!("zones = {zones:?}\ndevices = {images:?}\nsegment_bytes = 1048576\n[listen]\ntcp = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\n"),
+        )
+        .unwrap();
+        config
+    };
+    let (first, second) = (config_in("a"), config_in("b"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (_svc, addr) = spawn(&first);
+    let c = rt.block_on(Client::connect(&addr)).unwrap();
+    assert_eq!(rt.block_on(c.append("g", "before")).unwrap(), 0);
+    let (code, err) = run_to_exit(&["serve"], &second);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(
+        err.contains(&format!("device {} is in use", images[0])),
+        "{err}"
+    );
     assert_eq!(rt.block_on(c.append("g", "after")).unwrap(), 1);
     assert_eq!(
         rt.block_on(c.read("g", 0)).unwrap(),
