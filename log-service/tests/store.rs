@@ -2548,6 +2548,15 @@ fn full_disk_child(dir: &Path) {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     assert!(store.stats().spares_failed >= 2, "{:?}", store.stats());
+    // ...and then tried again only every 10 s, not in a busy loop (a
+    // slower host makes fewer tries, never more).
+    let failed = store.stats().spares_failed;
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert!(
+        store.stats().spares_failed <= failed + 1,
+        "the refill retried {} times in 1 s",
+        store.stats().spares_failed - failed
+    );
     for i in 0..60u64 {
         assert_eq!(&store.read("a", i).unwrap()[..], &vec![i as u8; 1000][..]);
     }
