@@ -650,19 +650,15 @@ fn try_open_exclusive(path: &Path) -> io::Result<(File, bool)> {
     if block {
         o.custom_flags(libc::O_EXCL);
     }
-    let in_use =
-        |e: &dyn std::fmt::Display| io::Error::new(io::ErrorKind::ResourceBusy, e.to_string());
-    let file = o.open(path).map_err(|e| match e.raw_os_error() {
-        Some(libc::EBUSY) => in_use(&e),
-        _ => e,
-    })?;
+    // A refused `O_EXCL` claim (EBUSY) is of kind `ResourceBusy` already;
+    // a held lock is `WouldBlock`, made `ResourceBusy` here.
+    let file = o.open(path)?;
     rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
-        |e| {
-            if e == rustix::io::Errno::WOULDBLOCK {
-                in_use(&e)
-            } else {
-                io::Error::from(e)
+        |e| match io::Error::from(e) {
+            e if e.kind() == io::ErrorKind::WouldBlock => {
+                io::Error::new(io::ErrorKind::ResourceBusy, e.to_string())
             }
+            e => e,
         },
     )?;
     Ok((file, block))
