@@ -546,7 +546,6 @@ pub(crate) fn recover(
     for (f, r) in found.iter().zip(scanned) {
         let (file, s) = r.map_err(io(&f.path))?;
         let id = f.id;
-        report.segments += 1;
         report.bytes += s.len;
         report.bytes_read += s.read;
         report.corrupt_pages += s.corrupt;
