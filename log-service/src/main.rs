@@ -171,9 +171,9 @@ fn main() -> ExitCode {
 }
 
 /// The exit code of a failed open: 3 when another process holds the
-/// zones or a device (a script may wait and retry), 2 for a configuration the open
-/// refused (as for one that does not parse: fix the file), 1 for
-/// anything else.
+/// zones or a device (a script may wait and retry), 2 for a
+/// configuration the open refused (as for one that does not parse: fix
+/// the file), 1 for anything else.
 fn open_failed(e: &melddb_log::OpenError) -> ExitCode {
     match e {
         melddb_log::OpenError::InUse { .. } | melddb_log::OpenError::DeviceInUse { .. } => {
