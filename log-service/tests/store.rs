@@ -1881,6 +1881,25 @@ fn a_page_that_passes_its_checksum_but_lies_is_outvoted_by_parity() {
     }
 }
 
+/// A [`small_config`] store in `dir` with segments of `segment_bytes`,
+/// `n` records appended (seed `seed`) and closed: its configuration, what
+/// it must hold, and the generator to go on with.
+fn appended_and_closed(
+    dir: &Path,
+    segment_bytes: u64,
+    seed: u64,
+    n: usize,
+) -> (Config, Model, ChaCha8Rng) {
+    let mut cfg = small_config(dir);
+    cfg.segment_bytes = segment_bytes;
+    let store = Arc::new(Store::open(cfg.clone()).unwrap());
+    let mut model = Model::new();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    append_burst(&store, &mut model, &mut rng, n);
+    drop(store);
+    (cfg, model, rng)
+}
+
 /// Appends `n` records (seed `seed`, segments of `segment_bytes`), closes,
 /// lets `damage` change segment 3 (an ordered-window segment: marker, then
 /// pages; it gets the file's bytes and the end of its data) and reopens.
@@ -1892,13 +1911,7 @@ fn reopened_after_damage_to_segment_3(
     damage: impl FnOnce(&mut Vec<u8>, usize),
 ) -> (tempfile::TempDir, Config, Arc<Store>, Model, ChaCha8Rng) {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = small_config(dir.path());
-    cfg.segment_bytes = segment_bytes;
-    let store = Arc::new(Store::open(cfg.clone()).unwrap());
-    let mut model = Model::new();
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    append_burst(&store, &mut model, &mut rng, n);
-    drop(store);
+    let (cfg, model, rng) = appended_and_closed(dir.path(), segment_bytes, seed, n);
     let files = seg_files(dir.path());
     let victim = &files[3];
     let mut bytes = std::fs::read(victim).unwrap();
@@ -2490,13 +2503,7 @@ fn live_pages_past_a_long_zeroed_run_are_found_through_their_end_writes() {
 #[test]
 fn the_recovery_report_counts_the_segments_their_data_and_what_was_read() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = small_config(dir.path());
-    cfg.segment_bytes = 1 << 20;
-    let store = Arc::new(Store::open(cfg.clone()).unwrap());
-    let mut model = Model::new();
-    let mut rng = ChaCha8Rng::seed_from_u64(5);
-    append_burst(&store, &mut model, &mut rng, 200);
-    drop(store);
+    let (cfg, model, _) = appended_and_closed(dir.path(), 1 << 20, 5, 200);
     let files = seg_files(dir.path());
     // One copy of an end-write fails its checksum: one corrupt page, the
     // other two copies still index its stripe.
