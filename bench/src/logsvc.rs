@@ -198,8 +198,11 @@ async fn settle(store: &Store, spares: SparesOpt) -> f64 {
     if store.stats().spares_ready < want {
         eprintln!("  waiting for the spares' refill ...");
     }
-    while store.stats().spares_ready < want {
+    loop {
         let s = store.stats();
+        if s.spares_ready >= want {
+            break;
+        }
         if s.spares_failed > failed_before {
             eprintln!(
                 "  the refill failed to write a spare ({} of {want} ready; is the disk full, or under 1/20 free?); going on without the rest",
