@@ -2538,15 +2538,20 @@ fn scan_reach() -> usize {
     2 * (small_config(Path::new("")).page_bytes as usize + 28) + (64 << 10)
 }
 
+/// Puts one non-zero byte at `at` of a segment's bytes, growing the file
+/// to hold it.
+fn stray_byte_at(bytes: &mut Vec<u8>, at: usize) {
+    bytes.resize(bytes.len().max(at + 1), 0);
+    bytes[at] = 0x5a;
+}
+
 #[test]
 fn stray_bytes_at_the_far_end_of_the_scans_reach_are_damage() {
     // A crash that loses a page's header can leave the page after it on
     // disk; its last byte lies at the far end of the reach. Found, the
     // segment is rebuilt.
     damaged_segment_3_is_rebuilt(33, 400, 8 << 20, |bytes, len| {
-        let at = len + scan_reach() - 1;
-        bytes.resize(bytes.len().max(at + 1), 0);
-        bytes[at] = 0x5a;
+        stray_byte_at(bytes, len + scan_reach() - 1)
     });
 }
 
@@ -2557,9 +2562,7 @@ fn stray_bytes_past_the_scans_reach_are_not_read() {
     // not seen: nothing is rebuilt, the log is whole, and appends go on.
     let (_dir, cfg, store, mut model, mut rng) =
         reopened_after_damage_to_segment_3(33, 400, 8 << 20, |bytes, len| {
-            let at = len + scan_reach();
-            bytes.resize(bytes.len().max(at + 1), 0);
-            bytes[at] = 0x5a;
+            stray_byte_at(bytes, len + scan_reach())
         });
     assert!(
         store.recovery().repaired_segments.is_empty(),
@@ -2642,7 +2645,6 @@ fn full_disk_child(dir: &Path) {
     }
     // Quiet long enough for the refill to try (and fail) again; the
     // failure is counted.
-    std::thread::sleep(std::time::Duration::from_millis(600));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while store.stats().spares_failed < 2 && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(50));
