@@ -218,13 +218,8 @@ fn assert_same_stripe_pages(original: &[u8], rebuilt: &[u8], f: &Path) {
 #[test]
 fn a_deleted_segment_is_rebuilt_byte_for_byte() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = small_config(dir.path());
-    cfg.segment_bytes = 1 << 20; // no sliding: every file is still live
-    let store = Arc::new(Store::open(cfg.clone()).unwrap());
-    let mut model = Model::new();
-    let mut rng = ChaCha8Rng::seed_from_u64(7);
-    append_burst(&store, &mut model, &mut rng, 80);
-    drop(store);
+    // Segments of 1 MiB: no sliding, so every file is still live.
+    let (cfg, model, _) = appended_and_closed(dir.path(), |c| c.segment_bytes = 1 << 20, 7, 80);
     let files = seg_files(dir.path());
     let originals: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
     // Every data segment (the ordered and unordered windows) in turn.
@@ -696,12 +691,7 @@ fn parts_of_a_batch_rolled_back_during_a_round_keep_the_parts_before_them() {
 #[test]
 fn torn_tails_are_cut_and_appends_continue() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = small_config(dir.path());
-    let store = Arc::new(Store::open(cfg.clone()).unwrap());
-    let mut model = Model::new();
-    let mut rng = ChaCha8Rng::seed_from_u64(3);
-    append_burst(&store, &mut model, &mut rng, 30);
-    drop(store);
+    let (cfg, mut model, mut rng) = appended_and_closed(dir.path(), |_| {}, 3, 30);
     // Half a page where the next page would have gone in every segment
     // (window segments are zero-filled ahead: that is inside the file),
     // plus zeros at the end of one.
@@ -1431,12 +1421,7 @@ fn an_end_write_copy_that_passes_its_checksum_but_cannot_be_true_is_damage() {
     ];
     for (what, edit) in edits {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = small_config(dir.path());
-        let store = Arc::new(Store::open(cfg.clone()).unwrap());
-        let mut model = Model::new();
-        let mut rng = ChaCha8Rng::seed_from_u64(5);
-        append_burst(&store, &mut model, &mut rng, 40);
-        drop(store);
+        let (cfg, mut model, mut rng) = appended_and_closed(dir.path(), |_| {}, 5, 40);
         rewrite_first_end_write(dir.path(), edit);
         let store = Arc::new(Store::open(cfg.clone()).unwrap());
         assert!(
@@ -1566,12 +1551,7 @@ fn a_scrub_finds_a_page_that_lies_under_a_valid_checksum_before_parity_is_needed
     for (kind, shard, then_lose, last) in cases {
         let what = format!("{kind:?} page {shard} (last: {last}), then page {then_lose} lost");
         let dir = tempfile::tempdir().unwrap();
-        let cfg = small_config(dir.path());
-        let store = Arc::new(Store::open(cfg.clone()).unwrap());
-        let mut model = Model::new();
-        let mut rng = ChaCha8Rng::seed_from_u64(11);
-        append_burst(&store, &mut model, &mut rng, 60);
-        drop(store);
+        let (cfg, model, _) = appended_and_closed(dir.path(), |_| {}, 11, 60);
         let seq = falsify_page(dir.path(), kind, shard, last, &model);
         let liar = file_of_page(dir.path(), seq, shard);
         let store = Store::open(cfg.clone()).unwrap();
@@ -1713,12 +1693,7 @@ fn repairing_one_lying_page_does_not_copy_another_stripes_lie() {
     // one-parity stripe, its records gone. Intact pages are now kept
     // unless they are the ones found to lie.
     let dir = tempfile::tempdir().unwrap();
-    let cfg = small_config(dir.path());
-    let store = Arc::new(Store::open(cfg.clone()).unwrap());
-    let mut model = Model::new();
-    let mut rng = ChaCha8Rng::seed_from_u64(13);
-    append_burst(&store, &mut model, &mut rng, 60);
-    drop(store);
+    let (cfg, model, _) = appended_and_closed(dir.path(), |_| {}, 13, 60);
     // Root stripes by their pages' segments, with bodies long enough.
     let mut by_place: BTreeMap<(PathBuf, PathBuf), Vec<u64>> = BTreeMap::new();
     let mut long = std::collections::BTreeSet::new();
@@ -1785,12 +1760,7 @@ fn a_scrub_rebuilds_end_write_copies_from_the_version_written() {
     // wrong copy won the next open's vote and a record became unreadable.
     use melddb_log::stripe::{decode_end_write, encode_end_write};
     let dir = tempfile::tempdir().unwrap();
-    let cfg = small_config(dir.path());
-    let store = Arc::new(Store::open(cfg.clone()).unwrap());
-    let mut model = Model::new();
-    let mut rng = ChaCha8Rng::seed_from_u64(12);
-    append_burst(&store, &mut model, &mut rng, 40);
-    drop(store);
+    let (cfg, model, _) = appended_and_closed(dir.path(), |_| {}, 12, 40);
     // A root stripe's end-write on segment 0, the first of the first
     // copy set (segments 0, 1 and 2): its record checksum is changed and
     // the page sealed again.
@@ -1854,12 +1824,7 @@ fn a_page_that_passes_its_checksum_but_lies_is_outvoted_by_parity() {
         (page::Kind::Unordered, 1),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = small_config(dir.path());
-        let store = Arc::new(Store::open(cfg.clone()).unwrap());
-        let mut model = Model::new();
-        let mut rng = ChaCha8Rng::seed_from_u64(9);
-        append_burst(&store, &mut model, &mut rng, 60);
-        drop(store);
+        let (cfg, model, _) = appended_and_closed(dir.path(), |_| {}, 9, 60);
         falsify_page(dir.path(), kind, shard, false, &model);
         let store = Arc::new(Store::open(cfg.clone()).unwrap());
         check(&store, &model);
@@ -1886,12 +1851,12 @@ fn a_page_that_passes_its_checksum_but_lies_is_outvoted_by_parity() {
 /// it must hold, and the generator to go on with.
 fn appended_and_closed(
     dir: &Path,
-    segment_bytes: u64,
+    edit: impl FnOnce(&mut Config),
     seed: u64,
     n: usize,
 ) -> (Config, Model, ChaCha8Rng) {
     let mut cfg = small_config(dir);
-    cfg.segment_bytes = segment_bytes;
+    edit(&mut cfg);
     let store = Arc::new(Store::open(cfg.clone()).unwrap());
     let mut model = Model::new();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -1900,19 +1865,20 @@ fn appended_and_closed(
     (cfg, model, rng)
 }
 
-/// Appends `n` records (seed `seed`, segments of `segment_bytes`), closes,
-/// lets `damage` change segment 3 (an ordered-window segment: marker, then
-/// pages; it gets the file's bytes and the end of its data) and reopens.
+/// Appends `n` records (seed `seed`, [`small_config`] changed by `edit`),
+/// closes, lets `damage` change segment 3 (an ordered-window segment:
+/// marker, then pages; it gets the file's bytes and the end of its data)
+/// and reopens.
 /// The reopened store, with what it must hold and the means to go on.
 fn reopened_after_damage_to_segment_3(
+    edit: impl FnOnce(&mut Config),
     seed: u64,
     n: usize,
-    segment_bytes: u64,
     damage: impl FnOnce(&mut Vec<u8>, usize),
 ) -> (tempfile::TempDir, Config, Arc<Store>, Model, ChaCha8Rng) {
     let dir = tempfile::tempdir().unwrap();
-    let (cfg, model, rng) = appended_and_closed(dir.path(), segment_bytes, seed, n);
-    let files = seg_files(dir.path());
+    let (cfg, model, rng) = appended_and_closed(dir.path(), edit, seed, n);
+    let files = seg_files_in(&cfg.zones);
     let victim = &files[3];
     let mut bytes = std::fs::read(victim).unwrap();
     damage(&mut bytes, data_len(victim) as usize);
@@ -1931,7 +1897,7 @@ fn damaged_segment_3_is_rebuilt(
     damage: impl FnOnce(&mut Vec<u8>, usize),
 ) {
     let (_dir, cfg, store, mut model, mut rng) =
-        reopened_after_damage_to_segment_3(seed, n, segment_bytes, damage);
+        reopened_after_damage_to_segment_3(|c| c.segment_bytes = segment_bytes, seed, n, damage);
     assert!(
         store.recovery().repaired_segments.contains(&3),
         "{:?}",
@@ -1980,6 +1946,59 @@ fn a_short_torn_tail_that_is_a_live_page_is_damage_not_cut() {
         assert!(last > 0, "segment 3 holds data pages after its marker");
         bytes[last + 15] ^= 0x5a; // high byte of its body length
     });
+}
+
+#[test]
+fn a_torn_tail_is_cut_up_to_two_pages_a_data_shard_and_is_damage_past_that() {
+    // A last page that runs past the end of its file, with data after its
+    // start, is cut as a torn write only while that data is no longer
+    // than one write could have torn: two pages per data shard and a
+    // block. One byte more is damage, and the segment is rebuilt. Four
+    // zones and three data shards, so that the bound's factors differ.
+    let (k, page_bytes) = (3usize, 4096usize);
+    let bound = 2 * k * page_bytes + 4096;
+    for extra in [0, 1] {
+        let (_dir, cfg, store, mut model, mut rng) = reopened_after_damage_to_segment_3(
+            |c| {
+                c.zones.push(c.zones[0].with_file_name("zone3"));
+                c.data_shards = k;
+                c.page_bytes = page_bytes as u32;
+                c.segment_bytes = 1 << 20;
+            },
+            61,
+            60,
+            |bytes, len| {
+                bytes.truncate(len);
+                let body = vec![7u8; 2 * bound];
+                let torn = page::encode(
+                    &page::Header {
+                        kind: page::Kind::Ordered,
+                        shard: 0,
+                        k: k as u8,
+                        m: 1,
+                        body_len: body.len() as u32,
+                        stripe: 999_999,
+                        payload_len: body.len() as u32,
+                    },
+                    &body,
+                );
+                bytes.extend_from_slice(&torn[..bound + extra]);
+            },
+        );
+        let r = store.recovery().clone();
+        if extra == 0 {
+            assert_eq!(r.torn_bytes, bound as u64, "{r:?}");
+            assert!(r.repaired_segments.is_empty(), "{r:?}");
+        } else {
+            assert_eq!(r.torn_bytes, 0, "{r:?}");
+            assert_eq!(r.repaired_segments, vec![3], "{r:?}");
+        }
+        check(&store, &model);
+        append_burst(&store, &mut model, &mut rng, 30);
+        check(&store, &model);
+        drop(store);
+        check(&Store::open(cfg).unwrap(), &model);
+    }
 }
 
 /// Zeroes what the batch between the lengths `from` and `to` wrote to
@@ -2503,7 +2522,7 @@ fn live_pages_past_a_long_zeroed_run_are_found_through_their_end_writes() {
 #[test]
 fn the_recovery_report_counts_the_segments_their_data_and_what_was_read() {
     let dir = tempfile::tempdir().unwrap();
-    let (cfg, model, _) = appended_and_closed(dir.path(), 1 << 20, 5, 200);
+    let (cfg, model, _) = appended_and_closed(dir.path(), |c| c.segment_bytes = 1 << 20, 5, 200);
     let files = seg_files(dir.path());
     // One copy of an end-write fails its checksum: one corrupt page, the
     // other two copies still index its stripe.
@@ -2560,10 +2579,12 @@ fn stray_bytes_past_the_scans_reach_are_not_read() {
     // Past the reach an open segment's tail can be a whole spare's zeros,
     // which recovery must not read at every start. A byte just past it is
     // not seen: nothing is rebuilt, the log is whole, and appends go on.
-    let (_dir, cfg, store, mut model, mut rng) =
-        reopened_after_damage_to_segment_3(33, 400, 8 << 20, |bytes, len| {
-            stray_byte_at(bytes, len + scan_reach())
-        });
+    let (_dir, cfg, store, mut model, mut rng) = reopened_after_damage_to_segment_3(
+        |c| c.segment_bytes = 8 << 20,
+        33,
+        400,
+        |bytes, len| stray_byte_at(bytes, len + scan_reach()),
+    );
     assert!(
         store.recovery().repaired_segments.is_empty(),
         "{:?}",
@@ -3102,12 +3123,7 @@ fn any_subset_of_a_slides_markers_recovers_case(spares: u32) {
 #[test]
 fn a_classed_segment_far_past_the_windows_does_not_stall_the_open() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = small_config(dir.path());
-    let store = Arc::new(Store::open(cfg.clone()).unwrap());
-    let mut model = Model::new();
-    let mut rng = ChaCha8Rng::seed_from_u64(5);
-    append_burst(&store, &mut model, &mut rng, 30);
-    drop(store);
+    let (cfg, mut model, mut rng) = appended_and_closed(dir.path(), |_| {}, 5, 30);
     let far = 1u64 << 40;
     std::fs::write(
         seg_path(dir.path(), far),
