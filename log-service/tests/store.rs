@@ -732,11 +732,7 @@ fn torn_tails_are_cut_and_appends_continue() {
         store.recovery()
     );
     assert!(store.recovery().repaired_segments.is_empty());
-    check(&store, &model);
-    append_burst(&store, &mut model, &mut rng, 30);
-    drop(store);
-    let store = Store::open(cfg).unwrap();
-    check(&store, &model);
+    appends_go_on_and_survive_a_reopen(store, &cfg, &mut model, &mut rng, 30);
 }
 
 #[test]
@@ -1429,11 +1425,7 @@ fn an_end_write_copy_that_passes_its_checksum_but_cannot_be_true_is_damage() {
             "{what}: the copy counts as damage: {:?}",
             store.recovery()
         );
-        check(&store, &model);
-        append_burst(&store, &mut model, &mut rng, 10);
-        drop(store);
-        let store = Store::open(cfg).unwrap();
-        check(&store, &model);
+        appends_go_on_and_survive_a_reopen(store, &cfg, &mut model, &mut rng, 10);
     }
 }
 
@@ -1865,6 +1857,22 @@ fn appended_and_closed(
     (cfg, model, rng)
 }
 
+/// After a recovery: the store agrees with the model, takes `n` more
+/// records, agrees again, and agrees once more after a reopen with `cfg`.
+fn appends_go_on_and_survive_a_reopen(
+    store: Arc<Store>,
+    cfg: &Config,
+    model: &mut Model,
+    rng: &mut ChaCha8Rng,
+    n: usize,
+) {
+    check(&store, model);
+    append_burst(&store, model, rng, n);
+    check(&store, model);
+    drop(store);
+    check(&Store::open(cfg.clone()).unwrap(), model);
+}
+
 /// Appends `n` records (seed `seed`, [`small_config`] changed by `edit`),
 /// closes, lets `damage` change segment 3 (an ordered-window segment:
 /// marker, then pages; it gets the file's bytes and the end of its data)
@@ -1993,11 +2001,7 @@ fn a_torn_tail_is_cut_up_to_two_pages_a_data_shard_and_is_damage_past_that() {
             assert_eq!(r.torn_bytes, 0, "{r:?}");
             assert_eq!(r.repaired_segments, vec![3], "{r:?}");
         }
-        check(&store, &model);
-        append_burst(&store, &mut model, &mut rng, 30);
-        check(&store, &model);
-        drop(store);
-        check(&Store::open(cfg).unwrap(), &model);
+        appends_go_on_and_survive_a_reopen(store, &cfg, &mut model, &mut rng, 30);
     }
 }
 
@@ -2493,12 +2497,7 @@ fn spares_become_data_segments_and_leftovers_are_cleaned_up() {
     cfg.prepared_segments = 0;
     let store = Arc::new(Store::open(cfg.clone()).unwrap());
     assert!(spare_files(dir.path()).is_empty());
-    check(&store, &model);
-    append_burst(&store, &mut model, &mut rng, 40);
-    check(&store, &model);
-    drop(store);
-    let store = Store::open(cfg).unwrap();
-    check(&store, &model);
+    appends_go_on_and_survive_a_reopen(store, &cfg, &mut model, &mut rng, 40);
 }
 
 #[test]
@@ -2590,12 +2589,7 @@ fn stray_bytes_past_the_scans_reach_are_not_read() {
         "{:?}",
         store.recovery()
     );
-    check(&store, &model);
-    append_burst(&store, &mut model, &mut rng, 60);
-    check(&store, &model);
-    drop(store);
-    let store = Store::open(cfg).unwrap();
-    check(&store, &model);
+    appends_go_on_and_survive_a_reopen(store, &cfg, &mut model, &mut rng, 60);
 }
 
 /// Set in the child process of
@@ -3147,10 +3141,7 @@ fn a_classed_segment_far_past_the_windows_does_not_stall_the_open() {
         "{segs:?}"
     );
     let store = Arc::new(store);
-    append_burst(&store, &mut model, &mut rng, 30);
-    check(&store, &model);
-    drop(store);
-    check(&Store::open(cfg).unwrap(), &model);
+    appends_go_on_and_survive_a_reopen(store, &cfg, &mut model, &mut rng, 30);
 }
 
 #[test]
