@@ -608,7 +608,7 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
     let m = &ctx.metrics;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let mut reg = Registry::with_prefix("melddb_log");
-    let counters: [(&str, &str, u64); 24] = [
+    let counters: [(&str, &str, u64); 25] = [
         ("appends", "Acknowledged appends", s.appends),
         (
             "append_bytes",
@@ -654,6 +654,11 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
             s.sync_us,
         ),
         ("reads", "Record reads", s.reads),
+        (
+            "reads_whole_stripe",
+            "Reads answered from whole stripes: records spanning stripes, or record bytes that failed their checksum",
+            s.reads_whole_stripe,
+        ),
         (
             "pages_rebuilt",
             "Pages rebuilt from parity on read",

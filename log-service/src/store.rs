@@ -97,6 +97,7 @@ pub(crate) struct Counters {
     pub rounds_on_writer: AtomicU64,
     pub direct_write_bytes: AtomicU64,
     pub reads: AtomicU64,
+    pub reads_whole_stripe: AtomicU64,
     pub pages_rebuilt: AtomicU64,
     pub segments_repaired: AtomicU64,
     pub write_failures: AtomicU64,
@@ -233,6 +234,12 @@ pub struct Stats {
     pub sync_us: u64,
     /// Record reads.
     pub reads: u64,
+    /// Reads answered from whole stripes (page checksums, parity) rather
+    /// than from the record's bytes alone: every read of a record that
+    /// spans several stripes, and any read whose record bytes failed the
+    /// record's checksum. Growing on records that fit one stripe means
+    /// damaged pages: run a scrub.
+    pub reads_whole_stripe: u64,
     /// Pages rebuilt from parity on read.
     pub pages_rebuilt: u64,
     /// Segment files rebuilt.
@@ -531,6 +538,10 @@ impl Store {
                 }
             }
         }
+        self.shared
+            .counters
+            .reads_whole_stripe
+            .fetch_add(1, Ordering::Relaxed);
         let bytes = self.record_from(&root, &loc, log, pos, &mut |r| self.stripe(r))?;
         if crc32fast::hash(&bytes) == loc.crc {
             return Ok(Arc::from(bytes));
@@ -815,6 +826,7 @@ impl Store {
             write_us: stages.write.total_us(),
             sync_us: stages.round_wait.total_us(),
             reads: g(&c.reads),
+            reads_whole_stripe: g(&c.reads_whole_stripe),
             pages_rebuilt: g(&c.pages_rebuilt),
             segments_repaired: g(&c.segments_repaired),
             write_failures: g(&c.write_failures),
