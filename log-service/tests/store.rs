@@ -299,8 +299,15 @@ fn reads_of_intact_records_use_their_bytes_alone_and_others_the_whole_stripe() {
     cfg.segment_bytes = 1 << 20;
     let store = Store::open(cfg.clone()).unwrap();
     let record = |i: u64| format!("record {i:03} ").repeat(9).into_bytes();
-    for i in 0..20 {
-        assert_eq!(store.append_blocking("f", 0, 0, record(i)).unwrap(), i);
+    // Batches of four, one stripe each: records in the middle of a
+    // stripe's payload as well as at its end.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    for b in 0..5u64 {
+        let batch = (4 * b..4 * b + 4).map(|i| record(i).into()).collect();
+        let at = rt.block_on(store.append_many("f", 0, 0, batch)).unwrap();
+        assert_eq!(at, (4 * b..4 * b + 4).collect::<Vec<_>>());
     }
     let large = vec![0x3c; 20_000]; // more than a 2 × 4 KiB stripe
     assert_eq!(store.append_blocking("f", 0, 0, large.clone()).unwrap(), 20);
@@ -318,8 +325,8 @@ fn reads_of_intact_records_use_their_bytes_alone_and_others_the_whole_stripe() {
         assert_eq!(store.stats().reads_whole_stripe, round + 1);
     }
     drop(store);
-    // One byte of record 7 changed on disk (the record is split over the
-    // stripe's two data pages; one piece of it is looked for): its read
+    // One byte of record 7 changed on disk (a stripe's payload is split
+    // over its two data pages; one piece of the record is looked for): its read
     // takes the whole stripe, where parity stands in for the bad page.
     let needle = b"record 007 record 007 ";
     let (file, at) = seg_files(dir.path())
