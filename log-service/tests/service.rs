@@ -795,6 +795,13 @@ async fn websocket_speaks_the_same_frames_and_http_serves_tools() {
     let (st, body) = http("GET", "/metrics", b"").await;
     assert_eq!(st, 200);
     assert!(body.contains("melddb_log_appends_total 2"), "{body}");
+    // The records read above fit one stripe each and are intact: read
+    // from their bytes alone.
+    assert!(body.contains("melddb_log_reads_total 3"), "{body}");
+    assert!(
+        body.contains("melddb_log_reads_whole_stripe_total 0"),
+        "{body}"
+    );
     // Both appends passed through every stage; each batch was written.
     assert!(
         body.contains("melddb_log_append_queued_seconds_count 2"),
