@@ -1898,9 +1898,9 @@ fn a_page_that_passes_its_checksum_but_lies_is_outvoted_by_parity() {
     }
 }
 
-/// A [`small_config`] store in `dir` with segments of `segment_bytes`,
-/// `n` records appended (seed `seed`) and closed: its configuration, what
-/// it must hold, and the generator to go on with.
+/// A [`small_config`] store in `dir`, changed by `edit`, with `n` records
+/// appended (seed `seed`) and closed: its configuration, what it must
+/// hold, and the generator to go on with.
 fn appended_and_closed(
     dir: &Path,
     edit: impl FnOnce(&mut Config),
