@@ -969,11 +969,10 @@ pub(crate) fn read_stripe(
             Some(s) => *slot = Some(s),
             None => {
                 bad.push(r.pages[i].0);
-                if i < k {
-                    missing_data = true;
-                    // Parity pages before `i` were skipped; none exist
-                    // before the data pages end, so nothing to revisit.
-                }
+                // From here on every page is wanted. A parity page is only
+                // read once this is already set; no parity page comes
+                // before the data pages end, so none was skipped.
+                missing_data = true;
             }
         }
     }

@@ -1898,6 +1898,69 @@ fn a_page_that_passes_its_checksum_but_lies_is_outvoted_by_parity() {
     }
 }
 
+#[test]
+fn a_sealed_page_that_names_another_stripe_is_rebuilt_and_parity_is_read_only_when_needed() {
+    // A page can pass its own checksum and still not be the page the
+    // index points at (a misdirected write, a stale page of an earlier
+    // life of the file): its header names another stripe. Its body is
+    // left as written, so the record's checksum would pass; only the
+    // header check tells, and the page must count as lost. And a read
+    // whose data pages are intact leaves parity alone, even damaged.
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_config(dir.path());
+    cfg.segment_bytes = 1 << 20;
+    cfg.read_cache_stripes = 0; // every read goes to the files
+    let store = Store::open(cfg.clone()).unwrap();
+    // Spans stripes, so every read takes whole stripes, page by page.
+    let large: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+    assert_eq!(store.append_blocking("f", 0, 0, large.clone()).unwrap(), 0);
+    let data = |h: &page::Header| matches!(h.kind, page::Kind::Ordered | page::Kind::Unordered);
+    let mut parity_of = None;
+    edit_first_page_in(&seg_files(dir.path()), "parity", false, |h, bytes| {
+        if !data(h) || h.shard < h.k {
+            return false;
+        }
+        bytes[page::HEADER + h.body_len as usize / 2] ^= 0x5a;
+        parity_of = Some(h.stripe);
+        true
+    });
+    assert_eq!(&store.read("f", 0).unwrap()[..], &large[..]);
+    assert_eq!(
+        store.stats().pages_rebuilt,
+        0,
+        "intact data pages: the damaged parity page is not read"
+    );
+    edit_first_page(dir.path(), "data", |h, bytes| {
+        if !data(h) || h.shard != 0 || Some(h.stripe) == parity_of {
+            return false;
+        }
+        let other = page::Header {
+            stripe: h.stripe + 1_000,
+            ..*h
+        };
+        let renamed = page::encode(&other, &bytes[page::HEADER..]);
+        bytes.copy_from_slice(&renamed);
+        true
+    });
+    assert_eq!(&store.read("f", 0).unwrap()[..], &large[..]);
+    assert_eq!(
+        store.stats().pages_rebuilt,
+        1,
+        "the page naming another stripe is rebuilt: {:?}",
+        store.stats()
+    );
+    store.barrier_blocking(); // the read queued a repair; wait for it
+    assert!(store.stats().segments_repaired >= 1, "{:?}", store.stats());
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    assert_eq!(&store.read("f", 0).unwrap()[..], &large[..]);
+    assert_eq!(
+        store.stats().pages_rebuilt,
+        0,
+        "the repair wrote the page back under its own stripe"
+    );
+}
+
 /// A [`small_config`] store in `dir`, changed by `edit`, with `n` records
 /// appended (seed `seed`) and closed: its configuration, what it must
 /// hold, and the generator to go on with.
