@@ -147,6 +147,14 @@ pub struct Results {
     /// Seconds the suite waited, over all points, for the refill between
     /// points (spares written while the log was quiet).
     pub spares_refill_secs: f64,
+    /// Spares ready, all zones together, when the half-target point
+    /// started, of [`SparesOpt::wanted`]: fewer means the window opened
+    /// new files during it, fsynced one by one (a disk under the spares'
+    /// free-space rule), and its latency is not comparable with runs
+    /// that had them.
+    pub half_target_spares_ready: u64,
+    /// Spares the main service keeps, all zones together.
+    pub spares_wanted: u64,
     /// The same batched and half-load runs on a second fresh service
     /// without spares (segments start as empty files), the half load at
     /// the main run's rate.
@@ -192,7 +200,7 @@ pub const HALF_TARGET_TPS: f64 = 150_000.0;
 /// likely: it would only retry every 10 s, for ever), and at
 /// [`SETTLE_MAX`] at the latest.
 async fn settle(store: &Store, spares: SparesOpt) -> f64 {
-    let want = u64::from(spares.per_zone) * store.config().zones.len() as u64;
+    let want = spares.wanted(store.config().zones.len());
     let t = Instant::now();
     let failed_before = store.stats().spares_failed;
     if store.stats().spares_ready < want {
@@ -489,6 +497,11 @@ pub struct SparesOpt {
 }
 
 impl SparesOpt {
+    /// Spares kept ready over `zones` zones.
+    pub fn wanted(&self, zones: usize) -> u64 {
+        u64::from(self.per_zone) * zones as u64
+    }
+
     /// The suite's configuration over `dir` with these spares and
     /// `data_shards` data pages per stripe.
     fn config(&self, dir: &Path, data_shards: usize) -> Config {
@@ -822,6 +835,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
         // Twice the other points' length: this p99 is read against a
         // target, and one stall of a few milliseconds moves the p99 of a
         // short run (docs/benchmarks-log-history.md, nineteenth session).
+        let half_target_spares_ready = store.stats().spares_ready;
         let stages_before = store.stages();
         let sampler = Sampler::start(store.clone(), &dir)?;
         let mut half_target_load =
@@ -956,6 +970,8 @@ pub fn run(quick: bool) -> Result<Results, String> {
             round_floor,
             spares,
             spares_open_secs,
+            half_target_spares_ready,
+            spares_wanted: spares.wanted(ZONES),
             spares_refill_secs,
             fresh_files: FreshFiles {
                 batched,
@@ -1012,6 +1028,12 @@ pub struct Probe {
     pub short_slice_threads: u64,
     /// Whether transparent huge pages were off for the process.
     pub thp_disabled: bool,
+    /// Spares ready, all zones together, when the measured point
+    /// started; fewer than [`Probe::spares_wanted`] makes the point open
+    /// new files, and its latency not comparable with runs that had them.
+    pub spares_ready_at_start: u64,
+    /// Spares the service keeps, all zones together.
+    pub spares_wanted: u64,
 }
 
 /// A load point: `CLIENTSxDEPTHxBATCHxBYTES` (closed loop, for example
@@ -1185,6 +1207,7 @@ pub fn probe(
             tokio::time::sleep(Duration::from_secs_f64(settings.idle_secs)).await;
         }
         let before = store.stats();
+        let spares_wanted = spares.wanted(store.config().zones.len());
         let stages_before = store.stages();
         let cpu = cpu_time::ProcessTime::try_now().map_err(|e| format!("process CPU time: {e}"))?;
         let wall = Instant::now();
@@ -1220,6 +1243,8 @@ pub fn probe(
             pinned_threads: after.pinned_threads,
             short_slice_threads: after.short_slice_threads,
             thp_disabled: after.thp_disabled,
+            spares_ready_at_start: before.spares_ready,
+            spares_wanted,
         })
     })
 }

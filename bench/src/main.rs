@@ -990,8 +990,13 @@ fn log_suite(args: &Args) -> Result<(), String> {
     );
     println!("geometry: {}", r.geometry);
     println!(
-        "spares: {} per zone, written at the open in {:.1} s; {:.1} s waited for refills between points (spares are refilled only while the log is quiet)",
-        r.spares.per_zone, r.spares_open_secs, r.spares_refill_secs
+        "spares: {} per zone, written at the open in {:.1} s; {:.1} s waited for refills between points (spares are refilled only while the log is quiet); {} of {} ready when the half-target point started{}",
+        r.spares.per_zone,
+        r.spares_open_secs,
+        r.spares_refill_secs,
+        r.half_target_spares_ready,
+        r.spares_wanted,
+        spares_short_note(r.half_target_spares_ready, r.spares_wanted)
     );
     println!(
         "without spares (a second fresh service, segments start as empty files): batches {:.0}/s ({:.2}x with spares); half load p50 {:.3} ms, p99 {:.3} ms (with spares p50 {:.3}, p99 {:.3})",
@@ -1112,6 +1117,10 @@ fn log_suite(args: &Args) -> Result<(), String> {
     );
     put("spares_open_secs", r.spares_open_secs);
     put("spares_refill_secs", r.spares_refill_secs);
+    put(
+        "half_target_spares_ready",
+        r.half_target_spares_ready as f64,
+    );
     put("read_tps_1k", r.reads.ops_s);
     put("disk_seq_write_mib_s", r.disk_seq_write_mib_s);
     put("log_write_mib_s_64k", big);
@@ -1303,6 +1312,12 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         );
     }
     println!(
+        "spares: {} of {} ready when the point started{}",
+        r.spares_ready_at_start,
+        r.spares_wanted,
+        spares_short_note(r.spares_ready_at_start, r.spares_wanted)
+    );
+    println!(
         "transparent huge pages: {}",
         if r.thp_disabled {
             "off"
@@ -1344,6 +1359,16 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         write_json(path, &doc)?;
     }
     Ok(())
+}
+
+/// What a point with fewer spares than asked measured, for the line that
+/// reports them ("" when none were missing).
+fn spares_short_note(ready: u64, wanted: u64) -> &'static str {
+    if ready >= wanted {
+        ""
+    } else {
+        "; fewer than asked: a segment the window opens without a spare is a new file, fsynced on its own in every round, so this latency may not compare with runs that had them (--spares-wait waits for the refill; a refill that fails wants free disk space, as spares keep a twentieth of the file system free)"
+    }
 }
 
 /// Writes a suite's JSON document (`--json FILE`).
