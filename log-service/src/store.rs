@@ -381,6 +381,8 @@ impl Store {
         &self.shared.config
     }
 
+    /// Checks an append's arguments and builds its request, with the
+    /// receiver its answer comes to.
     fn request(
         &self,
         log: &str,
@@ -388,7 +390,7 @@ impl Store {
         request: u64,
         bytes: Bytes,
         at: Instant,
-    ) -> Result<(Cmd, oneshot::Receiver<Result<u64, StoreError>>), StoreError> {
+    ) -> Result<(AppendReq, oneshot::Receiver<Result<u64, StoreError>>), StoreError> {
         check_log_name(log)?;
         let limit = self.shared.config.max_record_bytes as usize;
         if bytes.len() > limit {
@@ -399,14 +401,14 @@ impl Store {
         }
         let (reply, rx) = oneshot::channel();
         Ok((
-            Cmd::Append(AppendReq {
+            AppendReq {
                 log: log.to_string(),
                 client,
                 request,
                 bytes,
                 reply,
                 at,
-            }),
+            },
             rx,
         ))
     }
@@ -421,9 +423,9 @@ impl Store {
         request: u64,
         bytes: impl Into<Bytes>,
     ) -> Result<u64, StoreError> {
-        let (cmd, rx) = self.request(log, client, request, bytes.into(), Instant::now())?;
+        let (req, rx) = self.request(log, client, request, bytes.into(), Instant::now())?;
         self.tx
-            .send(cmd)
+            .send(Cmd::Append(req))
             .await
             .map_err(|_| StoreError::ShuttingDown)?;
         rx.await.map_err(|_| StoreError::ShuttingDown)?
@@ -449,11 +451,8 @@ impl Store {
             } else {
                 first_request.wrapping_add(i as u64)
             };
-            let (cmd, rx) = self.request(log, client, request, bytes, at)?;
-            let Cmd::Append(a) = cmd else {
-                unreachable!("request builds appends")
-            };
-            reqs.push(a);
+            let (req, rx) = self.request(log, client, request, bytes, at)?;
+            reqs.push(req);
             rxs.push(rx);
         }
         if reqs.is_empty() {
@@ -478,9 +477,9 @@ impl Store {
         request: u64,
         bytes: impl Into<Bytes>,
     ) -> Result<u64, StoreError> {
-        let (cmd, rx) = self.request(log, client, request, bytes.into(), Instant::now())?;
+        let (req, rx) = self.request(log, client, request, bytes.into(), Instant::now())?;
         self.tx
-            .blocking_send(cmd)
+            .blocking_send(Cmd::Append(req))
             .map_err(|_| StoreError::ShuttingDown)?;
         rx.blocking_recv().map_err(|_| StoreError::ShuttingDown)?
     }
