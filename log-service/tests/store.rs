@@ -1263,12 +1263,23 @@ fn bad_arguments_are_typed_errors() {
     // Empty records are records (the core's group-meld filler is one).
     let p = store.append_blocking("l", 0, 0, Vec::new()).unwrap();
     assert_eq!(store.read("l", p).unwrap().len(), 0);
+    // A record of exactly `max_record_bytes` is taken; one byte more is
+    // refused, and the error says by how much.
+    let limit = cfg.max_record_bytes as usize;
+    let at_limit: Vec<u8> = (0..limit).map(|i| (i % 253) as u8).collect();
+    let p = store.append_blocking("l", 0, 0, at_limit.clone()).unwrap();
+    assert_eq!(&store.read("l", p).unwrap()[..], &at_limit[..]);
+    match store.append_blocking("l", 0, 0, vec![0; limit + 1]) {
+        Err(StoreError::TooLarge { len, limit: l }) => assert_eq!((len, l), (limit + 1, limit)),
+        other => panic!("a record one byte over the limit: {other:?}"),
+    }
+    assert_eq!(
+        store.bounds("l"),
+        (0, 2),
+        "the refused record took no position"
+    );
     assert!(matches!(
-        store.append_blocking("l", 0, 0, vec![0; cfg.max_record_bytes as usize + 1]),
-        Err(StoreError::TooLarge { .. })
-    ));
-    assert!(matches!(
-        store.read("l", 1),
+        store.read("l", 2),
         Err(StoreError::NotYetWritten { .. })
     ));
     let mut bad = cfg.clone();
