@@ -828,6 +828,25 @@ async fn websocket_speaks_the_same_frames_and_http_serves_tools() {
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or(0);
     assert!((1..=batches).contains(&answered), "{body}");
+
+    // The segments, as tools see them: every file the store has open
+    // (counted apart, in its stats), once each, in id order, in the three
+    // zones, with classes that never rise with the id, and after two
+    // appends at least one holding root stripes and one the end-writes.
+    let (st, body) = http("GET", "/v1/segments", b"").await;
+    assert_eq!(st, 200, "{body}");
+    let segs: Vec<serde_json::Value> = serde_json::from_str(&body).expect("a JSON array");
+    let field =
+        |s: &serde_json::Value, k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{k} in {s}"));
+    assert_eq!(segs.len() as u64, store.stats().segments, "{body}");
+    let ids: Vec<u64> = segs.iter().map(|s| field(s, "id")).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{body}");
+    let classes: Vec<u64> = segs.iter().map(|s| field(s, "class")).collect();
+    assert!(classes.windows(2).all(|w| w[0] >= w[1]), "{body}");
+    assert!(classes.iter().all(|&c| c <= 4), "{body}");
+    assert!(segs.iter().all(|s| field(s, "zone") < 3), "{body}");
+    assert!(classes.contains(&2) && classes.contains(&3), "{body}");
+    assert!(segs.iter().any(|s| field(s, "len") > 0), "{body}");
     stop(store, running).await;
 }
 
