@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use melddb_log::page::{self, class};
+use melddb_log::store::check_log_name;
 use melddb_log::{Config, Faults, SegmentInfo, Store, StoreError};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -1260,6 +1261,46 @@ fn bad_arguments_are_typed_errors() {
         store.append_blocking("", 0, 0, b"x".to_vec()),
         Err(StoreError::BadLogName(_))
     ));
+    // The documented rule, 1-64 bytes of `A-Z a-z 0-9 _ . -`, at each of
+    // its edges, for appends, reads, trims and the rule's own check.
+    let long = "n".repeat(64);
+    for ok in ["A", "z", "0", "9", "_", ".", "-", "a_b.c-D9", long.as_str()] {
+        assert_eq!(check_log_name(ok), Ok(()), "{ok:?}");
+        let p = store.append_blocking(ok, 0, 0, ok.as_bytes().to_vec());
+        let p = p.unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+        assert_eq!(&store.read(ok, p).unwrap()[..], ok.as_bytes(), "{ok:?}");
+    }
+    let too_long = "n".repeat(65);
+    for bad in [
+        too_long.as_str(),
+        "a b",
+        "a/b",
+        "é",
+        "a\0",
+        "a:b",
+        "*",
+        "\u{7f}",
+    ] {
+        assert!(
+            matches!(check_log_name(bad), Err(StoreError::BadLogName(_))),
+            "{bad:?}"
+        );
+        assert!(
+            matches!(
+                store.append_blocking(bad, 0, 0, b"x".to_vec()),
+                Err(StoreError::BadLogName(_))
+            ),
+            "{bad:?}"
+        );
+        assert!(
+            matches!(store.read(bad, 0), Err(StoreError::BadLogName(_))),
+            "{bad:?}"
+        );
+        assert!(
+            matches!(store.trim_blocking(bad, 0), Err(StoreError::BadLogName(_))),
+            "{bad:?}"
+        );
+    }
     // Empty records are records (the core's group-meld filler is one).
     let p = store.append_blocking("l", 0, 0, Vec::new()).unwrap();
     assert_eq!(store.read("l", p).unwrap().len(), 0);
