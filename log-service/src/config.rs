@@ -596,6 +596,139 @@ mod tests {
         assert!(c.validate().is_err());
     }
 
+    /// Each of the geometry's and the limits' lower bounds holds exactly
+    /// at its edge: the edge is taken, one step past it is refused with a
+    /// message naming the field.
+    #[test]
+    fn the_lower_bounds_hold_exactly_at_their_edges() {
+        let zones = |n: usize| (0..n).map(|z| PathBuf::from(format!("z{z}"))).collect();
+        let ok = Config::with_zones(zones(3));
+        let taken = |c: &Config, what: &str| {
+            if let Err(e) = c.validate() {
+                panic!("{what}: refused with {e}");
+            }
+        };
+        taken(&ok, "the defaults");
+        let refused = |c: &Config, says: &str| {
+            let e = c.validate().expect_err(says).to_string();
+            assert!(e.contains(says), "expected {says:?} in {e:?}");
+        };
+        type Edit = fn(&mut Config);
+        // (field, the edge that is taken, one step past it, what the
+        // refusal says)
+        let edges: [(&str, Edit, Edit, &str); 12] = [
+            (
+                "data_shards",
+                |c| c.data_shards = 1,
+                |c| c.data_shards = 0,
+                "data_shards and parity_shards must both be at least 1",
+            ),
+            (
+                "parity_shards",
+                |c| c.parity_shards = 1,
+                |c| c.parity_shards = 0,
+                "data_shards and parity_shards must both be at least 1",
+            ),
+            (
+                "page_bytes",
+                // Records of a small page's stripe: the 64 MiB default
+                // needs more fragments than its root can list.
+                |c| {
+                    c.page_bytes = 4096;
+                    c.max_record_bytes = 1 << 10;
+                },
+                |c| c.page_bytes = 4095,
+                "page_bytes must be between 4096",
+            ),
+            (
+                "page_bytes (top)",
+                |c| c.page_bytes = MAX_PAGE_BYTES,
+                |c| c.page_bytes = MAX_PAGE_BYTES + 1,
+                "page_bytes must be between 4096",
+            ),
+            (
+                "segment_bytes",
+                |c| c.segment_bytes = 4 * c.page_bytes as u64,
+                |c| c.segment_bytes = 4 * c.page_bytes as u64 - 1,
+                "segment_bytes must hold at least four pages",
+            ),
+            // 3 end-write copies and two windows of 3 pages.
+            (
+                "max_segments",
+                |c| c.max_segments = 10,
+                |c| c.max_segments = 9,
+                "max_segments must exceed the 9 segments",
+            ),
+            (
+                "prepared_segments",
+                |c| c.prepared_segments = MAX_PREPARED_SEGMENTS,
+                |c| c.prepared_segments = MAX_PREPARED_SEGMENTS + 1,
+                "prepared_segments must be at most",
+            ),
+            (
+                "max_record_bytes",
+                |c| c.max_record_bytes = 1,
+                |c| c.max_record_bytes = 0,
+                "max_record_bytes must be between 1",
+            ),
+            (
+                "limits.max_frame_bytes",
+                |c| c.limits.max_frame_bytes = 64,
+                |c| c.limits.max_frame_bytes = 63,
+                "limits.max_frame_bytes must be at least 64",
+            ),
+            (
+                "limits.max_connections",
+                |c| c.limits.max_connections = 1,
+                |c| c.limits.max_connections = 0,
+                "limits must be positive",
+            ),
+            (
+                "limits.max_in_flight",
+                |c| c.limits.max_in_flight = 1,
+                |c| c.limits.max_in_flight = 0,
+                "limits must be positive",
+            ),
+            (
+                "limits.append_queue",
+                |c| c.limits.append_queue = 1,
+                |c| c.limits.append_queue = 0,
+                "limits must be positive",
+            ),
+        ];
+        for (field, edge, past, says) in edges {
+            let mut c = ok.clone();
+            edge(&mut c);
+            taken(&c, field);
+            past(&mut c);
+            refused(&c, says);
+        }
+        // A page at its largest needs segments of four such pages.
+        let mut c = ok.clone();
+        c.page_bytes = MAX_PAGE_BYTES;
+        c.segment_bytes = 4 * MAX_PAGE_BYTES as u64;
+        taken(&c, "a largest page in segments of four");
+        // As many zones as the stripe is wide, or as the three end-write
+        // copies need when the stripe is narrower.
+        let mut c = Config::with_zones(zones(2));
+        refused(&c, "2 zones configured but a stripe of 3 pages");
+        c.data_shards = 1;
+        refused(&c, "need at least 3 zones");
+        let mut c = Config::with_zones(zones(5));
+        c.data_shards = 4;
+        taken(&c, "5 zones for a stripe of 5 pages");
+        c.data_shards = 5;
+        refused(&c, "5 zones configured but a stripe of 6 pages");
+        // The widest stripe, 255 pages, in as many zones; one page more
+        // is refused for its width, not for its zones.
+        let mut c = Config::with_zones(zones(256));
+        c.data_shards = 254;
+        c.max_segments = (END_WRITE_COPIES + 2 * 256) as u64 + 1;
+        taken(&c, "a stripe of 255 pages in 256 zones");
+        c.data_shards = 255;
+        refused(&c, "data_shards + parity_shards must be at most 255");
+    }
+
     #[test]
     fn devices_need_one_per_zone_each_its_own_and_block_aligned_segments() {
         let mut c = Config::with_zones(vec!["a".into(), "b".into(), "c".into()]);
