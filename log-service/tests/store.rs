@@ -1328,6 +1328,63 @@ fn bad_arguments_are_typed_errors() {
     assert!(Store::open(bad).is_err());
 }
 
+/// The largest `max_record_bytes` validation takes is the documented
+/// rule's edge (a root stripe lists 8 bytes per fragment stripe beside
+/// 128 bytes for the entry and a quarter-stripe tail: with `cap` payload
+/// bytes per stripe, at most `(cap - 128 - cap / 4) / 8` fragments of
+/// `cap` bytes), one byte more is refused with what to change, and the
+/// writer really places a record of exactly that size under the longest
+/// log name, spanning hundreds of stripes, read back intact after a
+/// reopen.
+#[test]
+fn the_largest_record_validation_takes_is_written_under_the_longest_name() {
+    // The last geometry puts the edge exactly on the rule's equality:
+    // 8192 payload bytes, 752 fragments filling the root to its last byte.
+    for (data_shards, page_bytes) in [(1usize, 4096u32), (2, 4096), (2, 4124)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = small_config(dir.path());
+        cfg.data_shards = data_shards;
+        cfg.page_bytes = page_bytes;
+        cfg.segment_bytes = 1 << 20;
+        let cap = (data_shards * (cfg.page_bytes as usize - page::HEADER)) as u32;
+        let room = cap - 128 - cap / 4;
+        if page_bytes == 4124 {
+            assert_eq!(room % 8, 0, "this geometry's edge fills the root exactly");
+        }
+        let edge = room / 8 * cap;
+        cfg.max_record_bytes = edge;
+        if let Err(e) = cfg.validate() {
+            panic!("k = {data_shards}: the edge {edge} is refused: {e}");
+        }
+        let mut over = cfg.clone();
+        over.max_record_bytes = edge + 1;
+        let e = over
+            .validate()
+            .expect_err("one byte past the edge")
+            .to_string();
+        assert!(
+            e.contains(&format!("max_record_bytes {}", edge + 1)) && e.contains("raise page_bytes"),
+            "{e}"
+        );
+        let store = Store::open(cfg.clone()).unwrap();
+        let log = "L".repeat(64);
+        let rec: Vec<u8> = (0..edge).map(|i| (i % 251) as u8).collect();
+        let p = store.append_blocking(&log, 1, 1, rec.clone()).unwrap();
+        assert!(
+            store.read(&log, p).unwrap()[..] == rec[..],
+            "k = {data_shards}"
+        );
+        let stripes = store.stats().stripes;
+        assert!(stripes > 300, "k = {data_shards}: {stripes} stripes");
+        drop(store);
+        let store = Store::open(cfg).unwrap();
+        assert!(
+            store.read(&log, p).unwrap()[..] == rec[..],
+            "k = {data_shards}"
+        );
+    }
+}
+
 /// A store in `dir` with 20 single appends of 100 bytes to log "b", each
 /// its own batch.
 fn twenty_appends(dir: &Path) -> (Config, Store) {
