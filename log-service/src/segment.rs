@@ -107,13 +107,25 @@ fn write_all_padded(file: &SegFile, buf: &[u8], pad: usize, off: u64) -> io::Res
         return file.write_all_at(buf, off);
     }
     let done = file.pwritev(&[io::IoSlice::new(buf), io::IoSlice::new(zeros)], off)?;
-    // Short writes are rare (a full disk, a signal): finish piecewise.
+    finish_padded(file, buf, zeros, off, done)
+}
+
+/// Writes what a `pwritev` of `buf` and then `zeros` at `off` left undone
+/// after its first `done` bytes. Short writes are rare (a full disk, a
+/// signal), so this finishes piecewise.
+fn finish_padded(
+    file: &SegFile,
+    buf: &[u8],
+    zeros: &[u8],
+    off: u64,
+    done: usize,
+) -> io::Result<()> {
     if done < buf.len() {
         file.write_all_at(&buf[done..], off + done as u64)?;
         file.write_all_at(zeros, off + buf.len() as u64)
     } else {
         let z = done - buf.len();
-        file.write_all_at(&zeros[z.min(pad)..], off + done as u64)
+        file.write_all_at(&zeros[z.min(zeros.len())..], off + done as u64)
     }
 }
 
@@ -407,6 +419,186 @@ mod tests {
         assert!(back[8192..9192].iter().all(|&b| b == 2));
         assert!(back[9192..].iter().all(|&b| b == 0));
         assert_eq!(f.size().expect("size"), 64 << 10);
+    }
+
+    /// A directory's sync reports what stops it.
+    #[test]
+    fn syncing_a_missing_directory_is_an_error() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        sync_dir(dir.path()).expect("a directory syncs");
+        let e = sync_dir(&dir.path().join("gone")).expect_err("missing");
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
+
+    /// Segments go round-robin over the zones, each file in its zone's
+    /// directory under its own name.
+    #[test]
+    fn segments_go_round_robin_over_the_zones() {
+        let zones: Vec<PathBuf> = ["a", "b", "c"].iter().map(PathBuf::from).collect();
+        for id in 0..12u64 {
+            let z = (id % 3) as usize;
+            assert_eq!(zone(&zones, id), z, "segment {id}");
+            assert_eq!(path(&zones, id), zones[z].join(file_name(id)));
+        }
+        assert_eq!(zone(&zones, u64::MAX), (u64::MAX % 3) as usize);
+    }
+
+    /// Only the store's own fault-free instance may be bypassed; one
+    /// a test holds can be armed at any time.
+    #[test]
+    fn only_the_stores_own_instance_is_inert() {
+        assert!(Faults::inert().is_inert());
+        assert!(!Faults::none().is_inert());
+        assert!(!Faults::default().is_inert());
+    }
+
+    /// A short `pwritev` is finished from wherever it stopped, inside the
+    /// bytes or inside the zeros: the file ends up the same, and nothing
+    /// outside the range is touched.
+    #[test]
+    fn a_short_padded_write_is_finished_from_any_point() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("f"))
+            .map(SegFile::whole)
+            .expect("create");
+        let buf: Vec<u8> = (1..=10).collect();
+        let zeros = [0u8; 6];
+        let off = 5u64;
+        let whole = [&buf[..], &zeros[..]].concat();
+        for done in 0..=whole.len() {
+            // Old bytes everywhere, so every byte the finish writes shows.
+            f.write_all_at(&[0xEE; 32], 0).expect("old bytes");
+            f.write_all_at(&whole[..done], off).expect("the short part");
+            finish_padded(&f, &buf, &zeros, off, done).expect("finish");
+            let mut back = [0u8; 32];
+            f.read_exact_at(&mut back, 0).expect("read");
+            let end = off as usize + whole.len();
+            assert!(back[..off as usize].iter().all(|&b| b == 0xEE), "{done}");
+            assert_eq!(&back[off as usize..end], &whole[..], "after {done} bytes");
+            assert!(back[end..].iter().all(|&b| b == 0xEE), "{done}");
+        }
+    }
+
+    /// The injector does what the fault tests take it to do: the armed
+    /// write fails after the given number succeed, only once, and a torn
+    /// one leaves exactly the first half of its bytes, whether written at
+    /// once or held back for the round.
+    #[test]
+    fn an_armed_write_fails_once_and_a_torn_one_leaves_its_first_half() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file =
+            |name: &str| std::sync::Arc::new(open(&dir.path().join(name), true).expect("create"));
+        let bytes = |name: &str| std::fs::read(dir.path().join(name)).expect("read");
+        let buf: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8 + 1).collect();
+        let faults = Faults::none();
+
+        let a = file("a");
+        faults.fail_write_after(1, true);
+        faults
+            .write_padded_at(&a, &buf, 0, 0)
+            .expect("the one before");
+        faults
+            .write_padded_at(&a, &buf, 0, 20_000)
+            .expect_err("the armed write");
+        faults
+            .write_padded_at(&a, &buf, 0, 40_000)
+            .expect("only one fails");
+        let back = bytes("a");
+        assert_eq!(back.len(), 50_000);
+        assert_eq!(&back[..10_000], &buf[..]);
+        assert!(back[10_000..20_000].iter().all(|&b| b == 0));
+        assert_eq!(&back[20_000..25_000], &buf[..5_000], "the torn half");
+        assert!(back[25_000..40_000].iter().all(|&b| b == 0));
+        assert_eq!(&back[40_000..], &buf[..]);
+
+        let b = file("b");
+        let pool = crate::direct::BufPool::default();
+        faults.fail_write_after(0, true);
+        let w = crate::direct::DeferredWrite::new(b.clone(), None, 100, &buf, &pool);
+        faults.write_deferred(&w).expect_err("the armed write");
+        let back = bytes("b");
+        assert_eq!(back.len(), 5_100);
+        assert_eq!(&back[100..], &buf[..5_000], "the torn half");
+        faults.write_deferred(&w).expect("only one fails");
+        assert_eq!(&bytes("b")[100..], &buf[..]);
+
+        // Not torn: nothing written.
+        let c = file("c");
+        faults.fail_write_after(0, false);
+        faults.write_padded_at(&c, &buf, 0, 0).expect_err("armed");
+        assert!(bytes("c").is_empty());
+
+        // Two failures: the next write, then the second after it; then
+        // none.
+        faults.fail_two_writes(0, 1, false);
+        let failed: Vec<bool> = (0..8u64)
+            .map(|i| faults.write_padded_at(&c, b"x", 0, i).is_err())
+            .collect();
+        let want = [true, false, true, false, false, false, false, false];
+        assert_eq!(failed, want);
+    }
+
+    /// A held-back write with a direct descriptor writes its whole
+    /// blocks through it (they bypass the page cache, so none is left
+    /// dirty), its ends buffered; and a direct descriptor that fails for
+    /// another reason than alignment fails the write instead of falling
+    /// back to the buffered one.
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_held_back_write_takes_its_whole_blocks_directly() {
+        use std::sync::Arc;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let f = Arc::new(open(&dir.path().join("d"), true).expect("create"));
+        let Ok(direct) = crate::direct::open_direct(f.file()) else {
+            eprintln!("skipped: no O_DIRECT on this file system");
+            return;
+        };
+        let direct = Arc::new(SegFile::whole(direct));
+        const B: usize = crate::direct::BLOCK as usize;
+        let buf: Vec<u8> = (0..4 * B as u32).map(|i| (i % 253) as u8 + 1).collect();
+        let off = (B / 2) as u64;
+        let pool = crate::direct::BufPool::default();
+        let w = crate::direct::DeferredWrite::new(f.clone(), Some(direct), off, &buf, &pool);
+        assert_eq!(w.middle().len(), 3 * B, "three whole blocks");
+        let faults = Faults::none();
+        faults.write_deferred(&w).expect("write");
+        let back = std::fs::read(dir.path().join("d")).expect("read");
+        assert_eq!(&back[off as usize..], &buf[..]);
+        match crate::flush::dirty_pages(f.file(), B as u64, 3 * B as u64) {
+            Err(e) if crate::flush::cachestat_missing(&e) => {
+                eprintln!("skipped the page-cache check: no cachestat ({e})")
+            }
+            r => assert!(
+                matches!(r, Ok((0, 0))),
+                "the whole blocks went through the page cache: {r:?}"
+            ),
+        }
+
+        // A read-only direct descriptor refuses with EBADF, not EINVAL.
+        let ro = {
+            use std::os::unix::fs::OpenOptionsExt;
+            OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(dir.path().join("d"))
+                .expect("read-only direct descriptor")
+        };
+        let w = crate::direct::DeferredWrite::new(
+            f.clone(),
+            Some(Arc::new(SegFile::whole(ro))),
+            off,
+            &buf,
+            &pool,
+        );
+        let e = faults
+            .write_deferred(&w)
+            .expect_err("the direct write's own error");
+        assert_ne!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
     }
 
     #[test]
