@@ -34,6 +34,49 @@ fn check(b: &[u8]) -> Result<(), TestCaseError> {
     check_canonical(b).map_err(TestCaseError::fail)
 }
 
+/// The samples the fuzzers and these properties start from hold one of
+/// every request and response type the decoders know (a type is known
+/// when a frame of it is not refused for its type byte), and
+/// `encodings` is each of them encoded, then a page, an end-write record
+/// and a root stripe, each of which its own decoder takes.
+#[test]
+fn the_samples_hold_every_type_the_decoders_know() {
+    let frame = |t: u8| Bytes::from([&[melddb_log::protocol::VERSION, t][..], &[0u8; 64]].concat());
+    let known_requests: Vec<u8> = (0..=255u8)
+        .filter(|&t| !matches!(decode_request(&frame(t)), Err((_, FrameError::Type(x))) if x == t))
+        .collect();
+    let known_responses: Vec<u8> = (0..=255u8)
+        .filter(|&t| !matches!(decode_response(&frame(t)), Err(FrameError::Type(x)) if x == t))
+        .collect();
+    assert!(known_requests.len() >= 8 && known_responses.len() >= 6);
+    let type_bytes = |frames: Vec<Bytes>| {
+        let mut t: Vec<u8> = frames.iter().map(|f| f[1]).collect();
+        t.sort_unstable();
+        t.dedup();
+        t
+    };
+    let reqs: Vec<Bytes> = requests().iter().map(|r| encode_request(1, r)).collect();
+    let resps: Vec<Bytes> = responses().iter().map(|r| encode_response(1, r)).collect();
+    assert_eq!(type_bytes(reqs), known_requests, "request types");
+    assert_eq!(type_bytes(resps), known_responses, "response types");
+
+    let enc = encodings();
+    let (n, m) = (requests().len(), responses().len());
+    assert_eq!(enc.len(), n + m + 3);
+    for (i, b) in enc.iter().enumerate() {
+        let b = Bytes::copy_from_slice(b);
+        let taken = match i {
+            i if i < n => decode_request(&b).is_ok(),
+            i if i < n + m => decode_response(&b).is_ok(),
+            i if i == n + m => melddb_log::page::decode(&b).is_ok(),
+            i if i == n + m + 1 => decode_end_write(&b).is_ok(),
+            _ => decode_root(&b).is_ok(),
+        };
+        assert!(taken, "encoding {i} is not what its decoder takes");
+        check_canonical(&b).expect("canonical");
+    }
+}
+
 #[test]
 fn the_valid_encodings_decode_to_what_was_encoded() {
     for (i, r) in requests().iter().enumerate() {
