@@ -307,6 +307,7 @@ mod tests {
         const BASE: u64 = 64 << 10;
         let slot = SegFile::slot(f.try_clone().expect("clone"), BASE, 256 << 10);
         let dirty = |off: u64, len: u64| dirty_pages(&f, off, len).expect("cachestat").0;
+        let whole_file = || dirty_pages(&f, 0, 0).expect("cachestat");
         // Far apart: the page cache may hold either in folios of several
         // pages, and a rewrite dirties its whole folio.
         const OTHER: u64 = 128 << 10;
@@ -317,23 +318,15 @@ mod tests {
         assert_eq!(dirty(BASE, 16 << 10), 0, "its range started");
         assert!(dirty(BASE + OTHER, 16 << 10) > 0, "the rest left");
         slot.write_back().expect("write back");
-        assert_eq!(
-            dirty_pages(&f, 0, 0).expect("cachestat"),
-            (0, 0),
-            "written back"
-        );
+        assert_eq!(whole_file(), (0, 0), "written back");
         slot.write_all_at(&[5u8; 8 << 10], 0).expect("write");
         assert!(dirty(0, 0) > 0);
         slot.sync_data().expect("fdatasync");
-        assert_eq!(
-            dirty_pages(&f, 0, 0).expect("cachestat"),
-            (0, 0),
-            "fdatasync"
-        );
+        assert_eq!(whole_file(), (0, 0), "fdatasync");
         slot.write_all_at(&[6u8; 8 << 10], 0).expect("write");
         assert!(dirty(0, 0) > 0);
         slot.sync_all().expect("fsync");
-        assert_eq!(dirty_pages(&f, 0, 0).expect("cachestat"), (0, 0), "fsync");
+        assert_eq!(whole_file(), (0, 0), "fsync");
     }
 
     #[test]

@@ -458,14 +458,7 @@ mod tests {
     #[test]
     fn a_short_padded_write_is_finished_from_any_point() {
         let dir = tempfile::tempdir().expect("temp dir");
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(dir.path().join("f"))
-            .map(SegFile::whole)
-            .expect("create");
+        let f = open(&dir.path().join("f"), true).expect("create");
         let buf: Vec<u8> = (1..=10).collect();
         let zeros = [0u8; 6];
         let off = 5u64;
