@@ -556,5 +556,52 @@ mod tests {
         // 3 µs is under the 4 µs bound; 7 ms under 8.192 ms.
         assert!(out.contains("stage_bucket{le=\"0.000004\"} 1"), "{out}");
         assert!(out.contains("stage_bucket{le=\"0.008192\"} 2"), "{out}");
+        // The sum is in seconds, like the bounds.
+        let sum: f64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("stage_sum "))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no stage_sum in {out}"));
+        assert!((sum - 1000.007_003).abs() < 1e-9, "{sum} in {out}");
+    }
+
+    /// The finite buckets end at 2^27 µs (about 134 s), as the module
+    /// says: a duration on that bound still reads as a finite quantile,
+    /// anything longer as infinity.
+    #[test]
+    fn the_last_finite_bound_is_two_to_the_27_microseconds() {
+        let top = Duration::from_micros(1 << 27);
+        let h = Histogram::default();
+        h.record(top);
+        let top_ms = (1u64 << 27) as f64 / 1e3;
+        assert_eq!(h.snapshot().quantile_ms(1.0), Some(top_ms));
+        h.record(top * 2);
+        assert_eq!(h.snapshot().quantile_ms(0.5), Some(top_ms));
+        assert_eq!(h.snapshot().quantile_ms(1.0), Some(f64::INFINITY));
+        assert_eq!(h.snapshot().summary().max_ms, f64::INFINITY);
+    }
+
+    /// Totals are whole microseconds of the exact sum, the mean is the
+    /// sum over the count, and an empty histogram has no mean.
+    #[test]
+    fn totals_and_means_are_exact_and_an_empty_one_has_no_mean() {
+        let h = Histogram::default();
+        assert_eq!(h.snapshot().mean_ms(), None);
+        assert_eq!(h.snapshot().total_us(), 0);
+        h.record_n(Duration::from_micros(1_500), 3);
+        h.record(Duration::from_nanos(2_500));
+        let s = h.snapshot();
+        // 4,502,500 ns, cut to whole microseconds.
+        assert_eq!(s.total_us(), 4_502);
+        let mean = s.mean_ms().unwrap();
+        assert!((mean - 1.125_625).abs() < 1e-12, "{mean}");
+        assert_eq!(
+            format!("{h:?}"),
+            format!(
+                "Histogram {{ count: 4, p50_ms: {:?}, p99_ms: {:?} }}",
+                s.quantile_ms(0.5),
+                s.quantile_ms(0.99)
+            )
+        );
     }
 }
