@@ -339,10 +339,32 @@ mod tests {
             !b.rewrite_after(want.len() + 1, &[], 0),
             "past the contents"
         );
+        // Keeping every byte there is, and adding nothing, fits.
+        assert!(b.rewrite_after(want.len(), &[], 0));
+        assert_eq!(b.bytes(), &want[..], "kept whole");
         assert!(b.rewrite_after(100, &[], 3996));
         assert_eq!(b.bytes().len(), 4096);
         assert!(b.bytes()[..100].iter().all(|&x| x == 1));
         assert!(b.bytes()[100..].iter().all(|&x| x == 0));
+        // Contents that fill the allocation exactly fit too.
+        assert!(b.rewrite_after(0, &vec![4; room], 0));
+        assert_eq!(b.bytes().as_ptr(), at);
+        assert!(b.bytes().len() == room && b.bytes().iter().all(|&x| x == 4));
+    }
+
+    /// The edges of [`middle`]: a range crossing one block boundary but
+    /// holding no whole block has no middle (not an empty one), and a
+    /// range that is exactly one block is all middle.
+    #[test]
+    fn the_middle_at_its_edges() {
+        const B: u64 = BLOCK;
+        assert_eq!(middle(0, 0), None);
+        assert_eq!(middle(B - 1, 2), None, "one boundary, no whole block");
+        assert_eq!(middle(B + 1, B as usize - 1), None, "ends on a boundary");
+        assert_eq!(middle(B, B as usize - 1), None, "starts on a boundary");
+        assert_eq!(middle(B, B as usize), Some((B, 0, B as usize)));
+        assert_eq!(middle(B - 1, B as usize + 1), Some((B, 1, B as usize)));
+        assert_eq!(middle(u64::MAX - 1, 2), None, "past the end of offsets");
     }
 
     proptest! {
@@ -480,6 +502,63 @@ mod tests {
             pool.put(b.v);
         }
         assert_eq!(crate::locks::lock(&pool.0).len(), 1);
+    }
+
+    /// The pool keeps at most [`POOL_BUFFERS`] buffers, each of at most
+    /// [`POOL_BUFFER_MAX`] bytes, and a held-back write gives its buffer
+    /// back when it is dropped, written or rolled back.
+    #[test]
+    fn the_pool_keeps_what_it_may_and_gets_buffers_back_on_drop() {
+        let kept = |pool: &BufPool| crate::locks::lock(&pool.0).len();
+        let pool = BufPool::default();
+        for _ in 0..POOL_BUFFERS + 1 {
+            pool.put(Vec::with_capacity(64));
+        }
+        assert_eq!(kept(&pool), POOL_BUFFERS);
+        let pool = BufPool::default();
+        pool.put(Vec::with_capacity(POOL_BUFFER_MAX));
+        assert_eq!(kept(&pool), 1, "the largest kept size is kept");
+        pool.put(Vec::with_capacity(POOL_BUFFER_MAX + 1));
+        assert_eq!(kept(&pool), 1, "one byte more is not");
+
+        let dir = tempfile::tempdir().expect("temp dir");
+        let f = Arc::new(crate::segment::open(&dir.path().join("f"), true).expect("create"));
+        let pool = BufPool::default();
+        let w = DeferredWrite::whole_blocks(f.clone(), f, 10, &[7; 10], &[8; 5000], &pool);
+        assert_eq!(kept(&pool), 0, "the write holds its buffer");
+        drop(w);
+        assert_eq!(kept(&pool), 1, "and gives it back");
+    }
+
+    /// Only a whole-block write can take the bytes after it, and only
+    /// those starting where its data ends: a split write's head or tail
+    /// is buffered, so joining to it would leave them out.
+    #[test]
+    fn only_whole_block_writes_extend_and_only_at_their_end() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let f = Arc::new(crate::segment::open(&dir.path().join("f"), true).expect("create"));
+        let pool = BufPool::default();
+        let whole = DeferredWrite::whole_blocks(f.clone(), f.clone(), 0, &[], &[1; 5000], &pool);
+        assert!(whole.extends_to(5000));
+        assert!(!whole.extends_to(4999) && !whole.extends_to(5001) && !whole.extends_to(8192));
+        // Split writes: a head and a middle, a middle and a tail, all three.
+        for (off, len) in [
+            (100, 2 * BLOCK - 100),
+            (BLOCK, BLOCK + 100),
+            (100, 3 * BLOCK),
+        ] {
+            let w = DeferredWrite::new(
+                f.clone(),
+                Some(f.clone()),
+                off,
+                &vec![2; len as usize],
+                &pool,
+            );
+            assert!(!w.middle().is_empty(), "{off}+{len} has a middle");
+            assert!(!w.extends_to(off + len), "{off}+{len} is split");
+        }
+        let plain = DeferredWrite::new(f.clone(), None, 0, &[3; 5000], &pool);
+        assert!(!plain.extends_to(5000), "no direct descriptor");
     }
 
     /// On a file system that takes `O_DIRECT`, a direct write through the
