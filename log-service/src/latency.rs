@@ -562,7 +562,7 @@ mod tests {
             .find_map(|l| l.strip_prefix("stage_sum "))
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no stage_sum in {out}"));
-        assert!((sum - 1000.007_003).abs() < 1e-9, "{sum} in {out}");
+        assert!((sum - 1_000.007_003).abs() < 1e-9, "{sum} in {out}");
     }
 
     /// The finite buckets end at 2^27 µs (about 134 s), as the module
