@@ -492,10 +492,97 @@ mod tests {
         assert!(complete(&mut p, -libc::EINTR).is_some());
         assert!(p.result.is_none());
 
+        // A write that wrote nothing ends its file rather than spin.
+        let mut p = progress(write);
+        assert!(complete(&mut p, 0).is_none());
+        let e = p.result.take().unwrap().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WriteZero);
+
         let mut p = progress(Op::SyncData { fd: 3 });
         assert!(complete(&mut p, -libc::EIO).is_none());
         let e = p.result.take().unwrap().unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    }
+
+    /// A stage of more files than the ring has entries starts the rest as
+    /// slots free up, and a split write's middle goes through the file's
+    /// direct descriptor: where that descriptor is read-only the file
+    /// fails with its error (nothing else would refuse it), where it is
+    /// writable the file holds every byte, synced or written back.
+    #[test]
+    fn a_stage_wider_than_the_ring_runs_every_file_and_middles_go_direct() {
+        let uring = match Uring::start(Arc::new(|| {})) {
+            Ok(u) => u,
+            Err(e) => {
+                eprintln!("no io_uring here ({e}); skipped");
+                return;
+            }
+        };
+        const B: usize = crate::direct::BLOCK as usize;
+        let n = RING_ENTRIES as usize + 8;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let pool = BufPool::default();
+        let path = |i: usize| dir.path().join(format!("f{i}"));
+        let buf = |i: usize| -> Vec<u8> { (0..4 * B).map(|k| (k % 251 + i) as u8).collect() };
+        let stage: Vec<FileWork> = (0..n)
+            .map(|i| {
+                let file = Arc::new(crate::segment::open(&path(i), true).expect("create"));
+                // Odd files get a read-only second descriptor.
+                let second = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(i % 2 == 0)
+                    .open(path(i))
+                    .expect("second descriptor");
+                let w = DeferredWrite::new(
+                    file.clone(),
+                    Some(Arc::new(SegFile::whole(second))),
+                    (B / 2) as u64,
+                    &buf(i),
+                    &pool,
+                );
+                assert_eq!(w.middle().len(), 3 * B);
+                FileWork {
+                    index: i,
+                    file,
+                    // Every fourth file written back only, the round's
+                    // device flush (not part of this stage) to follow.
+                    how: if i % 4 == 0 {
+                        How::WriteBack(0)
+                    } else {
+                        How::Sync
+                    },
+                    writes: vec![w],
+                }
+            })
+            .collect();
+        let (done, answers) = channel();
+        let end = done.clone();
+        uring
+            .send(Work {
+                stages: vec![stage],
+                done,
+                on_done: Arc::new(move || {
+                    let _ = end.send((usize::MAX, Ok(())));
+                }),
+            })
+            .map_err(|_| "the ring thread is gone")
+            .expect("send");
+        let mut got: Vec<(usize, io::Result<()>)> = (0..=n)
+            .map(|_| answers.recv().expect("an answer"))
+            .collect();
+        assert_eq!(got.pop().map(|g| g.0), Some(usize::MAX), "ends last");
+        got.sort_by_key(|g| g.0);
+        assert_eq!(got.len(), n);
+        for (i, r) in got {
+            if i % 2 == 0 {
+                r.unwrap_or_else(|e| panic!("file {i}: {e}"));
+                let bytes = std::fs::read(path(i)).expect("read");
+                assert_eq!(&bytes[B / 2..], &buf(i)[..], "file {i}");
+            } else {
+                let e = r.expect_err("the read-only descriptor's refusal");
+                assert_eq!(e.raw_os_error(), Some(libc::EBADF), "file {i}: {e}");
+            }
+        }
     }
 
     /// A round through the ring: each file's writes land in order (the
