@@ -424,6 +424,36 @@ mod tests {
     use super::*;
     use crate::direct::BufPool;
 
+    /// A ring thread, or `None` (and a note) where the kernel has none.
+    fn ring() -> Option<Uring> {
+        Uring::start(Arc::new(|| {}))
+            .inspect_err(|e| eprintln!("no io_uring here ({e}); skipped"))
+            .ok()
+    }
+
+    /// Runs one round of `stages` and returns every file's answer in the
+    /// order they came, checking that the round's end came after them all.
+    fn run_round(uring: &Uring, stages: Vec<Vec<FileWork>>) -> Vec<(usize, io::Result<()>)> {
+        let files: usize = stages.iter().map(Vec::len).sum();
+        let (done, answers) = channel();
+        let end = done.clone();
+        uring
+            .send(Work {
+                stages,
+                done,
+                on_done: Arc::new(move || {
+                    let _ = end.send((usize::MAX, Ok(())));
+                }),
+            })
+            .map_err(|_| "the ring thread is gone")
+            .expect("send");
+        let mut got: Vec<(usize, io::Result<()>)> = (0..=files)
+            .map(|_| answers.recv().expect("an answer"))
+            .collect();
+        assert_eq!(got.pop().map(|g| g.0), Some(usize::MAX), "ends last");
+        got
+    }
+
     /// How a completion moves a file on: a short write queues its rest,
     /// an `EINVAL` from a direct write queues the same bytes on the
     /// buffered descriptor (once: a second `EINVAL` is the result), an
@@ -511,13 +541,7 @@ mod tests {
     /// writable the file holds every byte, synced or written back.
     #[test]
     fn a_stage_wider_than_the_ring_runs_every_file_and_middles_go_direct() {
-        let uring = match Uring::start(Arc::new(|| {})) {
-            Ok(u) => u,
-            Err(e) => {
-                eprintln!("no io_uring here ({e}); skipped");
-                return;
-            }
-        };
+        let Some(uring) = ring() else { return };
         const B: usize = crate::direct::BLOCK as usize;
         let n = RING_ENTRIES as usize + 8;
         let dir = tempfile::tempdir().expect("temp dir");
@@ -555,22 +579,7 @@ mod tests {
                 }
             })
             .collect();
-        let (done, answers) = channel();
-        let end = done.clone();
-        uring
-            .send(Work {
-                stages: vec![stage],
-                done,
-                on_done: Arc::new(move || {
-                    let _ = end.send((usize::MAX, Ok(())));
-                }),
-            })
-            .map_err(|_| "the ring thread is gone")
-            .expect("send");
-        let mut got: Vec<(usize, io::Result<()>)> = (0..=n)
-            .map(|_| answers.recv().expect("an answer"))
-            .collect();
-        assert_eq!(got.pop().map(|g| g.0), Some(usize::MAX), "ends last");
+        let mut got = run_round(&uring, vec![stage]);
         got.sort_by_key(|g| g.0);
         assert_eq!(got.len(), n);
         for (i, r) in got {
@@ -593,13 +602,7 @@ mod tests {
     /// after every answer.
     #[test]
     fn a_round_writes_each_file_in_order_and_answers_every_index_before_it_ends() {
-        let uring = match Uring::start(Arc::new(|| {})) {
-            Ok(u) => u,
-            Err(e) => {
-                eprintln!("no io_uring here ({e}); skipped");
-                return;
-            }
-        };
+        let Some(uring) = ring() else { return };
         let dir = tempfile::tempdir().expect("temp dir");
         let pool = BufPool::default();
         let path = |i: usize| dir.path().join(format!("f{i}"));
@@ -639,31 +642,19 @@ mod tests {
             how: How::Sync,
             writes,
         };
-        let (done, answers) = channel();
-        let end = done.clone();
-        uring
-            .send(Work {
-                stages: vec![
-                    vec![
-                        work(0, &files[0], two_writes(&files[0], 1, 2)),
-                        work(1, &files[1], whole),
-                        work(3, &read_only, two_writes(&read_only, 5, 6)),
-                    ],
-                    vec![work(2, &files[2], two_writes(&files[2], 3, 4))],
-                    vec![work(4, &files[0], Vec::new())],
+        let got = run_round(
+            &uring,
+            vec![
+                vec![
+                    work(0, &files[0], two_writes(&files[0], 1, 2)),
+                    work(1, &files[1], whole),
+                    work(3, &read_only, two_writes(&read_only, 5, 6)),
                 ],
-                done,
-                on_done: Arc::new(move || {
-                    let _ = end.send((usize::MAX, Ok(())));
-                }),
-            })
-            .map_err(|_| "the ring thread is gone")
-            .expect("send");
-        let got: Vec<(usize, io::Result<()>)> =
-            (0..6).map(|_| answers.recv().expect("an answer")).collect();
-        assert_eq!(got.last().map(|g| g.0), Some(usize::MAX), "ends last");
-        let mut by_index: Vec<(usize, bool)> =
-            got[..5].iter().map(|(i, r)| (*i, r.is_ok())).collect();
+                vec![work(2, &files[2], two_writes(&files[2], 3, 4))],
+                vec![work(4, &files[0], Vec::new())],
+            ],
+        );
+        let mut by_index: Vec<(usize, bool)> = got.iter().map(|(i, r)| (*i, r.is_ok())).collect();
         by_index.sort();
         assert_eq!(
             by_index,
