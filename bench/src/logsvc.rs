@@ -137,6 +137,9 @@ pub struct Results {
     pub write_amplification_64k: f64,
     /// Stripe geometry used.
     pub geometry: String,
+    /// The I/O scheduler of the disk under the temporary zones (empty
+    /// where the OS shows none): latency figures depend on it.
+    pub io_schedulers: Vec<melddb_log::blockdev::DeviceScheduler>,
     /// fsync rounds on the idle disk before the service starts: over the
     /// files one round of this geometry touches, and over one file.
     pub round_floor: Vec<RoundFloor>,
@@ -967,6 +970,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
             disk_adjacent_mib_s: adjacent,
             write_amplification_64k: amp,
             geometry: format!("{DATA_SHARDS} data + 1 parity pages per stripe, {ZONES} zones (directories on one disk), 256 KiB pages, 256 MiB segments, {SUITE_SPARES} spare segments per zone, fsync on"),
+            io_schedulers: melddb_log::blockdev::schedulers([tmp.path()]),
             round_floor,
             spares,
             spares_open_secs,
@@ -1028,6 +1032,9 @@ pub struct Probe {
     pub short_slice_threads: u64,
     /// Whether transparent huge pages were off for the process.
     pub thp_disabled: bool,
+    /// The I/O scheduler of each device under the zones, as the service
+    /// read it at open.
+    pub io_schedulers: Vec<melddb_log::blockdev::DeviceScheduler>,
     /// Spares ready, all zones together, when the measured point
     /// started; fewer than [`Probe::spares_wanted`] makes the point open
     /// new files, and its latency not comparable with runs that had them.
@@ -1243,6 +1250,7 @@ pub fn probe(
             pinned_threads: after.pinned_threads,
             short_slice_threads: after.short_slice_threads,
             thp_disabled: after.thp_disabled,
+            io_schedulers: after.io_schedulers.clone(),
             spares_ready_at_start: before.spares_ready,
             spares_wanted,
         })

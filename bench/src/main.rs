@@ -989,6 +989,7 @@ fn log_suite(args: &Args) -> Result<(), String> {
         sc.bad_pages
     );
     println!("geometry: {}", r.geometry);
+    println!("I/O scheduler: {}", schedulers_line(&r.io_schedulers));
     println!(
         "spares: {} per zone, written at the open in {:.1} s; {:.1} s waited for refills between points (spares are refilled only while the log is quiet); {} of {} ready when the half-target point started{}",
         r.spares.per_zone,
@@ -1153,7 +1154,7 @@ fn log_suite(args: &Args) -> Result<(), String> {
         let doc = serde_json::json!({
             "suite": "log",
             "metrics": metrics,
-            "config": { "quick": args.quick, "geometry": r.geometry, "spares": r.spares },
+            "config": { "quick": args.quick, "geometry": r.geometry, "spares": r.spares, "io_schedulers": r.io_schedulers },
             "rows": all,
             "recovery": r.recovery,
             "recovery_read_mib": r.recovery_read_mib,
@@ -1325,6 +1326,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
             "on (as the system has them)"
         }
     );
+    println!("I/O scheduler: {}", schedulers_line(&r.io_schedulers));
     println!(
         "rounds: {} segment files written back and {} device flushes ({}); {} rounds run on the writer",
         r.write_backs,
@@ -1419,4 +1421,15 @@ fn print_table(rows: &[Measured]) {
             if s.brute { format!("{:.2}", r.meld_tps / r.brute_tps.max(1.0)) } else { "-".into() },
         );
     }
+}
+
+/// The zones' devices and their I/O schedulers on one line, for reports.
+fn schedulers_line(s: &[melddb_log::blockdev::DeviceScheduler]) -> String {
+    if s.is_empty() {
+        return "not shown by this system (no block device under the zones)".into();
+    }
+    s.iter()
+        .map(|d| format!("{} on device {}", d.scheduler, d.device))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -12,6 +12,7 @@
 
 #![deny(missing_docs)]
 
+pub mod blockdev;
 mod chunked;
 pub mod client;
 pub mod config;

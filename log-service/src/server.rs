@@ -602,6 +602,7 @@ async fn segments(State(ctx): State<Arc<Ctx>>, headers: HeaderMap) -> HttpRespon
 async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
     use prometheus_client::encoding::text::encode;
     use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::family::Family;
     use prometheus_client::metrics::gauge::Gauge;
     use prometheus_client::registry::Registry;
     let s = ctx.store.stats();
@@ -750,6 +751,22 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
         gg.set(v as i64);
         reg.register(name, help, gg);
     }
+    // An info-style gauge: 1 per device, the scheduler in a label, so a
+    // dashboard shows which queue the latencies were measured on.
+    let schedulers: Family<Vec<(String, String)>, Gauge> = Family::default();
+    for d in &s.io_schedulers {
+        schedulers
+            .get_or_create(&vec![
+                ("device".to_string(), d.device.clone()),
+                ("scheduler".to_string(), d.scheduler.clone()),
+            ])
+            .set(1);
+    }
+    reg.register(
+        "io_scheduler",
+        "1 for each block device under the zones, labelled with the I/O scheduler its queue ran when the service opened",
+        schedulers,
+    );
     let stages = ctx.store.stages();
     for (info, h) in stages.rows() {
         reg.register(info.metric, info.help, h.clone());

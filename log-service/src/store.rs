@@ -270,6 +270,9 @@ pub struct Stats {
     /// Whether transparent huge pages are off for this process
     /// (`disable_transparent_huge_pages`, or whoever started it).
     pub thp_disabled: bool,
+    /// The I/O scheduler of each block device under the zones and
+    /// devices, read at open (empty where the OS does not show one).
+    pub io_schedulers: Vec<crate::blockdev::DeviceScheduler>,
     /// Segment files now.
     pub segments: u64,
     /// Where appends spent their time since open (see
@@ -299,6 +302,7 @@ pub struct Store {
     pub(crate) tx: mpsc::Sender<Cmd>,
     writer: Mutex<Option<JoinHandle<()>>>,
     report: RecoveryReport,
+    io_schedulers: Vec<crate::blockdev::DeviceScheduler>,
 }
 
 impl Store {
@@ -363,11 +367,24 @@ impl Store {
         // The writer's scheduling is settled (and counted) before the open
         // returns; an error only means the thread is gone already.
         let _ = ready_rx.recv();
+        // Read once: the queue a latency figure was measured on belongs in
+        // the log and the stats, and sysfs need not be read per request.
+        let io_schedulers = crate::blockdev::schedulers(
+            config
+                .zones
+                .iter()
+                .chain(config.devices.iter())
+                .map(|p| p.as_path()),
+        );
+        for d in &io_schedulers {
+            tracing::info!(device = %d.device, scheduler = %d.scheduler, "I/O scheduler of a device under the zones");
+        }
         Ok(Store {
             shared,
             tx,
             writer: Mutex::new(Some(handle)),
             report,
+            io_schedulers,
         })
     }
 
@@ -837,6 +854,7 @@ impl Store {
             pinned_threads: g(&c.pinned_threads),
             short_slice_threads: g(&c.short_slice_threads),
             thp_disabled: crate::thp::disabled(),
+            io_schedulers: self.io_schedulers.clone(),
             segments: self.shared.files().len() as u64,
             stages: stages.summary(),
             logs,

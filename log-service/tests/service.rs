@@ -828,6 +828,23 @@ async fn websocket_speaks_the_same_frames_and_http_serves_tools() {
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or(0);
     assert!((1..=batches).contains(&answered), "{body}");
+    // One info line per device the stats name, with its scheduler, and
+    // no other.
+    let schedulers = store.stats().io_schedulers;
+    for d in &schedulers {
+        let line = format!(
+            "melddb_log_io_scheduler{{device=\"{}\",scheduler=\"{}\"}} 1",
+            d.device, d.scheduler
+        );
+        assert!(body.contains(&line), "{line} in {body}");
+    }
+    assert_eq!(
+        body.lines()
+            .filter(|l| l.starts_with("melddb_log_io_scheduler{"))
+            .count(),
+        schedulers.len(),
+        "{body}"
+    );
 
     // The segments, as tools see them: every file the store has open
     // (counted apart, in its stats), once each, in id order, in the three
