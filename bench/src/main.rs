@@ -183,6 +183,22 @@ struct Args {
     /// writing straight to the disk.
     #[arg(long, requires = "disk_alone")]
     direct_floors: bool,
+    /// With `--disk-alone`: also time the service's files with each
+    /// group's round (write-backs waited for, one flush) on a thread of
+    /// its own, at most this many rounds at once, groups answered in
+    /// order; a comma-separated list of depths, each timed in turn
+    /// (`0,1,2,4`). Depth 0 writes nothing during a round (as the
+    /// service's-files floor); 1 is the service's writer as built (the
+    /// next batch written during a round); more is rounds overlapping on
+    /// the device, which the service does not do.
+    #[arg(long, requires = "disk_alone", value_delimiter = ',')]
+    overlap_depths: Vec<usize>,
+    /// With `--overlap-depths`: time each depth again with every round's
+    /// flush an `fdatasync` of a file nothing writes, so a round waits
+    /// for its own group's pages only (the first page file's `fdatasync`
+    /// also waits for what later groups wrote to it meanwhile).
+    #[arg(long, requires = "overlap_depths")]
+    overlap_anchor: bool,
     /// Log suite with `--point`: segments in slots of one device image
     /// per zone (`devices`; sparse files standing in for raw devices)
     /// instead of segment files.
@@ -1190,6 +1206,19 @@ fn disk_alone(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), 
                 data_shards: args.data_shards,
                 end_write_copies: melddb_log::config::END_WRITE_COPIES,
                 submit,
+            });
+        }
+    }
+    for anchor in [false, true] {
+        if anchor && !args.overlap_anchor {
+            break;
+        }
+        for &depth in &args.overlap_depths {
+            layouts.push(melddb_bench::rawlog::Layout::Overlapped {
+                data_shards: args.data_shards,
+                end_write_copies: melddb_log::config::END_WRITE_COPIES,
+                depth,
+                anchor,
             });
         }
     }

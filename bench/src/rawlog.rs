@@ -40,6 +40,8 @@ use melddb_log::flush;
 
 use crate::logsvc::Point;
 
+mod overlap;
+
 /// The file is a ring of this size, written full of zeros and synced
 /// first, so the timed writes overwrite allocated, written blocks, as the
 /// service's writes into spare segments do (no metadata per sync).
@@ -80,6 +82,25 @@ pub enum Layout {
         /// How the group's writes go to the kernel.
         submit: Submit,
     },
+    /// The service's files written as in [`Layout::Service`], but each
+    /// group's round (its write-backs waited for, then one flush) runs on
+    /// one of `depth` round threads while the loop writes the groups
+    /// arriving meanwhile, answered in order ([`overlap`]). Depth 1 is the
+    /// service's writer as built; more is rounds overlapping on the device.
+    Overlapped {
+        /// Data pages per stripe (one more file holds the parity).
+        data_shards: usize,
+        /// Files that each get the group's end-write record.
+        end_write_copies: usize,
+        /// Rounds on the device at once, at most; 0: one, with nothing
+        /// written while it runs.
+        depth: usize,
+        /// Whether each round's flush is an `fdatasync` of a file nothing
+        /// writes (true), rather than of the first page file, whose own
+        /// `fdatasync` also waits for the pages later groups have written
+        /// to it since.
+        anchor: bool,
+    },
 }
 
 /// How [`Layout::Direct`] hands a group's writes to the kernel.
@@ -119,14 +140,30 @@ impl Layout {
     }
 
     /// How the suite's table and JSON name it.
-    pub fn label(&self) -> &'static str {
+    pub fn label(&self) -> String {
         match self {
-            Layout::OneFile(_) => "the disk alone at the same arrivals",
-            Layout::Service { .. } => "the disk alone, the service's files",
+            Layout::OneFile(_) => "the disk alone at the same arrivals".into(),
+            Layout::Service { .. } => "the disk alone, the service's files".into(),
             Layout::Direct { submit, .. } => match submit {
-                Submit::Group => "direct files, one submission",
-                Submit::PerFile => "direct files, one per file",
-                Submit::EndWritesLast => "direct files, end-writes last",
+                Submit::Group => "direct files, one submission".into(),
+                Submit::PerFile => "direct files, one per file".into(),
+                Submit::EndWritesLast => "direct files, end-writes last".into(),
+            },
+            Layout::Overlapped {
+                depth,
+                anchor: false,
+                ..
+            } => match depth {
+                0 => "service's files, no write in a round".into(),
+                _ => format!("service's files, {depth} round(s) at once"),
+            },
+            Layout::Overlapped {
+                depth,
+                anchor: true,
+                ..
+            } => match depth {
+                0 => "no write in a round, clean-file flush".into(),
+                _ => format!("{depth} round(s), flush of a clean file"),
             },
         }
     }
@@ -150,14 +187,22 @@ pub fn raw_durable_appends(
     }
     let ok_layout = match layout {
         Layout::OneFile(f) => f >= 1.0 && f.is_finite(),
-        Layout::Service { data_shards, .. } | Layout::Direct { data_shards, .. } => {
-            data_shards >= 1
-        }
+        Layout::Service { data_shards, .. }
+        | Layout::Direct { data_shards, .. }
+        | Layout::Overlapped { data_shards, .. } => data_shards >= 1,
     };
     if batch == 0 || record == 0 || !ok_layout {
         return Err(format!(
             "raw durable log: batches of {batch} records of {record} B laid out as {layout:?}: each must be at least 1"
         ));
+    }
+    if let Layout::Overlapped { depth, .. } = layout {
+        if depth > overlap::MAX_DEPTH {
+            return Err(format!(
+                "raw durable log: {depth} rounds at once is more than the {} round threads it may start; ask for fewer",
+                overlap::MAX_DEPTH
+            ));
+        }
     }
     // One path per file the layout writes.
     let files = shares(layout, 1, batch, record).len();
@@ -176,7 +221,7 @@ pub fn raw_durable_appends(
     }
     let (lat, wall) = result?;
     Ok(Point::from_latencies(
-        layout.label(),
+        &layout.label(),
         [0, 0, batch, record],
         lat,
         wall,
@@ -256,6 +301,11 @@ fn shares(layout: Layout, batches: usize, batch: usize, record: usize) -> Vec<us
             data_shards,
             end_write_copies,
             ..
+        }
+        | Layout::Overlapped {
+            data_shards,
+            end_write_copies,
+            ..
         } => {
             let page = payload.div_ceil(data_shards);
             let ew = batches
@@ -287,12 +337,14 @@ fn run(
     let ring_of = |file: usize| -> u64 {
         match layout {
             Layout::OneFile(_) => RING_BYTES,
-            Layout::Service { data_shards, .. } | Layout::Direct { data_shards, .. }
+            Layout::Service { data_shards, .. }
+            | Layout::Direct { data_shards, .. }
+            | Layout::Overlapped { data_shards, .. }
                 if file <= data_shards =>
             {
                 (RING_BYTES / (data_shards as u64 + 1)).next_multiple_of(1 << 20)
             }
-            Layout::Service { .. } | Layout::Direct { .. } => 16 << 20,
+            Layout::Service { .. } | Layout::Direct { .. } | Layout::Overlapped { .. } => 16 << 20,
         }
     };
     let mut rings = Vec::with_capacity(paths.len());
@@ -326,6 +378,15 @@ fn run(
             layout,
             secs,
             (stages, one_call),
+        );
+    }
+    if let Layout::Overlapped { depth, anchor, .. } = layout {
+        return overlap::run_overlapped(
+            paths,
+            rings,
+            (rate, batch, record, secs),
+            layout,
+            (depth, anchor),
         );
     }
     let flush_once = matches!(layout, Layout::Service { .. });
@@ -604,9 +665,16 @@ mod tests {
             end_write_copies: 3,
             submit,
         };
+        let overlapped = |depth| Layout::Overlapped {
+            data_shards: 4,
+            end_write_copies: 3,
+            depth,
+            anchor: depth == 2,
+        };
         let layouts = [Layout::OneFile(1.25), service]
             .into_iter()
-            .chain(Submit::ALL.map(direct));
+            .chain(Submit::ALL.map(direct))
+            .chain([0, 2].map(overlapped));
         for layout in layouts {
             let one_file = matches!(layout, Layout::OneFile(_));
             let files = if one_file { 1 } else { 8 };
@@ -689,6 +757,9 @@ mod tests {
                 .expect_err("bad arguments");
             assert!(err.contains("must be"), "{err}");
         }
+        let err = raw_durable_appends(dir.path(), 1.0, 1, 1, overlapped(65), 1.0)
+            .expect_err("too many round threads");
+        assert!(err.contains("ask for fewer"), "{err}");
     }
 
     /// The service's layout splits a group as the service does: the
