@@ -109,23 +109,28 @@ fn timed(
     let (end_tx, end_rx) = mpsc::channel::<Ended>();
     let start = Instant::now();
     let lat = std::thread::scope(|s| {
-        for _ in 0..depth.max(1) {
+        for i in 0..depth.max(1) {
             let end_tx = end_tx.clone();
             let job_rx = &job_rx;
-            s.spawn(move || loop {
-                // One idle thread waits for the next round holding the
-                // lock; the others wait for the lock. None holds it while
-                // its round runs.
-                let job = match job_rx.lock() {
-                    Ok(rx) => rx.recv(),
-                    Err(_) => return,
-                };
-                let Ok(job) = job else { return };
-                let ended = round(files, paths, &job.ranges, flush_via).map(|()| start.elapsed());
-                if end_tx.send((job.group, ended)).is_err() {
-                    return;
-                }
-            });
+            let started = std::thread::Builder::new()
+                .name(format!("rawlog-round-{i}"))
+                .spawn_scoped(s, move || loop {
+                    // One idle thread waits for the next round holding the
+                    // lock; the others wait for the lock. None holds it while
+                    // its round runs.
+                    let job = match job_rx.lock() {
+                        Ok(rx) => rx.recv(),
+                        Err(_) => return,
+                    };
+                    let Ok(job) = job else { return };
+                    let ended =
+                        round(files, paths, &job.ranges, flush_via).map(|()| start.elapsed());
+                    if end_tx.send((job.group, ended)).is_err() {
+                        return;
+                    }
+                });
+            // The threads started so far end when the job channel closes.
+            started.map_err(|e| format!("raw durable log: starting round thread {i}: {e}"))?;
         }
         drop(end_tx);
         // `feed` owns the job sender: however it returns, the threads see
