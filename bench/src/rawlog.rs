@@ -246,12 +246,41 @@ fn arrivals(per_s: f64, secs: f64) -> Vec<Duration> {
     }
 }
 
+/// Formats an I/O error of a run.
+fn io_error(what: &str, path: &Path, e: std::io::Error) -> String {
+    format!("raw durable log, {what} {}: {e}", path.display())
+}
+
 /// One file of the run: a ring written full of zeros first, so the timed
 /// writes overwrite allocated, written blocks.
 struct Ring {
     file: std::fs::File,
+    /// Its size and where the next write goes.
+    cursor: Cursor,
+}
+
+/// Where a ring's next write goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cursor {
+    /// The ring's size.
     size: u64,
+    /// The next offset.
     off: u64,
+}
+
+impl Cursor {
+    /// Takes the place of the next `bytes` (from the start when they do
+    /// not fit before the end; never more than the ring): the offset and
+    /// the length to write.
+    fn place(&mut self, bytes: usize) -> (u64, usize) {
+        let bytes = bytes.min(self.size as usize);
+        if self.off + bytes as u64 > self.size {
+            self.off = 0;
+        }
+        let at = self.off;
+        self.off += bytes as u64;
+        (at, bytes)
+    }
 }
 
 impl Ring {
@@ -265,7 +294,10 @@ impl Ring {
             at += n as u64;
         }
         file.sync_all()?;
-        Ok(Ring { file, size, off: 0 })
+        Ok(Ring {
+            file,
+            cursor: Cursor { size, off: 0 },
+        })
     }
 
     /// Writes `bytes` of `buf` at the ring's next offset (from the start
@@ -274,13 +306,8 @@ impl Ring {
     /// ring's worth, its latencies still counted in full), and returns
     /// where.
     fn write(&mut self, buf: &[u8], bytes: usize) -> std::io::Result<(u64, usize)> {
-        let bytes = bytes.min(self.size as usize).min(buf.len());
-        if self.off + bytes as u64 > self.size {
-            self.off = 0;
-        }
-        let at = self.off;
+        let (at, bytes) = self.cursor.place(bytes.min(buf.len()));
         self.file.write_all_at(&buf[..bytes], at)?;
-        self.off += bytes as u64;
         Ok((at, bytes))
     }
 }
@@ -328,9 +355,7 @@ fn run(
     layout: Layout,
     secs: f64,
 ) -> Result<(Vec<f64>, f64), String> {
-    let io = |what: &str, path: &Path, e: std::io::Error| {
-        format!("raw durable log, {what} {}: {e}", path.display())
-    };
+    let io = io_error;
     let one = shares(layout, 1, batch, record);
     // The ring budget is split over the page files; the small end-write
     // files get a small ring each.
@@ -511,9 +536,7 @@ fn run_direct(
 ) -> Result<(Vec<f64>, f64), String> {
     use std::os::unix::fs::OpenOptionsExt as _;
     use std::os::unix::io::AsRawFd as _;
-    let io = |what: &str, path: &Path, e: std::io::Error| {
-        format!("raw durable log, {what} {}: {e}", path.display())
-    };
+    let io = io_error;
     let mut direct = Vec::with_capacity(rings.len());
     for path in paths {
         let f = std::fs::OpenOptions::new()
@@ -535,7 +558,7 @@ fn run_direct(
         let group = shares(layout, batches, batch, record);
         spans.clear();
         for ((ring, end), &bytes) in rings.iter().zip(ends.iter_mut()).zip(&group) {
-            let (span, new_end) = direct_span(*end, bytes as u64, ring.size);
+            let (span, new_end) = direct_span(*end, bytes as u64, ring.cursor.size);
             *end = new_end;
             spans.push(span);
         }
@@ -604,6 +627,24 @@ fn run_direct(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ring cursor starts over when a write would run past the end,
+    /// and never hands out more than the ring.
+    #[test]
+    fn writes_wrap_at_the_ring_end() {
+        let mut cursor = Cursor { size: 100, off: 0 };
+        assert_eq!(cursor.place(60), (0, 60));
+        assert_eq!(cursor.place(30), (60, 30));
+        assert_eq!(cursor.place(30), (0, 30));
+        assert_eq!(cursor.place(500), (0, 100));
+        assert_eq!(
+            cursor,
+            Cursor {
+                size: 100,
+                off: 100
+            }
+        );
+    }
 
     /// The arrivals are a Poisson stream at the rate asked for: ordered,
     /// inside the run, and about `per_s * secs` of them.

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use melddb_log::flush;
 
-use super::{arrivals, shares, Layout, Ring};
+use super::{arrivals, io_error, shares, Cursor, Layout, Ring};
 
 /// Most round threads one run starts.
 pub(super) const MAX_DEPTH: usize = 64;
@@ -40,11 +40,6 @@ struct Round {
 /// A round's end: its group, and when it ended (from the run's start) or
 /// why it failed.
 type Ended = (usize, Result<Duration, String>);
-
-/// Formats an I/O error of the run.
-fn io_error(what: &str, path: &Path, e: std::io::Error) -> String {
-    format!("raw durable log, {what} {}: {e}", path.display())
-}
 
 /// The timed loop of [`Layout::Overlapped`] over the rings
 /// [`super::run`] prepared, at `(rate, batch, record, secs)`, with at most
@@ -61,11 +56,14 @@ pub(super) fn run_overlapped(
     let mut files = Vec::with_capacity(rings.len());
     let mut cursors = Vec::with_capacity(rings.len());
     for ring in rings {
-        cursors.push((ring.size, ring.off));
+        cursors.push(ring.cursor);
         files.push(ring.file);
     }
     // The clean file: one block, written and synced once, before timing.
-    let anchor_path = paths[0].with_file_name("rawlog-anchor.dat");
+    let first = paths
+        .first()
+        .ok_or_else(|| "raw durable log: a layout without files".to_string())?;
+    let anchor_path = first.with_file_name("rawlog-anchor.dat");
     let flush_file = if anchor {
         let prepare = || -> std::io::Result<File> {
             let f = File::create(&anchor_path)?;
@@ -73,7 +71,11 @@ pub(super) fn run_overlapped(
             f.sync_all()?;
             Ok(f)
         };
-        Some(prepare().map_err(|e| io_error("prepare", &anchor_path, e))?)
+        let prepared = prepare().map_err(|e| {
+            let _ = std::fs::remove_file(&anchor_path);
+            io_error("prepare", &anchor_path, e)
+        })?;
+        Some(prepared)
     } else {
         None
     };
@@ -97,7 +99,7 @@ pub(super) fn run_overlapped(
 fn timed(
     files: &[File],
     paths: &[PathBuf],
-    cursors: Vec<(u64, u64)>,
+    cursors: Vec<Cursor>,
     (rate, batch, record, secs): (f64, usize, usize, f64),
     layout: Layout,
     depth: usize,
@@ -169,25 +171,12 @@ fn round(
     file.sync_data().map_err(|e| io_error("fdatasync", path, e))
 }
 
-/// Where the next `bytes` go on a ring of `size` bytes whose next offset
-/// is `off` (from the start when they do not fit before its end, as
-/// [`Ring::write`] does): the offset and the length written.
-fn place((size, off): &mut (u64, u64), bytes: usize) -> (u64, usize) {
-    let bytes = bytes.min(*size as usize);
-    if *off + bytes as u64 > *size {
-        *off = 0;
-    }
-    let at = *off;
-    *off += bytes as u64;
-    (at, bytes)
-}
-
 /// What the feeding loop works on.
 struct Feed<'a> {
     files: &'a [File],
     paths: &'a [PathBuf],
-    /// Each ring's (size, next offset).
-    cursors: Vec<(u64, u64)>,
+    /// Where each ring's next write goes.
+    cursors: Vec<Cursor>,
     /// Batch arrival times.
     due: &'a [Duration],
     start: Instant,
@@ -240,7 +229,7 @@ impl Feed<'_> {
                     )
                 });
                 for (i, (cursor, &bytes)) in self.cursors.iter_mut().zip(&group).enumerate() {
-                    let (at, len) = place(cursor, bytes);
+                    let (at, len) = cursor.place(bytes);
                     self.files[i]
                         .write_all_at(&buf[..len], at)
                         .map_err(|e| io_error("write", &self.paths[i], e))?;
@@ -339,17 +328,5 @@ mod tests {
         assert!(err.contains("never ended"), "{err}");
         let err = answer(vec![(3..9, Some(ms(1)))], &due, 1).expect_err("past the arrivals");
         assert!(err.contains("never arrived"), "{err}");
-    }
-
-    /// The ring cursor starts over when a write would run past the end,
-    /// and never hands out more than the ring.
-    #[test]
-    fn writes_wrap_at_the_ring_end() {
-        let mut cursor = (100, 0);
-        assert_eq!(place(&mut cursor, 60), (0, 60));
-        assert_eq!(place(&mut cursor, 30), (60, 30));
-        assert_eq!(place(&mut cursor, 30), (0, 30));
-        assert_eq!(place(&mut cursor, 500), (0, 100));
-        assert_eq!(cursor, (100, 100));
     }
 }
