@@ -1093,6 +1093,9 @@ pub struct ProbeSettings {
     /// fsync every file of a round (`flush_once_per_device = false`)
     /// instead of writing prepared segments back and flushing once.
     pub fsync_each_file: bool,
+    /// Make nothing durable (`fsync = false`): the service's path without
+    /// the disk's flushes.
+    pub no_fsync: bool,
     /// Write large batches' whole blocks directly on the fsync helpers
     /// (`direct_writes = true`).
     pub direct: bool,
@@ -1184,6 +1187,7 @@ pub fn probe(
         }
         cfg.disable_transparent_huge_pages = !settings.keep_thp;
         cfg.flush_once_per_device = !settings.fsync_each_file;
+        cfg.fsync = !settings.no_fsync;
         cfg.direct_writes = settings.direct;
         cfg.direct_every_block = settings.direct_every_block;
         if settings.devices {

@@ -134,6 +134,12 @@ struct Args {
     /// from spares back and flushing each device once.
     #[arg(long)]
     fsync_each_file: bool,
+    /// Log suite with `--point`: make nothing durable (`fsync = false`):
+    /// no write-back, no fsync, no flush. Not a durable log; it times the
+    /// service's own path (sockets, tasks, the writer) without the disk,
+    /// whose latency a probe on a slow disk cannot see past.
+    #[arg(long)]
+    no_fsync: bool,
     /// Log suite with `--point`: write large batches' whole blocks
     /// directly on the fsync helpers (`direct_writes = true`) instead of
     /// copying every page into the page cache on the writer thread.
@@ -1270,6 +1276,7 @@ fn log_point(args: &Args, spec: melddb_bench::logsvc::PointSpec) -> Result<(), S
         realtime_priority: args.realtime,
         keep_thp: args.keep_thp,
         fsync_each_file: args.fsync_each_file,
+        no_fsync: args.no_fsync,
         direct: args.direct,
         direct_every_block: args.direct_every_block,
         warmup_secs: args.warmup,
