@@ -58,7 +58,8 @@ pub struct Config {
     /// fsync data and end-write segments before acknowledging (default
     /// true). Turning it off keeps acknowledged appends only across a
     /// process crash, not a power loss; nothing waits for the disk then,
-    /// a window slide's class markers included.
+    /// a window slide's class markers included, and the open logs a
+    /// warning saying so.
     #[serde(default = "defaults::fsync")]
     pub fsync: bool,
     /// Zero-fill window segments 4 MiB ahead of their data and write pages

@@ -379,6 +379,11 @@ impl Store {
         for d in &io_schedulers {
             tracing::info!(device = %d.device, scheduler = %d.scheduler, "I/O scheduler of a device under the zones");
         }
+        if !config.fsync {
+            // A setting that gives up durability should not go unnoticed
+            // in a log that someone reads after a power loss.
+            tracing::warn!("fsync = false: appends are acknowledged before they reach the disk; they survive a crash of this process, not of the machine (set fsync = true for durable appends)");
+        }
         Ok(Store {
             shared,
             tx,

@@ -1,7 +1,7 @@
 //! kill -9 during heavy appends, then restart: every acknowledged append
 //! is readable at its position, the logs have no holes, whatever else
 //! appears is an append some client really sent (in flight at the kill),
-//! and no position is handed out twice. Cycles: 4 by default,
+//! and no position is handed out twice. Cycles: 5 by default,
 //! `MELDDB_LOG_KILL_CYCLES` for more.
 
 use std::collections::{BTreeMap, HashSet};
@@ -419,4 +419,24 @@ fn a_second_service_on_held_devices_exits_3_and_the_first_serves_on() {
         rt.block_on(c.read("g", 0)).unwrap(),
         bytes::Bytes::from("before")
     );
+}
+
+/// A store opened with `fsync = false` says so in the log (at `warn`,
+/// the level these tests and a quiet deployment keep): its appends are
+/// not durable across a power loss. With fsync on, nothing is said.
+#[test]
+fn fsync_off_is_warned_about_when_the_store_opens() {
+    for fsync in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = loopback_config(dir.path());
+        let text = std::fs::read_to_string(&config).unwrap();
+        std::fs::write(&config, format!("fsync = {fsync}\n{text}")).unwrap();
+        let (code, err) = run_to_exit(&["check"], &config);
+        assert_eq!(code, Some(0), "fsync {fsync}: check exits 0: {err}");
+        assert_eq!(
+            err.contains("fsync = false"),
+            !fsync,
+            "fsync {fsync}: stderr {err:?}"
+        );
+    }
 }
