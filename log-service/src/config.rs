@@ -57,9 +57,10 @@ pub struct Config {
     pub max_segments: u64,
     /// fsync data and end-write segments before acknowledging (default
     /// true). Turning it off keeps acknowledged appends only across a
-    /// process crash, not a power loss; nothing waits for the disk then,
-    /// a window slide's class markers included, and the open logs a
-    /// warning saying so.
+    /// process crash, not a power loss. No round of appends or window
+    /// slide waits for the disk then (a slide's new directory entries
+    /// are still synced, as trim and repair sync theirs), and the open
+    /// logs a warning saying so.
     #[serde(default = "defaults::fsync")]
     pub fsync: bool,
     /// Zero-fill window segments 4 MiB ahead of their data and write pages

@@ -3192,7 +3192,7 @@ fn a_full_data_window_slides_past_every_full_segment_in_one_step() {
     check(&Store::open(cfg).unwrap(), &model);
 }
 
-/// With `fsync = false` nothing waits for the disk, window slides
+/// With `fsync = false` no round syncs anything, window slides
 /// included: a slide's class markers go to the page cache like pages
 /// (they used to be synced, which made a slide wait for every page
 /// written since the last one, 2.3 s in a 150K appends/s probe). What was
