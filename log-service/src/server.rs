@@ -717,7 +717,7 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
         c.inc_by(v);
         reg.register(name, help, c);
     }
-    let gauges: [(&str, &str, u64); 7] = [
+    let gauges: [(&str, &str, u64); 8] = [
         (
             "connections_open",
             "Open connections",
@@ -739,6 +739,11 @@ async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
             "short_slice_threads",
             "Writer and fsync helper threads running with the time slice slice_us",
             s.short_slice_threads,
+        ),
+        (
+            "durable",
+            "1 if appends are synced to the disk before they are acknowledged (fsync = true)",
+            u64::from(s.durable),
         ),
         (
             "thp_disabled",

@@ -267,6 +267,10 @@ pub struct Stats {
     /// the fsync helpers; 0 when it is off, the threads are real-time or
     /// the kernel has no custom slices).
     pub short_slice_threads: u64,
+    /// Whether acknowledged appends were synced to the disk first
+    /// (`fsync`); `false` means they survive a crash of the process, not
+    /// of the machine.
+    pub durable: bool,
     /// Whether transparent huge pages are off for this process
     /// (`disable_transparent_huge_pages`, or whoever started it).
     pub thp_disabled: bool,
@@ -858,6 +862,7 @@ impl Store {
             realtime_threads: g(&c.realtime_threads),
             pinned_threads: g(&c.pinned_threads),
             short_slice_threads: g(&c.short_slice_threads),
+            durable: self.shared.config.fsync,
             thp_disabled: crate::thp::disabled(),
             io_schedulers: self.io_schedulers.clone(),
             segments: self.shared.files().len() as u64,

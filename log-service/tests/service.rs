@@ -798,6 +798,8 @@ async fn websocket_speaks_the_same_frames_and_http_serves_tools() {
     // The records read above fit one stripe each and are intact: read
     // from their bytes alone.
     assert!(body.contains("melddb_log_reads_total 3"), "{body}");
+    // The default syncs before it acknowledges.
+    assert!(body.contains("melddb_log_durable 1"), "{body}");
     assert!(
         body.contains("melddb_log_reads_whole_stripe_total 0"),
         "{body}"

@@ -3215,6 +3215,7 @@ fn without_fsync_window_slides_sync_nothing_and_lose_nothing() {
             "fsync {fsync}: {} slides",
             st.stages.slide.count
         );
+        assert_eq!(st.durable, fsync, "the stats report the mode");
         let synced = st.fsyncs + st.write_backs + st.flushes;
         if fsync {
             assert!(synced > 0, "with fsync on, nothing was synced");
