@@ -139,7 +139,7 @@ struct Args {
     /// service's own path (sockets, tasks, the writer) without the disk,
     /// whose latency a probe on a slow disk cannot see past. What it
     /// leaves dirty is written back by the kernel once it passes the
-    /// background threshold (2.3 GB on the benchmark VM, 12 s at 150K
+    /// background threshold (2.3 GB on the benchmark VM, about 10 s at 150K
     /// appends/s of 1 KiB), which then shows in the tail: keep warm-up
     /// and run short of that.
     #[arg(long)]
