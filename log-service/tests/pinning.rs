@@ -48,7 +48,7 @@ fn threads_named(prefix: &str) -> Vec<Vec<usize>> {
 fn writer_cpu_gives_the_writer_a_cpu_of_its_own_and_keeps_the_store_s_other_threads_off_it() {
     let process = cpus_of(&std::process::id().to_string());
     if process.len() < 2 {
-        eprintln!("skipped: one CPU");
+        common::skip("the process may use one CPU only");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

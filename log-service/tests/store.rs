@@ -2959,7 +2959,7 @@ fn rounds_write_back_spare_segments_and_fsync_the_rest() {
 fn a_rolled_back_spare_segment_is_fsynced_from_then_on() {
     let dir = tempfile::tempdir().unwrap();
     if !write_back_supported(dir.path()) {
-        eprintln!("skipped: the temporary directory is not on ext4 or XFS");
+        common::skip("the temporary directory is not on ext4 or XFS");
         return;
     }
     let mut cfg = small_config(dir.path());

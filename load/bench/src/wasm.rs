@@ -21,36 +21,7 @@ pub struct WasmRatio {
 }
 
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn build(dir: &Path, target: Option<&str>) -> Result<PathBuf, String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(workspace())
-        .args([
-            "build",
-            "--quiet",
-            "--release",
-            "-p",
-            "melddb-replay",
-            "--target-dir",
-        ])
-        .arg(dir);
-    if let Some(t) = target {
-        cmd.args(["--target", t]);
-    }
-    let st = cmd.status().map_err(|e| format!("running cargo: {e}"))?;
-    if !st.success() {
-        return Err(format!(
-            "building melddb-replay for {} failed (for wasm: rustup target add wasm32-wasip1)",
-            target.unwrap_or("native")
-        ));
-    }
-    Ok(match target {
-        Some(t) => dir.join(t).join("release").join("melddb-replay.wasm"),
-        None => dir.join("release").join("melddb-replay"),
-    })
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 fn best_seconds(out: &std::process::Output) -> Result<f64, String> {
@@ -78,8 +49,9 @@ pub fn ratio(quick: bool, seed: u64) -> Result<WasmRatio, String> {
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let result = (|| {
         let build_dir = workspace().join("target").join("replay-build");
-        let native = build(&build_dir, None)?;
-        let wasm = build(&build_dir, Some("wasm32-wasip1"))?;
+        melddb_replay::node_available()?;
+        let native = melddb_replay::build(&workspace(), &build_dir, None)?;
+        let wasm = melddb_replay::build(&workspace(), &build_dir, Some(melddb_replay::WASI_TARGET))?;
         let sizes = Sizes {
             keys: if quick { 50_000 } else { 128_000 },
             txns: if quick { 5_000 } else { 20_000 },
