@@ -587,7 +587,9 @@ fn image_slots_from_spares_are_written_back_and_the_rest_fsynced() {
 fn a_roll_back_keeps_slots_written_back_and_zeros_past_their_data() {
     let dir = tempfile::tempdir().unwrap();
     if !write_back_supported(dir.path()) {
-        common::skip("the temporary directory is not on ext4 or XFS, whose write-back the store relies on");
+        common::skip(
+            "the temporary directory is not on ext4 or XFS, whose write-back the store relies on",
+        );
         return;
     }
     let mut cfg = device_config(dir.path(), 40);

@@ -74,7 +74,10 @@ pub fn build(workspace: &Path, target_dir: &Path, target: Option<&str>) -> Resul
         ));
     }
     Ok(match target {
-        Some(t) => target_dir.join(t).join("release").join("melddb-replay.wasm"),
+        Some(t) => target_dir
+            .join(t)
+            .join("release")
+            .join("melddb-replay.wasm"),
         None => target_dir.join("release").join("melddb-replay"),
     })
 }
@@ -85,17 +88,22 @@ pub fn node_available() -> Result<(), String> {
     let out = Command::new("node")
         .arg("--version")
         .output()
-        .map_err(|e| format!("node not found ({e}); Node 20 or newer runs the wasm32-wasip1 build"))?;
-    let v = String::from_utf8_lossy(&out.stdout);
+        .map_err(|e| {
+            format!("node not found ({e}); Node 20 or newer runs the wasm32-wasip1 build")
+        })?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v = stdout.lines().next().unwrap_or("").trim();
+    if !out.status.success() {
+        return Err(format!("node --version failed ({})", out.status));
+    }
     let major: u32 = v
-        .trim()
         .trim_start_matches('v')
         .split('.')
         .next()
         .and_then(|m| m.parse().ok())
         .unwrap_or(0);
     if major < 20 {
-        return Err(format!("node {} is older than 20", v.trim()));
+        return Err(format!("node {v} is older than 20"));
     }
     Ok(())
 }
