@@ -51,7 +51,8 @@ pub fn ratio(quick: bool, seed: u64) -> Result<WasmRatio, String> {
         let build_dir = workspace().join("target").join("replay-build");
         melddb_replay::node_available()?;
         let native = melddb_replay::build(&workspace(), &build_dir, None)?;
-        let wasm = melddb_replay::build(&workspace(), &build_dir, Some(melddb_replay::WASI_TARGET))?;
+        let wasm =
+            melddb_replay::build(&workspace(), &build_dir, Some(melddb_replay::WASI_TARGET))?;
         let sizes = Sizes {
             keys: if quick { 50_000 } else { 128_000 },
             txns: if quick { 5_000 } else { 20_000 },
