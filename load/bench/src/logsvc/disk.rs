@@ -17,8 +17,8 @@ pub fn disk_seq_write(dir: &Path, mib: usize) -> Result<f64, String> {
 }
 
 /// Removes `dir` (a stopped service's files) and waits until the disk has
-/// discarded the freed blocks. A file system mounted with `discard` (this
-/// VM's is) trims them after the deletion commits, and a raw write or load
+/// discarded the freed blocks. A file system mounted with `discard` trims
+/// them after the deletion commits, and a raw write or load
 /// point that overlaps tens of GiB of trims measures a fraction of the
 /// disk. So this commits the deletion (an fsync of the parent directory),
 /// then polls the discarded-sector counters in `/proc/diskstats` until

@@ -99,10 +99,9 @@ pub(super) async fn open_loop(
         senders.push(tx);
         tasks.push(tokio::spawn(async move {
             // Requests that ended are reaped at each arrival, not all at
-            // the end: with every request's task kept until the arrivals
-            // ended and awaited then, each of seven probes had a stall in
-            // its last 20-40 ms (acknowledgements up to 11.6 ms late
-            // inside the service); reaped as they go, none of nine did.
+            // the end: every request's task kept until the arrivals end
+            // and awaited only then puts a stall of milliseconds in the
+            // point's last tens of milliseconds, which the tail shows.
             let mut inflight = tokio::task::JoinSet::new();
             let mut lat = Vec::new();
             let mut reap = |r: Result<Option<f64>, tokio::task::JoinError>| {
@@ -134,12 +133,12 @@ pub(super) async fn open_loop(
     // The arrivals come from a thread of their own that sleeps until each
     // one is due: tokio's timer fires on millisecond ticks, up to a
     // millisecond late, and that lateness (counted as latency, since
-    // latency runs from the scheduled time) was most of a light load's
-    // median. One Poisson stream at `rate` (exponential gaps), each
+    // latency runs from the scheduled time) would be most of a light
+    // load's median. One Poisson stream at `rate` (exponential gaps), each
     // arrival sent by a client drawn at random: together the same as
     // `clients` independent Poisson streams, the usual open-loop model.
-    // Fixed gaps per client made every client send at the same instants,
-    // bursts that measured the burst, not the load.
+    // Fixed gaps per client would make every client send at the same
+    // instants: bursts that measure the burst, not the load.
     let per = rate / batch as f64;
     let arrivals = std::thread::spawn(move || {
         let mut rng = ChaCha8Rng::seed_from_u64(0x0be7_1009);

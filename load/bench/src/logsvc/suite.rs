@@ -68,7 +68,7 @@ pub struct Results {
     pub disk_seq_write_mib_s: f64,
     /// The same raw write for as long as a load point runs, just before
     /// the 64 KiB records: the disk as the service met it, after the
-    /// gigabytes the earlier points wrote (this VM's disk slows down under
+    /// gigabytes the earlier points wrote (a disk may slow down under
     /// sustained writes).
     pub disk_adjacent_mib_s: f64,
     /// Device bytes the service wrote per payload byte (parity, headers,
