@@ -12,7 +12,7 @@ use crate::plot;
 /// `melddb-bench pipeline`.
 #[derive(Debug, clap::Args)]
 pub struct PipelineArgs {
-    /// Smaller sizes; finishes in a few minutes.
+    /// Smaller sizes; finishes in under a minute.
     #[arg(long)]
     quick: bool,
     /// Write the figures as JSON to this file.
