@@ -5,10 +5,9 @@
 //! because Rust asks with an alignment. For the small, 8-aligned blocks
 //! meld allocates by the million (a 160-byte tree node) that costs extra
 //! checks on every call and, whenever the free list at hand is empty, the
-//! generic aligned path. Under callgrind that was 15% of a meld's
-//! instructions (8 operations, degree 16); calling `mi_malloc` for such
-//! layouts cut the meld's instructions by 9% (docs/benchmarks.md). Other
-//! layouts still take the aligned functions.
+//! generic aligned path: a share of a meld's instructions that calling
+//! `mi_malloc` for such layouts saves. Other layouts still take the
+//! aligned functions.
 //!
 //! Pick it in a binary, and apply MeldDB's allocator settings first thing
 //! in `main` ([`configure`]):
@@ -34,14 +33,12 @@ use libmimalloc_sys as mi;
 /// How long (milliseconds) mimalloc keeps memory that became free before
 /// it gives it back to the OS, unless `MIMALLOC_PURGE_DELAY` says
 /// otherwise. mimalloc's own default is 10 ms. Meld frees the nodes of
-/// old states in batches and allocates new ones at once; after 10 ms the
-/// freed pages had been returned, so the next nodes faulted fresh, zeroed
-/// pages back in (the kernel's page clearing was 9% of a meld's samples
-/// under `perf`, 8 operations at degree 16). With a second, memory still
-/// goes back to the OS when a process stops using it (mimalloc waits ten
-/// times as long for whole arenas), and the meld suite's 8-operation melds
-/// ran 6–12% faster in paired runs, p99 7–8 µs instead of 10–11
-/// (docs/benchmarks.md).
+/// old states in batches and allocates new ones at once; with 10 ms the
+/// freed pages are returned in between, so the next nodes fault fresh,
+/// zeroed pages back in and the kernel's page clearing shows in every
+/// meld's latency. With a second, memory still goes back to the OS when
+/// a process stops using it (mimalloc waits ten times as long for whole
+/// arenas), and melds do not pay for clearing pages.
 pub const PURGE_DELAY_MS: i64 = 1000;
 
 /// `mi_option_purge_delay` in mimalloc v2's `mi_option_t` (the sys crate
@@ -113,9 +110,8 @@ unsafe impl GlobalAlloc for MeldAlloc {
         }
     }
 
-    /// Always the aligned function: with `mi_zalloc` for ordinary layouts
-    /// the brute-force validator of the meld suite ran 22% slower (three
-    /// paired runs, 2 operations at degree 16), the meld itself no faster.
+    /// Always the aligned function: `mi_zalloc` for ordinary layouts makes
+    /// the meld suite's brute-force validator slower and meld no faster.
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as in `alloc`.

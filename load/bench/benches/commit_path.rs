@@ -5,7 +5,7 @@
 //! intention (`finish_local`), and melded from its nodes (`apply_local`),
 //! as the client thread and the writer thread do it. `client` times the
 //! transaction and its sealing, `meld` the meld, `free` freeing what meld
-//! replaced. Single-threaded CPU work is far steadier on this VM than the
+//! replaced. Single-threaded CPU work is far steadier than the
 //! embedded suite's durable cells, so this is how changes to that path are
 //! compared (`--save-baseline` / `--baseline`).
 

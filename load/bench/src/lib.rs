@@ -4,7 +4,6 @@ pub mod embedded;
 pub mod logsvc;
 pub mod pipeline;
 pub mod rawlog;
-pub mod stalls;
 pub mod wasm;
 pub mod workload;
 

@@ -22,12 +22,6 @@
 //! round, without its helper threads). Between the two floors and the
 //! service, the distance splits into what the file layout costs on this
 //! disk and what the service's threads, sockets and code add.
-//!
-//! [`Layout::Direct`] (`log --disk-alone --direct-floors`) writes the same
-//! files around the page cache: whole blocks with `O_DIRECT` through
-//! `io_uring`, then one flush. It measures what the buffered writes and
-//! their write-back cost on this disk, for a service that would write its
-//! pages directly.
 
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
@@ -39,8 +33,6 @@ use rand_chacha::ChaCha8Rng;
 use melddb_log::flush;
 
 use crate::logsvc::Point;
-
-mod overlap;
 
 /// The file is a ring of this size, written full of zeros and synced
 /// first, so the timed writes overwrite allocated, written blocks, as the
@@ -67,60 +59,6 @@ pub enum Layout {
         /// Files that each get the group's end-write record.
         end_write_copies: usize,
     },
-    /// The service's files as in [`Layout::Service`], written with
-    /// `O_DIRECT` through `io_uring` instead of buffered and written back:
-    /// each write covers whole 4 KiB blocks, from the block holding the
-    /// file's previous end (rewritten, as a log keeping its partial tail
-    /// block in memory would) to the block after its own end, and one
-    /// `fdatasync` flushes the device once they are all done, submitted
-    /// as [`Submit`] says.
-    Direct {
-        /// Data pages per stripe (one more file holds the parity).
-        data_shards: usize,
-        /// Files that each get the group's end-write record.
-        end_write_copies: usize,
-        /// How the group's writes go to the kernel.
-        submit: Submit,
-    },
-    /// The service's files written as in [`Layout::Service`], but each
-    /// group's round (its write-backs waited for, then one flush) runs on
-    /// one of `depth` round threads while the loop writes the groups
-    /// arriving meanwhile, answered in order ([`overlap`]). Depth 1 is the
-    /// service's writer as built; more is rounds overlapping on the device.
-    Overlapped {
-        /// Data pages per stripe (one more file holds the parity).
-        data_shards: usize,
-        /// Files that each get the group's end-write record.
-        end_write_copies: usize,
-        /// Rounds on the device at once, at most; 0: one, with nothing
-        /// written while it runs.
-        depth: usize,
-        /// Whether each round's flush is an `fdatasync` of a file nothing
-        /// writes (true), rather than of the first page file, whose own
-        /// `fdatasync` also waits for the pages later groups have written
-        /// to it since.
-        anchor: bool,
-    },
-}
-
-/// How [`Layout::Direct`] hands a group's writes to the kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Submit {
-    /// Every file's write in one `io_uring_enter`, so the block layer can
-    /// pass the whole group to the device with one notification.
-    Group,
-    /// One `io_uring_enter` per file, all in flight together.
-    PerFile,
-    /// One per file, the page files first; the end-write files only once
-    /// the page files' writes are done, as the service orders them when
-    /// its pages are written directly (an end-write never reaches the
-    /// disk before the pages it describes were issued).
-    EndWritesLast,
-}
-
-impl Submit {
-    /// Every mode, in the order `--direct-floors` times them.
-    pub const ALL: [Submit; 3] = [Submit::Group, Submit::PerFile, Submit::EndWritesLast];
 }
 
 impl Layout {
@@ -144,27 +82,6 @@ impl Layout {
         match self {
             Layout::OneFile(_) => "the disk alone at the same arrivals".into(),
             Layout::Service { .. } => "the disk alone, the service's files".into(),
-            Layout::Direct { submit, .. } => match submit {
-                Submit::Group => "direct files, one submission".into(),
-                Submit::PerFile => "direct files, one per file".into(),
-                Submit::EndWritesLast => "direct files, end-writes last".into(),
-            },
-            Layout::Overlapped {
-                depth,
-                anchor: false,
-                ..
-            } => match depth {
-                0 => "service's files, no write in a round".into(),
-                _ => format!("service's files, {depth} round(s) at once"),
-            },
-            Layout::Overlapped {
-                depth,
-                anchor: true,
-                ..
-            } => match depth {
-                0 => "no write in a round, clean-file flush".into(),
-                _ => format!("{depth} round(s), flush of a clean file"),
-            },
         }
     }
 }
@@ -187,22 +104,12 @@ pub fn raw_durable_appends(
     }
     let ok_layout = match layout {
         Layout::OneFile(f) => f >= 1.0 && f.is_finite(),
-        Layout::Service { data_shards, .. }
-        | Layout::Direct { data_shards, .. }
-        | Layout::Overlapped { data_shards, .. } => data_shards >= 1,
+        Layout::Service { data_shards, .. } => data_shards >= 1,
     };
     if batch == 0 || record == 0 || !ok_layout {
         return Err(format!(
             "raw durable log: batches of {batch} records of {record} B laid out as {layout:?}: each must be at least 1"
         ));
-    }
-    if let Layout::Overlapped { depth, .. } = layout {
-        if depth > overlap::MAX_DEPTH {
-            return Err(format!(
-                "raw durable log: {depth} rounds at once is more than the {} round threads it may start; ask for fewer",
-                overlap::MAX_DEPTH
-            ));
-        }
     }
     // One path per file the layout writes.
     let files = shares(layout, 1, batch, record).len();
@@ -323,16 +230,6 @@ fn shares(layout: Layout, batches: usize, batch: usize, record: usize) -> Vec<us
         Layout::Service {
             data_shards,
             end_write_copies,
-        }
-        | Layout::Direct {
-            data_shards,
-            end_write_copies,
-            ..
-        }
-        | Layout::Overlapped {
-            data_shards,
-            end_write_copies,
-            ..
         } => {
             let page = payload.div_ceil(data_shards);
             let ew = batches
@@ -362,14 +259,10 @@ fn run(
     let ring_of = |file: usize| -> u64 {
         match layout {
             Layout::OneFile(_) => RING_BYTES,
-            Layout::Service { data_shards, .. }
-            | Layout::Direct { data_shards, .. }
-            | Layout::Overlapped { data_shards, .. }
-                if file <= data_shards =>
-            {
+            Layout::Service { data_shards, .. } if file <= data_shards => {
                 (RING_BYTES / (data_shards as u64 + 1)).next_multiple_of(1 << 20)
             }
-            Layout::Service { .. } | Layout::Direct { .. } | Layout::Overlapped { .. } => 16 << 20,
+            Layout::Service { .. } => 16 << 20,
         }
     };
     let mut rings = Vec::with_capacity(paths.len());
@@ -381,38 +274,6 @@ fn run(
             ));
         }
         rings.push(Ring::create(path, size).map_err(|e| io("prepare", path, e))?);
-    }
-    if let Layout::Direct {
-        data_shards,
-        submit,
-        ..
-    } = layout
-    {
-        // The page files (data and parity) come first in `paths`.
-        let stages = match submit {
-            Submit::EndWritesLast => vec![(0, data_shards + 1), (data_shards + 1, paths.len())],
-            Submit::Group | Submit::PerFile => vec![(0, paths.len())],
-        };
-        let one_call = submit == Submit::Group;
-        return run_direct(
-            paths,
-            rings,
-            rate,
-            batch,
-            record,
-            layout,
-            secs,
-            (stages, one_call),
-        );
-    }
-    if let Layout::Overlapped { depth, anchor, .. } = layout {
-        return overlap::run_overlapped(
-            paths,
-            rings,
-            (rate, batch, record, secs),
-            layout,
-            (depth, anchor),
-        );
     }
     let flush_once = matches!(layout, Layout::Service { .. });
     let mut buf = vec![0x3cu8; one.iter().max().copied().unwrap_or(0) * 64];
@@ -480,150 +341,6 @@ fn open_loop(
     Ok((lat, start.elapsed().as_secs_f64().max(secs)))
 }
 
-/// Block size of the direct writes.
-const BLOCK: u64 = 4096;
-
-/// Where a direct write of `bytes` more bytes goes on a ring of `size`
-/// bytes whose data ends at `end`: whole blocks from the one holding
-/// `end` (its first part rewritten, as a log keeping its partial last
-/// block in memory rewrites it) to the one holding the new end, as
-/// `(offset, length)`, and the new end. A group that would run past the
-/// ring starts again at 0; one larger than half the ring is cut to half
-/// (the ring's `write` does the same with a backlog).
-fn direct_span(end: u64, bytes: u64, size: u64) -> ((u64, u64), u64) {
-    let bytes = bytes.min(size / 2);
-    let end = if (end + bytes).next_multiple_of(BLOCK) > size {
-        0
-    } else {
-        end
-    };
-    let from = end / BLOCK * BLOCK;
-    let to = (end + bytes).next_multiple_of(BLOCK);
-    ((from, to - from), end + bytes)
-}
-
-/// [`run`]'s loop for [`Layout::Direct`], over the rings `run` prepared.
-#[cfg(not(target_os = "linux"))]
-#[allow(clippy::too_many_arguments)]
-fn run_direct(
-    _paths: &[std::path::PathBuf],
-    _rings: Vec<Ring>,
-    _rate: f64,
-    _batch: usize,
-    _record: usize,
-    _layout: Layout,
-    _secs: f64,
-    _how: (Vec<(usize, usize)>, bool),
-) -> Result<(Vec<f64>, f64), String> {
-    Err("raw durable log: the direct layouts need Linux (O_DIRECT and io_uring)".into())
-}
-
-/// [`run`]'s loop for [`Layout::Direct`], over the rings `run` prepared:
-/// each group's files are written in `stages` (index ranges of `paths`,
-/// each submitted and waited for before the next; in one call each when
-/// `one_call`), then flushed once.
-#[cfg(target_os = "linux")]
-#[allow(clippy::too_many_arguments)]
-fn run_direct(
-    paths: &[std::path::PathBuf],
-    rings: Vec<Ring>,
-    rate: f64,
-    batch: usize,
-    record: usize,
-    layout: Layout,
-    secs: f64,
-    (stages, one_call): (Vec<(usize, usize)>, bool),
-) -> Result<(Vec<f64>, f64), String> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    use std::os::unix::io::AsRawFd as _;
-    let io = io_error;
-    let mut direct = Vec::with_capacity(rings.len());
-    for path in paths {
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-            .map_err(|e| io("open with O_DIRECT", path, e))?;
-        direct.push(f);
-    }
-    let mut uring = io_uring::IoUring::new((paths.len() as u32).next_power_of_two().max(8))
-        .map_err(|e| format!("raw durable log, io_uring: {e}"))?;
-    // Where each file's data ends; writes go out in whole blocks.
-    let mut ends = vec![0u64; rings.len()];
-    // The bytes written are a constant, as in `run`, in a buffer with
-    // room for the longest span and the alignment.
-    let mut raw = Vec::new();
-    let mut spans = Vec::with_capacity(rings.len());
-    open_loop(rate, batch, secs, |batches| {
-        let group = shares(layout, batches, batch, record);
-        spans.clear();
-        for ((ring, end), &bytes) in rings.iter().zip(ends.iter_mut()).zip(&group) {
-            let (span, new_end) = direct_span(*end, bytes as u64, ring.cursor.size);
-            *end = new_end;
-            spans.push(span);
-        }
-        let longest = spans
-            .iter()
-            .map(|s: &(u64, u64)| s.1 as usize)
-            .max()
-            .unwrap_or(0);
-        if raw.len() < longest + BLOCK as usize {
-            raw.resize(longest + BLOCK as usize, 0x3cu8);
-        }
-        let buf = &raw[raw.as_ptr().align_offset(BLOCK as usize)..];
-        for &(first, end) in &stages {
-            for i in first..end {
-                let (at, len) = spans[i];
-                let sqe = io_uring::opcode::Write::new(
-                    io_uring::types::Fd(direct[i].as_raw_fd()),
-                    buf.as_ptr(),
-                    len as u32,
-                )
-                .offset(at)
-                .build()
-                .user_data(i as u64);
-                // SAFETY: the buffer and the files outlive the wait below,
-                // which takes every completion of the stage before the
-                // loop goes on.
-                unsafe { uring.submission().push(&sqe) }.map_err(|_| {
-                    io(
-                        "queue a write to",
-                        &paths[i],
-                        std::io::Error::other("ring full"),
-                    )
-                })?;
-                if !one_call {
-                    uring.submit().map_err(|e| io("submit", &paths[i], e))?;
-                }
-            }
-            let mut done = 0;
-            while done < end - first {
-                uring
-                    .submit_and_wait(end - first - done)
-                    .map_err(|e| io("submit", &paths[0], e))?;
-                for cqe in uring.completion() {
-                    let i = (cqe.user_data() as usize).min(spans.len() - 1);
-                    if i64::from(cqe.result()) != spans[i].1 as i64 {
-                        let e = if cqe.result() < 0 {
-                            std::io::Error::from_raw_os_error(-cqe.result())
-                        } else {
-                            std::io::Error::other(format!("short write of {} bytes", cqe.result()))
-                        };
-                        return Err(io("direct write", &paths[i], e));
-                    }
-                    done += 1;
-                }
-            }
-        }
-        // The writes are on the device; one flush makes them durable (an
-        // `fdatasync` of a file with nothing dirty still flushes).
-        rings[0]
-            .file
-            .sync_data()
-            .map_err(|e| io("fdatasync", &paths[0], e))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -661,35 +378,6 @@ mod tests {
         );
     }
 
-    /// Direct writes cover whole blocks, from the block holding the data's
-    /// end through the block holding its new end, inside the ring, and a
-    /// group that would run past the ring starts again at its beginning.
-    #[test]
-    fn direct_spans_are_whole_blocks_covering_each_group() {
-        let size = 1 << 20;
-        let mut end = 0u64;
-        let mut wrapped = 0;
-        for i in 0..5_000u64 {
-            let bytes = (i * 7919) % 70_000 + 1;
-            let ((from, len), new_end) = direct_span(end, bytes, size);
-            assert_eq!(from % BLOCK, 0, "group {i}");
-            assert_eq!(len % BLOCK, 0, "group {i}");
-            assert!(from + len <= size, "group {i} inside the ring");
-            let start = new_end - bytes;
-            if start != end {
-                assert_eq!(start, 0, "group {i} starts again at 0");
-                assert!((end + bytes).next_multiple_of(BLOCK) > size);
-                wrapped += 1;
-            }
-            assert!(from <= start && start < from + BLOCK, "group {i}");
-            assert!(new_end <= from + len && from + len < new_end + BLOCK);
-            end = new_end;
-        }
-        assert!(wrapped > 100, "the ring wrapped {wrapped} times");
-        // A group larger than half the ring is cut to half of it.
-        assert_eq!(direct_span(0, 3 << 20, size), ((0, size / 2), size / 2));
-    }
-
     /// A short run answers every batch it was given, with latencies in
     /// order, in either layout; a batch too large for the ring and
     /// arguments that would never end (no rate, empty batches) are
@@ -701,22 +389,7 @@ mod tests {
             data_shards: 4,
             end_write_copies: 3,
         };
-        let direct = |submit| Layout::Direct {
-            data_shards: 4,
-            end_write_copies: 3,
-            submit,
-        };
-        let overlapped = |depth| Layout::Overlapped {
-            data_shards: 4,
-            end_write_copies: 3,
-            depth,
-            anchor: depth == 2,
-        };
-        let layouts = [Layout::OneFile(1.25), service]
-            .into_iter()
-            .chain(Submit::ALL.map(direct))
-            .chain([0, 2].map(overlapped));
-        for layout in layouts {
+        for layout in [Layout::OneFile(1.25), service] {
             let one_file = matches!(layout, Layout::OneFile(_));
             let files = if one_file { 1 } else { 8 };
             let paths: Vec<_> = (0..files)
@@ -798,9 +471,6 @@ mod tests {
                 .expect_err("bad arguments");
             assert!(err.contains("must be"), "{err}");
         }
-        let err = raw_durable_appends(dir.path(), 1.0, 1, 1, overlapped(65), 1.0)
-            .expect_err("too many round threads");
-        assert!(err.contains("ask for fewer"), "{err}");
     }
 
     /// The service's layout splits a group as the service does: the
