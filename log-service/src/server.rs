@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::body::Bytes as AxBytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::{get, post};
@@ -506,12 +507,18 @@ async fn subscription(
 }
 
 fn router(ctx: Arc<Ctx>) -> Router {
+    // An append's body is one record: take it up to max_record_bytes, not
+    // axum's default of 2 MB. The other routes read no body.
+    let record_limit = ctx.store.config().max_record_bytes as usize;
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/stats", get(stats))
         .route("/v1/segments", get(segments))
-        .route("/v1/logs/{log}/append", post(http_append))
+        .route(
+            "/v1/logs/{log}/append",
+            post(http_append).layer(DefaultBodyLimit::max(record_limit)),
+        )
         .route("/v1/logs/{log}/entries/{pos}", get(http_read))
         .route("/v1/logs/{log}/tail", get(http_tail))
         .route("/v1/logs/{log}/trim/{pos}", post(http_trim))
@@ -802,31 +809,35 @@ async fn http_append(
     State(ctx): State<Arc<Ctx>>,
     Path(log): Path<String>,
     headers: HeaderMap,
-    body: AxBytes,
+    body: Result<AxBytes, BytesRejection>,
 ) -> HttpResponse {
+    let client = header_u64(&headers, "x-client-id");
+    let request = header_u64(&headers, "x-request-id");
     let req = Request::Append {
         log: log.clone(),
-        client: header_u64(&headers, "x-client-id"),
-        request: header_u64(&headers, "x-request-id"),
-        bytes: body,
+        client,
+        request,
+        bytes: AxBytes::new(),
     };
+    // Rights first: a caller without them learns that, not the size rule.
     if let Err(r) = check(&ctx, &headers, &req) {
         return *r;
     }
-    let Request::Append {
-        client,
-        request,
-        bytes,
-        ..
-    } = req
-    else {
-        unreachable!("built above")
+    let body = match body {
+        Ok(b) => b,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            let limit = ctx.store.config().max_record_bytes;
+            return http_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "record exceeds max_record_bytes {limit}; it was not appended; \
+                     split it or raise the limit"
+                ),
+            );
+        }
+        Err(e) => return http_error(e.status(), e.body_text()),
     };
-    match ctx
-        .store
-        .append(&log, client, request, bytes.to_vec())
-        .await
-    {
+    match ctx.store.append(&log, client, request, body).await {
         Ok(pos) => Json(json!({ "pos": pos })).into_response(),
         Err(e) => store_http_error(&e),
     }

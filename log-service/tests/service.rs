@@ -1513,3 +1513,78 @@ fn the_log_trait_keeps_its_own_bounds_for_when_the_service_is_gone() {
     assert!(log.refresh().is_err(), "the service is gone");
     assert_eq!((melddb::Log::first(&log), melddb::Log::tail(&log)), (1, 3));
 }
+
+/// One HTTP/1.1 request on a connection of its own, its body written
+/// while the answer is read (a refused body may be left half sent):
+/// status and body bytes.
+async fn http_bytes(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> (u16, Vec<u8>) {
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let (mut r, mut w) = TcpStream::connect(addr).await.unwrap().into_split();
+    let writer = tokio::spawn(async move {
+        // The service may answer and close before it has read everything.
+        let _ = w.write_all(head.as_bytes()).await;
+        let _ = w.write_all(&body).await;
+        w
+    });
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    drop(writer.await);
+    let end = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP answer");
+    let status = std::str::from_utf8(&out[9..12]).unwrap().parse().unwrap();
+    (status, out[end + 4..].to_vec())
+}
+
+/// An HTTP append takes a record of up to `max_record_bytes`, well past
+/// a web framework's usual default body limit of 2 MB: a 4 MiB record
+/// reads back byte for byte, and one byte over the limit is 413 with the
+/// limit in the error body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_appends_take_records_up_to_max_record_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.segment_bytes = 4 << 20;
+    cfg.max_record_bytes = 8 << 20;
+    let limit = cfg.max_record_bytes as usize;
+    let (store, running) = start(cfg).await;
+    let http = running.http;
+
+    let record: Vec<u8> = (0..4usize << 20).map(|i| (i * 7 + i / 251) as u8).collect();
+    let (status, body) = http_bytes(http, "POST", "/v1/logs/big/append", record.clone()).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let pos: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(pos["pos"], 0);
+    let (status, got) = http_bytes(http, "GET", "/v1/logs/big/entries/0", Vec::new()).await;
+    assert_eq!(status, 200);
+    assert!(got == record, "the 4 MiB record reads back byte for byte");
+
+    let (status, body) = http_bytes(http, "POST", "/v1/logs/big/append", vec![1; limit + 1]).await;
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, 413, "{body}");
+    let err: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        err["error"].as_str().unwrap().contains(&limit.to_string()),
+        "{body}"
+    );
+    // Exactly the limit is taken, and nothing refused was appended.
+    let (status, body) = http_bytes(http, "POST", "/v1/logs/big/append", vec![2; limit]).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(store.bounds("big"), (0, 2));
+    stop(store, running).await;
+}
