@@ -202,8 +202,29 @@ async fn tcp_conn(ctx: Arc<Ctx>, sock: TcpStream) {
     let _ = writer.await;
 }
 
-fn send_now(tx: &mpsc::Sender<Bytes>, corr: u64, r: &Response) {
-    let _ = tx.try_send(protocol::encode_response(corr, r));
+/// Queues an answer the read loop gives itself (a refusal, an error, a
+/// Hello's answer) under the same back-pressure as an executed request's:
+/// it takes an in-flight permit and waits for room in the connection's
+/// answer queue, so a client that reads slowly slows the reading of its
+/// frames instead of losing answers. False when the connection is gone
+/// or the service is stopping.
+async fn answer_inline(
+    in_flight: &Semaphore,
+    tx: &mpsc::Sender<Bytes>,
+    stop: &mut watch::Receiver<bool>,
+    corr: u64,
+    r: &Response,
+) -> bool {
+    let send = async {
+        let Ok(_permit) = in_flight.acquire().await else {
+            return false;
+        };
+        tx.send(protocol::encode_response(corr, r)).await.is_ok()
+    };
+    tokio::select! {
+        _ = stop.changed() => false,
+        sent = send => sent,
+    }
 }
 
 /// A frame refused before it was decoded, and the error frame that says so.
@@ -271,11 +292,11 @@ async fn serve_frames<S>(
             None => break,
             Some(Err(refused)) => {
                 ctx.metrics.error_frames.fetch_add(1, Ordering::Relaxed);
-                let _ = tx
-                    .send(protocol::encode_response(refused.corr, &refused.response))
-                    .await;
+                let sent =
+                    answer_inline(&in_flight, &tx, &mut stop, refused.corr, &refused.response)
+                        .await;
                 // Out of step, or not yet entitled to more answers.
-                if refused.close || rights.is_none() {
+                if !sent || refused.close || rights.is_none() {
                     break;
                 }
                 continue;
@@ -292,7 +313,10 @@ async fn serve_frames<S>(
                 } else {
                     Code::BadFrame
                 };
-                send_now(&tx, corr, &protocol::error(code, e.to_string()));
+                let error = protocol::error(code, e.to_string());
+                if !answer_inline(&in_flight, &tx, &mut stop, corr, &error).await {
+                    break;
+                }
                 continue;
             }
         };
@@ -300,50 +324,39 @@ async fn serve_frames<S>(
             match ctx.rights_for(token) {
                 Some(r) => {
                     rights = Some(r);
-                    let _ = tx
-                        .send(protocol::encode_response(corr, &Response::HelloOk))
-                        .await;
+                    if !answer_inline(&in_flight, &tx, &mut stop, corr, &Response::HelloOk).await {
+                        break;
+                    }
                     continue;
                 }
                 None => {
                     ctx.metrics.auth_failures.fetch_add(1, Ordering::Relaxed);
-                    let _ = tx
-                        .send(protocol::encode_response(
-                            corr,
-                            &protocol::error(Code::Unauthorized, "unknown token"),
-                        ))
-                        .await;
+                    let error = protocol::error(Code::Unauthorized, "unknown token");
+                    answer_inline(&in_flight, &tx, &mut stop, corr, &error).await;
                     break;
                 }
             }
         }
         let Some(r) = &rights else {
             ctx.metrics.auth_failures.fetch_add(1, Ordering::Relaxed);
-            let _ = tx
-                .send(protocol::encode_response(
-                    corr,
-                    &protocol::error(Code::Unauthorized, "send Hello with a token first"),
-                ))
-                .await;
+            let error = protocol::error(Code::Unauthorized, "send Hello with a token first");
+            answer_inline(&in_flight, &tx, &mut stop, corr, &error).await;
             break;
         };
         if let Err(why) = allowed(r, &req) {
             ctx.metrics.error_frames.fetch_add(1, Ordering::Relaxed);
-            let _ = tx
-                .send(protocol::encode_response(
-                    corr,
-                    &protocol::error(Code::Forbidden, why),
-                ))
-                .await;
+            let error = protocol::error(Code::Forbidden, why);
+            if !answer_inline(&in_flight, &tx, &mut stop, corr, &error).await {
+                break;
+            }
             continue;
         }
         if let Request::Subscribe { log, from } = req {
             if subs >= 64 {
-                send_now(
-                    &tx,
-                    corr,
-                    &protocol::error(Code::Busy, "at most 64 subscriptions per connection"),
-                );
+                let error = protocol::error(Code::Busy, "at most 64 subscriptions per connection");
+                if !answer_inline(&in_flight, &tx, &mut stop, corr, &error).await {
+                    break;
+                }
                 continue;
             }
             subs += 1;

@@ -1588,3 +1588,115 @@ async fn http_appends_take_records_up_to_max_record_bytes() {
     assert_eq!(store.bounds("big"), (0, 2));
     stop(store, running).await;
 }
+
+/// How many malformed frames the slow-reader tests pipeline: with a
+/// connection's answer queue of `2 * max_in_flight` = 8 answers, enough
+/// to fill it thousands of times over.
+const MALFORMED: u64 = 40_000;
+
+/// A frame of this protocol with an unknown type (99), correlation id
+/// `corr`: it fails to decode, and its answer is a BadFrame error.
+fn malformed(corr: u64) -> Vec<u8> {
+    let mut f = protocol::encode_request(corr, &Request::Ping).to_vec();
+    f[1] = 99;
+    f
+}
+
+/// Reads `MALFORMED` answers from `answers`, slowly (a pause before the
+/// first and after every 2,000), and checks each is the BadFrame error
+/// for the next correlation id in order.
+async fn read_malformed_answers_slowly(
+    mut answers: impl futures_util::Stream<Item = (u64, Response)> + Unpin,
+) {
+    let want = protocol::error(Code::BadFrame, "unknown frame type 99");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for corr in 1..=MALFORMED {
+        if corr % 2_000 == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let got = answers
+            .next()
+            .await
+            .unwrap_or_else(|| panic!("the connection ended before answer {corr}"));
+        assert_eq!(got, (corr, want.clone()), "answer {corr} of {MALFORMED}");
+    }
+}
+
+fn slow_reader_config(dir: &Path) -> Config {
+    let mut cfg = config(dir);
+    cfg.limits.max_in_flight = 4;
+    cfg
+}
+
+/// A client that pipelines tens of thousands of malformed frames over
+/// TCP, with a small receive buffer, and reads slowly gets every error
+/// answer, in order: error answers wait for room in the answer queue like
+/// any other answer instead of being dropped when it is full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_malformed_frame_is_answered_in_order_however_slowly_the_client_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, running) = start(slow_reader_config(dir.path())).await;
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let s = sock.connect(running.tcp).await.unwrap();
+    let (r, mut w) = s.into_split();
+    let writer = tokio::spawn(async move {
+        let mut out = Vec::new();
+        for corr in 1..=MALFORMED {
+            let f = malformed(corr);
+            out.extend_from_slice(&(f.len() as u32).to_le_bytes());
+            out.extend_from_slice(&f);
+        }
+        w.write_all(&out).await.unwrap();
+        w
+    });
+    let answers = futures_util::stream::unfold(r, |mut r| async move {
+        let mut len = [0u8; 4];
+        r.read_exact(&mut len).await.ok()?;
+        let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+        r.read_exact(&mut body).await.ok()?;
+        Some((protocol::decode_response(&Bytes::from(body)).unwrap(), r))
+    });
+    let read = read_malformed_answers_slowly(Box::pin(answers));
+    tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .expect("every answer within a minute");
+    let _w = writer.await.unwrap();
+    stop(store, running).await;
+}
+
+/// [`every_malformed_frame_is_answered_in_order_however_slowly_the_client_reads`]
+/// over the WebSocket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_malformed_websocket_message_is_answered_in_order_however_slowly_the_client_reads() {
+    use tokio_tungstenite::tungstenite::Message;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, running) = start(slow_reader_config(dir.path())).await;
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let s = sock.connect(running.http).await.unwrap();
+    let url = format!("ws://{}/v1/ws", running.http);
+    let (ws, _) = tokio_tungstenite::client_async(url, s).await.unwrap();
+    let (mut sink, stream) = ws.split();
+    let writer = tokio::spawn(async move {
+        for corr in 1..=MALFORMED {
+            sink.feed(Message::Binary(malformed(corr).into()))
+                .await
+                .unwrap();
+        }
+        sink.flush().await.unwrap();
+        sink
+    });
+    let answers = stream.filter_map(|m| async move {
+        match m {
+            Ok(Message::Binary(b)) => Some(protocol::decode_response(&b).unwrap()),
+            _ => None,
+        }
+    });
+    let read = read_malformed_answers_slowly(Box::pin(answers));
+    tokio::time::timeout(Duration::from_secs(60), read)
+        .await
+        .expect("every answer within a minute");
+    let _sink = writer.await.unwrap();
+    stop(store, running).await;
+}
