@@ -204,6 +204,8 @@ pub(super) async fn serve_frames<S>(
     drop(conn_permit);
 }
 
+/// Runs one request against the store; a store error becomes its error
+/// answer.
 async fn execute(store: &Store, req: Request) -> Response {
     let res: Result<Response, StoreError> = match req {
         Request::Append {

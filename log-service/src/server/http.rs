@@ -20,10 +20,12 @@ use crate::config::Rights;
 use crate::error::StoreError;
 use crate::protocol::Request;
 
+/// An error answer: `status` with the JSON body `{"error": msg}`.
 pub(super) fn http_error(status: StatusCode, msg: impl Into<String>) -> HttpResponse {
     (status, Json(json!({ "error": msg.into() }))).into_response()
 }
 
+/// A store error as the HTTP status that fits it, with its message.
 fn store_http_error(e: &StoreError) -> HttpResponse {
     let status = match e {
         StoreError::BadLogName(_) | StoreError::TrimBeyondTail { .. } => StatusCode::BAD_REQUEST,
@@ -41,6 +43,8 @@ fn store_http_error(e: &StoreError) -> HttpResponse {
     http_error(status, e.to_string())
 }
 
+/// The rights of the request's bearer token (every right when the
+/// service has no tokens); 401 without a known one.
 pub(super) fn http_rights(ctx: &Ctx, headers: &HeaderMap) -> Result<Rights, Box<HttpResponse>> {
     if let Some(r) = ctx.open_rights() {
         return Ok(r);
@@ -61,12 +65,16 @@ pub(super) fn http_rights(ctx: &Ctx, headers: &HeaderMap) -> Result<Rights, Box<
     }
 }
 
+/// Counts an HTTP API request and checks its token may do `req`:
+/// 401 without a known token, 403 without the right.
 fn check(ctx: &Ctx, headers: &HeaderMap, req: &Request) -> Result<(), Box<HttpResponse>> {
     ctx.metrics.http_requests.fetch_add(1, Ordering::Relaxed);
     let r = http_rights(ctx, headers)?;
     allowed(&r, req).map_err(|why| Box::new(http_error(StatusCode::FORBIDDEN, why)))
 }
 
+/// `GET /health`: 200 while appends are taken, 503 with the reason while
+/// they are refused (reads still work).
 pub(super) async fn health(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
     let s = ctx.store.stats();
     match ctx.store.appends_refused() {
@@ -86,6 +94,7 @@ pub(super) async fn health(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
     }
 }
 
+/// `GET /v1/stats`: the store's counters and the last recovery's report.
 pub(super) async fn stats(State(ctx): State<Arc<Ctx>>, headers: HeaderMap) -> HttpResponse {
     if let Err(r) = http_rights(&ctx, &headers) {
         return *r;
@@ -93,6 +102,7 @@ pub(super) async fn stats(State(ctx): State<Arc<Ctx>>, headers: HeaderMap) -> Ht
     Json(json!({ "store": ctx.store.stats(), "recovery": ctx.store.recovery() })).into_response()
 }
 
+/// `GET /v1/segments`: every segment file and its state.
 pub(super) async fn segments(State(ctx): State<Arc<Ctx>>, headers: HeaderMap) -> HttpResponse {
     if let Err(r) = http_rights(&ctx, &headers) {
         return *r;
@@ -100,6 +110,7 @@ pub(super) async fn segments(State(ctx): State<Arc<Ctx>>, headers: HeaderMap) ->
     Json(ctx.store.segments().await).into_response()
 }
 
+/// A header's value as a number; 0 when absent or not a number.
 fn header_u64(headers: &HeaderMap, name: &str) -> u64 {
     headers
         .get(name)
@@ -108,6 +119,9 @@ fn header_u64(headers: &HeaderMap, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// `POST /v1/logs/{log}/append`: the body is one record (at most
+/// `max_record_bytes`, 413 beyond), with optional `x-client-id` and
+/// `x-request-id` headers for an idempotent retry; answers its position.
 pub(super) async fn http_append(
     State(ctx): State<Arc<Ctx>>,
     Path(log): Path<String>,
@@ -146,6 +160,7 @@ pub(super) async fn http_append(
     }
 }
 
+/// `GET /v1/logs/{log}/entries/{pos}`: the record's bytes.
 pub(super) async fn http_read(
     State(ctx): State<Arc<Ctx>>,
     Path((log, pos)): Path<(String, u64)>,
@@ -171,6 +186,7 @@ pub(super) async fn http_read(
     }
 }
 
+/// `GET /v1/logs/{log}/tail`: the log's first position and its tail.
 pub(super) async fn http_tail(
     State(ctx): State<Arc<Ctx>>,
     Path(log): Path<String>,
@@ -186,6 +202,7 @@ pub(super) async fn http_tail(
     Json(json!({ "first": first, "tail": tail })).into_response()
 }
 
+/// `POST /v1/logs/{log}/trim/{pos}`: drops the positions below `pos`.
 pub(super) async fn http_trim(
     State(ctx): State<Arc<Ctx>>,
     Path((log, pos)): Path<(String, u64)>,

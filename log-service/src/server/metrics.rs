@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response as HttpResponse};
 use super::context::Ctx;
 use super::http::http_error;
 
+/// `GET /metrics`: every counter, gauge and stage histogram.
 pub(super) async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
     use prometheus_client::encoding::text::encode;
     use prometheus_client::metrics::counter::Counter;

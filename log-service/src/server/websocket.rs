@@ -92,6 +92,9 @@ fn ws_read_refusal(e: axum::Error) -> (Refused, CloseFrame) {
     )
 }
 
+/// Serves one WebSocket: binary messages are frames for
+/// [`serve_frames`]; answers go out one message each, then a close frame
+/// saying why the connection ended when it was refused.
 async fn ws_conn(ctx: Arc<Ctx>, socket: WebSocket, rights: Option<Rights>) {
     let (mut sink, stream) = socket.split();
     // Why the connection ends, for its close frame: a browser shows the
