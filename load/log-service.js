@@ -1,4 +1,4 @@
-// k6 load test of the log service over its HTTP/JSON API (issue 5).
+// k6 load test of the log service over its HTTP/JSON API.
 //
 // Run it through load/run.sh, which starts a service on loopback with
 // temporary zone directories, passes BASE_URL and stops the service after.
@@ -67,7 +67,7 @@ export const options = {
     'http_req_duration{scenario:readers}': [`p(99)<${P99_MS}`],
     // The open loop must keep its rate: k6 drops iterations when every VU
     // is busy waiting for the service. Less than 1% of the rate may be
-    // dropped (a scheduling stall of the shared machine), no more.
+    // dropped (a scheduling stall of the machine running k6), no more.
     dropped_iterations: [`rate<${RATE / 100}`],
     // Named so the summary export carries them (the figures run.sh prints).
     'http_reqs{op:append}': ['count>0'],

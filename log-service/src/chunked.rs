@@ -3,8 +3,8 @@
 //! The index keeps one entry per record of a log, and a log grows without
 //! bound until it is trimmed. A `VecDeque` doubles its buffer as it grows:
 //! at a few million entries one push copies tens of megabytes while the
-//! index lock is held and the writer waits, which stalled every append for
-//! tens of milliseconds (the p99 of the log suite's open-loop run). Here a
+//! index lock is held and the writer waits, stalling every append for tens
+//! of milliseconds (enough to set an open-loop load's p99). Here a
 //! push allocates at most one new chunk, and dropping from the front (trim)
 //! frees whole chunks.
 

@@ -7,15 +7,14 @@
 //! Ids are kept as runs, not one entry each. A client batch takes
 //! consecutive request ids and lands at consecutive positions, so the 64
 //! ids of a batch are one or two runs `first request -> first position,
-//! length`, each within one bucket of 64 request ids of one client. The
-//! table the service had before held one hash entry per id (1 Mi ids in
-//! a 66 MB table sized up front) and cost a cache and TLB miss per append
-//! on the writer thread for the lookup, and two more for the insert and
-//! the eviction; runs keep the table to a few tens of thousands of
-//! buckets that stay in cache (`log-service/benches/request_ids.rs`,
-//! which keeps the old table as its baseline). Ids that are not
-//! consecutive cost a bucket each, more memory and CPU per id than the
-//! old table (docs/log-service.md has the figures).
+//! length`, each within one bucket of 64 request ids of one client. A
+//! table of one hash entry per id (1 Mi ids in a 66 MB table sized up
+//! front) costs a cache and TLB miss per append on the writer thread for
+//! the lookup, and two more for the insert and the eviction; runs keep
+//! the table to a few tens of thousands of buckets that stay in cache
+//! (`log-service/benches/request_ids.rs` compares the two). Ids that are
+//! not consecutive cost a bucket each, more memory and CPU per id than a
+//! table of one entry per id (docs/log-service.md has the figures).
 //!
 //! Which ids are in the window is decided by counting: every remember is
 //! an occurrence with a number, and an id answers only while its latest
@@ -181,13 +180,13 @@ impl RequestIds {
     ///
     /// The buckets are sized for the window's ids in runs of 32 (for at
     /// most 4 Mi ids), so batched clients never make the table grow,
-    /// and every page of it is touched here: on this benchmark VM the
-    /// first touch of a page cost up to milliseconds, and a fresh
-    /// service's first batches stalled on them
-    /// (docs/benchmarks-log-history.md). Clients whose ids are not
-    /// consecutive take a bucket per id, and the table grows on the way
-    /// to the window a sixty-fourth at a time, ahead of need, so no
-    /// remember waits for the whole table to rehash.
+    /// and every page of it is touched here: the first touch of a page
+    /// can cost up to milliseconds (the kernel finds and zeroes it), and
+    /// a fresh service's first batches would stall on them on the writer
+    /// thread. Clients whose ids are not consecutive take a bucket per
+    /// id, and the table grows on the way to the window a sixty-fourth at
+    /// a time, ahead of need, so no remember waits for the whole table to
+    /// rehash.
     pub fn new(window: usize) -> RequestIds {
         let n = window.min(PRESIZE) / 32 + 1;
         let per_shard = n / SHARDS + 1;
@@ -243,8 +242,8 @@ impl RequestIds {
     /// time, each a sixty-fourth of the table. Left to themselves they
     /// would grow when full, and with ids spread evenly they fill at the
     /// same pace: the table would double all at once, holding the writer
-    /// for as long as a rehash of the whole (84 ms for one window of
-    /// random ids on the benchmark VM before the shards). A shard past
+    /// for as long as a rehash of the whole (tens of milliseconds for one
+    /// window of random ids). A shard past
     /// 4,096 entries takes at least 64 looks to fill its last quarter,
     /// time enough for every other shard's turn.
     fn grow_ahead(&mut self) {

@@ -239,3 +239,5 @@ pub fn fifo_allowed(priority: i32) -> bool {
     .join()
     .unwrap()
 }
+
+pub mod net;
