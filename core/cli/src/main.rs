@@ -6,8 +6,12 @@
 //! melddb [--dir DIR] check [--json]     verify every log record and the tree
 //! melddb [--dir DIR] stats [--json]     sizes, recovery time, state digest
 //! ```
-//! The directory defaults to `$MELDDB_DIR` or `./melddb-data`. Exit status:
-//! 0 success, 1 error, 2 usage, 3 `get` of an absent key.
+//! The directory defaults to `$MELDDB_DIR` or `./melddb-data`. Every
+//! command opens the database, and with it the directory's lock: on a
+//! directory another process holds open (an application's `Database`, or
+//! another `melddb`), each command prints why and exits 1 without reading
+//! or writing anything, so neither a write nor a `check` races the holder.
+//! Exit status: 0 success, 1 error, 2 usage, 3 `get` of an absent key.
 
 use std::io::Write as _;
 use std::ops::Bound;

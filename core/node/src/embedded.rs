@@ -29,6 +29,8 @@ use melddb::{
 
 use rand::Rng;
 
+use crate::dirlock::DirLock;
+pub use crate::dirlock::LOCK_FILE;
 use crate::filelog::{FileLog, FileLogError, OpenReport};
 use crate::nodestore::{LogStore, StoreStats};
 
@@ -134,6 +136,16 @@ pub enum DbError {
         path: PathBuf,
         /// What is wrong.
         why: String,
+    },
+    /// Another open [`Database`] holds the directory (in this process or
+    /// another): two would overwrite each other's commits. Nothing was
+    /// read or written; close the other one first, or go through it.
+    #[error("{}", crate::dirlock::locked_message(path, *holder))]
+    Locked {
+        /// The directory.
+        path: PathBuf,
+        /// The holder's process id, as it wrote it in the lock file.
+        holder: Option<u32>,
     },
     /// The options are invalid.
     #[error("invalid option: {0}")]
@@ -294,6 +306,9 @@ pub struct Database {
     max_attempts: u32,
     trial_meld: bool,
     recovery: Recovery,
+    /// Held for the database's life; released after the shutdown in
+    /// `drop` has stopped every thread that writes.
+    _lock: DirLock,
 }
 
 impl std::fmt::Debug for Database {
@@ -397,6 +412,8 @@ impl Database {
             )));
         }
         let started = Instant::now();
+        // Before anything in the directory is read or written.
+        let lock = DirLock::take(&dir)?;
         let (mut log, report): (FileLog, OpenReport) =
             FileLog::open_with(&dir, opts.segment_bytes)?;
         let not_db = |why: String| DbError::NotADatabase {
@@ -545,6 +562,7 @@ impl Database {
                 replayed,
                 skipped_checkpoints: start.skipped,
             },
+            _lock: lock,
         })
     }
 
