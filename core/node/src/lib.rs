@@ -35,7 +35,6 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-mod dirlock;
 pub mod embedded;
 pub mod filelog;
 pub mod nodestore;

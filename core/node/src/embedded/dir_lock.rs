@@ -13,7 +13,7 @@
 use std::fs::File;
 use std::path::Path;
 
-use crate::embedded::DbError;
+use super::error::DbError;
 use crate::filelog::FileLogError;
 
 /// The lock file's name inside a database directory.
@@ -77,22 +77,6 @@ fn holder(file: &mut File) -> Option<u32> {
     let mut text = String::new();
     file.take(32).read_to_string(&mut text).ok()?;
     text.trim().parse().ok()
-}
-
-/// The message of [`DbError::Locked`].
-pub(crate) fn locked_message(path: &Path, holder: Option<u32>) -> String {
-    let who = match holder {
-        Some(pid) if pid == std::process::id() => {
-            "another Database in this process holds it".to_string()
-        }
-        Some(pid) => format!("process {pid} holds it"),
-        None => "another process holds it".to_string(),
-    };
-    format!(
-        "{}: the database is already open ({who}); close that one first, \
-         or make the change through it (one open Database per directory)",
-        path.display()
-    )
 }
 
 #[cfg(unix)]
