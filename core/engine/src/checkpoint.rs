@@ -1068,7 +1068,7 @@ fn stub_from(b: &Built, addr: NodeAddr, store: Arc<dyn NodeStore>) -> Arc<Node> 
         oldest: b.oldest,
         addr: AtomicU64::new(0),
     };
-    plain.to_stub(addr, store)
+    plain.to_stub(addr, store, read_node)
 }
 
 /// Reads one record through `store`.

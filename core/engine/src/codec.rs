@@ -19,13 +19,13 @@ use crate::error::{
     DecodeError, TxnError, MAX_INTENTION_BYTES, MAX_INTENTION_NODES, MAX_KEY_LEN,
     MAX_RANGES_PER_NODE, MAX_VALUE_LEN,
 };
+use crate::isolation::Isolation;
 use crate::node::{
     find, height, max_key, min_key, oldest_from, touch, Bytes, Extra, Link, LogPos, Node, Owner,
     OwnerKind, Vn, ALTERED, DEPENDS_ON, DEPENDS_ON_TREE, LEFT_OWNED, RIGHT_OWNED,
     SUBTREE_ONLY_READ,
 };
 use crate::range::KeyRange;
-use crate::txn::Isolation;
 
 /// Magic bytes at the start of every intention record.
 pub const INTENTION_MAGIC: &[u8; 4] = b"MLDI";
