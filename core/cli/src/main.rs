@@ -26,9 +26,8 @@ use rand::{Rng, SeedableRng};
 /// mimalloc (through melddb-alloc, which skips its aligned API for ordinary
 /// layouts): every transaction allocates its path copies on its own
 /// thread, and once meld replaced them another committing thread may free
-/// them. `melddb bench` (8r2w, 4 threads, durable) ran a median 14% faster
-/// with it than with the system allocator, ahead in 6 of 6 paired runs
-/// (docs/benchmarks.md, embedded suite).
+/// them. `melddb bench` runs faster with it than with the system
+/// allocator (docs/benchmarks.md, embedded suite).
 #[global_allocator]
 static GLOBAL: melddb_alloc::MeldAlloc = melddb_alloc::MeldAlloc;
 

@@ -233,8 +233,8 @@ impl Melder {
     pub fn take_garbage(&mut self) -> Garbage {
         // The next period's lists start with room for as much as this one
         // held: they are allocated here, once, rather than grown by
-        // doubling inside the melds that retire into them (the growth was
-        // about 2.5% of a meld's samples at 8 operations, degree 16).
+        // doubling inside the melds that retire into them, where the
+        // growth would be part of every commit's latency.
         let room = Garbage {
             roots: Vec::with_capacity(self.retired.roots.len()),
             intentions: Vec::with_capacity(self.retired.intentions.len()),

@@ -92,8 +92,9 @@ pub const NO_LOGGED_NODE: LogPos = u64::MAX;
 /// height and OldestDescendant. With the two reference counts in front,
 /// that is the first 96 bytes of a 160-byte allocation, which starts at 0
 /// or 32 modulo 64, so those fields always span exactly two cache lines.
-/// OldestDescendant used to sit behind the payload, in a third line, which
-/// every new node's untouched sibling then missed on (docs/benchmarks.md).
+/// OldestDescendant is among them because meld reads it from every new
+/// node's untouched sibling: behind the payload it would cost a third
+/// cache line on each of those reads (docs/benchmarks.md).
 #[derive(Debug)]
 #[repr(C)]
 pub struct Node {

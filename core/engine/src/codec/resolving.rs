@@ -183,8 +183,8 @@ pub(crate) fn resolve(
 /// alone, so each becomes the intention's node in place, keeping its key,
 /// value and snapshot children. Cloning them instead costs an atomic
 /// increment on a committed node's (cold) cache line per field, and
-/// dropping the local tree afterwards a decrement, which profiles showed
-/// as a large share of the commit path.
+/// dropping the local tree afterwards a decrement: a large share of the
+/// commit path.
 pub(crate) fn from_local(
     root: Link,
     local: &Arc<Owner>,
@@ -205,9 +205,7 @@ pub(crate) fn from_local(
             // The node is rewritten in place: a sealed transaction's local
             // nodes are held by nobody else, and since commits meld on the
             // thread that made them, the allocation is still in this
-            // core's cache (when a writer thread did this, a new
-            // allocation was faster than writing to the client's cache
-            // lines). Someone else holding one only costs a copy.
+            // core's cache. Someone else holding one only costs a copy.
             let m = Arc::make_mut(&mut n);
             let mut kids: [Link; 2] = [m.left_link.take(), m.right_link.take()];
             let mut flags = 0u16;
