@@ -12,7 +12,8 @@
 //! wait for a flush, the next commit waits for one before it appends. A
 //! background thread appends checkpoint parts, sweeps the node cache and
 //! answers checkpoint requests. Recovery on open replays the log from the
-//! latest checkpoint.
+//! latest checkpoint. One open database per directory: the directory is
+//! locked from the open until the database is dropped.
 
 mod background;
 mod cache;
@@ -160,6 +161,11 @@ impl Database {
     }
 
     /// Opens (or creates) the database in `dir` with `opts`.
+    ///
+    /// The directory is locked until the database is dropped (the `lock`
+    /// file in it, [`LOCK_FILE`]): while it is open, another open of `dir`,
+    /// in this process or another, fails with [`DbError::Locked`] and
+    /// changes nothing.
     pub fn open_with(dir: impl AsRef<Path>, opts: Options) -> Result<Database, DbError> {
         let dir = dir.as_ref().to_path_buf();
         if opts.max_in_flight == 0 {
