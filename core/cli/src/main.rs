@@ -6,8 +6,12 @@
 //! melddb [--dir DIR] check [--json]     verify every log record and the tree
 //! melddb [--dir DIR] stats [--json]     sizes, recovery time, state digest
 //! ```
-//! The directory defaults to `$MELDDB_DIR` or `./melddb-data`. Exit status:
-//! 0 success, 1 error, 2 usage, 3 `get` of an absent key.
+//! The directory defaults to `$MELDDB_DIR` or `./melddb-data`. Every
+//! command opens the database, and with it the directory's lock: on a
+//! directory another process holds open (an application's `Database`, or
+//! another `melddb`), each command prints why and exits 1 without reading
+//! or writing anything, so neither a write nor a `check` races the holder.
+//! Exit status: 0 success, 1 error, 2 usage, 3 `get` of an absent key.
 
 use std::io::Write as _;
 use std::ops::Bound;
@@ -22,9 +26,8 @@ use rand::{Rng, SeedableRng};
 /// mimalloc (through melddb-alloc, which skips its aligned API for ordinary
 /// layouts): every transaction allocates its path copies on its own
 /// thread, and once meld replaced them another committing thread may free
-/// them. `melddb bench` (8r2w, 4 threads, durable) ran a median 14% faster
-/// with it than with the system allocator, ahead in 6 of 6 paired runs
-/// (docs/benchmarks.md, embedded suite).
+/// them. `melddb bench` runs faster with it than with the system
+/// allocator (docs/benchmarks.md, embedded suite).
 #[global_allocator]
 static GLOBAL: melddb_alloc::MeldAlloc = melddb_alloc::MeldAlloc;
 

@@ -79,7 +79,7 @@ fn restub_node(t: &Link, n: &Arc<Node>, cx: &mut Sweep<'_>) -> Link {
         if !s.used.swap(false, Ordering::Relaxed) {
             cx.out.unloaded += 1;
             let addr = n.node_addr()?;
-            return Some(n.to_stub(addr, store.clone()));
+            return Some(n.to_stub(addr, store.clone(), crate::checkpoint::read_node));
         }
         cx.out.kept += 1;
         // Hot: keep the body, but sweep below it. A changed child needs a
@@ -101,7 +101,7 @@ fn restub_node(t: &Link, n: &Arc<Node>, cx: &mut Sweep<'_>) -> Link {
     }
     if let Some(addr) = n.node_addr().filter(|a| persisted(a.generation())) {
         cx.out.stubbed += 1;
-        return Some(n.to_stub(addr, store.clone()));
+        return Some(n.to_stub(addr, store.clone(), crate::checkpoint::read_node));
     }
     let l = restub(&n.left_link, cx);
     let r = restub(&n.right_link, cx);

@@ -4,10 +4,11 @@
 use crate::engine::{Melder, Outcome};
 use crate::error::{CommitError, LogError, OpenError};
 use crate::genesis::Settings;
+use crate::isolation::Isolation;
 use crate::log::{Log, MemLog};
 use crate::node::{Bytes, LogPos};
 use crate::snapshot::Snapshot;
-use crate::txn::{Finished, Isolation, Transaction};
+use crate::txn::{Finished, Transaction};
 
 /// A database node on a log, melding every entry as soon as it is appended.
 #[derive(Debug)]

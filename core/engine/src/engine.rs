@@ -13,24 +13,11 @@ use crate::error::DecodeError;
 use crate::genesis::Settings;
 use crate::meld::{meld, AbortReason, MeldInput, MeldStats, Tombstones};
 use crate::node::{Link, LogPos, NodeStore, Vn};
-use crate::pipeline::{group, is_pair_head, premeld, Prepared, StageError};
+use crate::pipeline::{
+    admit_snapshot, group, is_pair_head, premeld, MeldState, Prepared, StageError,
+};
 use crate::snapshot::Snapshot;
 use crate::txn::LocalIntention;
-
-/// A retained committed state together with the deletions meld remembers
-/// as of it: the input premeld and group meld need. Cheap to clone.
-#[derive(Debug, Clone)]
-pub struct MeldState {
-    pub(crate) snapshot: Snapshot,
-    pub(crate) tombs: Tombstones,
-}
-
-impl MeldState {
-    /// The committed state.
-    pub fn snapshot(&self) -> &Snapshot {
-        &self.snapshot
-    }
-}
 
 /// The fate of one log entry (or of a read-only transaction).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -246,8 +233,8 @@ impl Melder {
     pub fn take_garbage(&mut self) -> Garbage {
         // The next period's lists start with room for as much as this one
         // held: they are allocated here, once, rather than grown by
-        // doubling inside the melds that retire into them (the growth was
-        // about 2.5% of a meld's samples at 8 operations, degree 16).
+        // doubling inside the melds that retire into them, where the
+        // growth would be part of every commit's latency.
         let room = Garbage {
             roots: Vec::with_capacity(self.retired.roots.len()),
             intentions: Vec::with_capacity(self.retired.intentions.len()),
@@ -717,33 +704,6 @@ fn stage_failure(e: &StageError) -> &'static str {
         StageError::Unavailable(_) => "input state not retained",
         StageError::WrongState { .. } => "input state at the wrong position",
     }
-}
-
-/// Whether an intention at `pos` may name the state after `snapshot_pos`
-/// as its snapshot: before it, inside the conflict-zone bound (App. B), and
-/// not the first position of a group-meld pair (which has no state).
-pub(crate) fn admit_snapshot(
-    settings: &Settings,
-    pos: LogPos,
-    snapshot_pos: LogPos,
-) -> Result<(), AbortReason> {
-    if snapshot_pos >= pos {
-        return Err(AbortReason::Malformed(DecodeError::Invalid {
-            field: "snapshot position",
-            why: "not before the intention",
-        }));
-    }
-    let oldest_accepted = pos.saturating_sub(settings.max_conflict_zone as u64 + 1);
-    if snapshot_pos < oldest_accepted {
-        return Err(AbortReason::SnapshotTooOld {
-            snapshot_pos,
-            oldest_accepted,
-        });
-    }
-    if is_pair_head(settings, snapshot_pos) {
-        return Err(AbortReason::SnapshotUnavailable { snapshot_pos });
-    }
-    Ok(())
 }
 
 /// Decodes the log entry at `pos` against its snapshot, which `snapshot`

@@ -32,6 +32,7 @@ mod db;
 mod engine;
 pub mod error;
 mod genesis;
+mod isolation;
 mod log;
 mod meld;
 mod node;
@@ -43,14 +44,16 @@ pub mod validate;
 
 pub use codec::{parse, Intention, ParsedIntention};
 pub use db::Database;
-pub use engine::{decode_with, Garbage, MeldState, Melder, Outcome};
+pub use engine::{decode_with, Garbage, Melder, Outcome};
 pub use error::{CheckpointError, CommitError, DecodeError, Error, LogError, OpenError, TxnError};
 pub use genesis::{Settings, DEFAULT_MAX_CONFLICT_ZONE, MAX_CONFLICT_ZONE_LIMIT};
+pub use isolation::Isolation;
 pub use log::{Entry, Log, MemLog};
 pub use meld::{AbortReason, MeldStats};
 pub use node::{
     take_store_error, Bytes, LogPos, Node, NodeAddr, NodeStore, StoreError, Vn, NO_LOGGED_NODE,
 };
+pub use pipeline::MeldState;
 pub use range::KeyRange;
 pub use snapshot::{Digest, Order, Snapshot};
-pub use txn::{Finished, Isolation, LocalIntention, Transaction};
+pub use txn::{Finished, LocalIntention, Transaction};

@@ -92,8 +92,9 @@ pub const NO_LOGGED_NODE: LogPos = u64::MAX;
 /// height and OldestDescendant. With the two reference counts in front,
 /// that is the first 96 bytes of a 160-byte allocation, which starts at 0
 /// or 32 modulo 64, so those fields always span exactly two cache lines.
-/// OldestDescendant used to sit behind the payload, in a third line, which
-/// every new node's untouched sibling then missed on (docs/benchmarks.md).
+/// OldestDescendant is among them because meld reads it from every new
+/// node's untouched sibling: behind the payload it would cost a third
+/// cache line on each of those reads (docs/benchmarks.md).
 #[derive(Debug)]
 #[repr(C)]
 pub struct Node {
@@ -149,9 +150,16 @@ pub(crate) enum Extra {
     Stub(Stub),
 }
 
+/// Reads the node at an address back through a store, with stubs for its
+/// children. The format of what is stored belongs to the layer that writes
+/// it (a checkpoint), so whoever makes a stub says how to read it.
+pub(crate) type ReadBody = fn(&Arc<dyn NodeStore>, NodeAddr) -> Result<Arc<Node>, StoreError>;
+
 /// What a stub needs to read its body back.
 pub(crate) struct Stub {
     pub(crate) store: Arc<dyn NodeStore>,
+    /// How the body is read from `store`.
+    pub(crate) read: ReadBody,
     pub(crate) body: OnceLock<Arc<Node>>,
     /// Set when the body is used; the cache's sweep clears it (CLOCK).
     pub(crate) used: AtomicBool,
@@ -422,7 +430,7 @@ impl Node {
             }
             return n;
         }
-        match self.read_back(&s.store) {
+        match self.read_back(s) {
             Ok(n) => {
                 s.used.store(true, Ordering::Relaxed);
                 s.store.loaded(n.approx_bytes());
@@ -435,12 +443,12 @@ impl Node {
         }
     }
 
-    fn read_back(&self, store: &Arc<dyn NodeStore>) -> Result<Arc<Node>, StoreError> {
+    fn read_back(&self, s: &Stub) -> Result<Arc<Node>, StoreError> {
         let addr = self.node_addr().ok_or(StoreError::Corrupt {
             addr: NodeAddr(0),
             why: "stub without an address",
         })?;
-        let n = crate::checkpoint::read_node(store, addr)?;
+        let n = (s.read)(&s.store, addr)?;
         if n.vn() != self.vn() || n.key != self.key || n.height != self.height {
             return Err(StoreError::Corrupt {
                 addr,
@@ -459,7 +467,7 @@ impl Node {
             None => f(self),
             Some(s) => match s.body.get() {
                 Some(n) => f(n),
-                None => match self.read_back(&s.store) {
+                None => match self.read_back(s) {
                     Ok(n) => f(&n),
                     Err(e) => {
                         record_store_error(e);
@@ -483,8 +491,14 @@ impl Node {
             }
     }
 
-    /// A stub standing for `self`, read back from `store` at `addr`.
-    pub(crate) fn to_stub(&self, addr: NodeAddr, store: Arc<dyn NodeStore>) -> Arc<Node> {
+    /// A stub standing for `self`, read back from `store` at `addr` by
+    /// `read`.
+    pub(crate) fn to_stub(
+        &self,
+        addr: NodeAddr,
+        store: Arc<dyn NodeStore>,
+        read: ReadBody,
+    ) -> Arc<Node> {
         Arc::new(Node {
             key: self.key.clone(),
             left_link: None,
@@ -506,6 +520,7 @@ impl Node {
                     addr.generation()
                 }),
                 store,
+                read,
             }))),
             oldest: self.oldest,
             addr: AtomicU64::new(addr.raw()),

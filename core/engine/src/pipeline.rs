@@ -27,13 +27,56 @@
 //! `docs/pipeline.md` for which decisions can differ from plain meld.
 
 use crate::codec::Intention;
-use crate::engine::MeldState;
 use crate::error::DecodeError;
 use crate::genesis::Settings;
-use crate::meld::{meld, AbortReason, MeldInput, MeldStats};
+use crate::isolation::Isolation;
+use crate::meld::{meld, AbortReason, MeldInput, MeldStats, Tombstones};
 use crate::node::{Link, LogPos, Node};
 use crate::range::KeyRange;
-use crate::txn::{Effects, Isolation, Transaction};
+use crate::snapshot::Snapshot;
+use crate::txn::{Effects, Transaction};
+
+/// A retained committed state together with the deletions meld remembers
+/// as of it: the input premeld and group meld need. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct MeldState {
+    pub(crate) snapshot: Snapshot,
+    pub(crate) tombs: Tombstones,
+}
+
+impl MeldState {
+    /// The committed state.
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+}
+
+/// Whether an intention at `pos` may name the state after `snapshot_pos`
+/// as its snapshot: before it, inside the conflict-zone bound (App. B), and
+/// not the first position of a group-meld pair (which has no state).
+pub(crate) fn admit_snapshot(
+    settings: &Settings,
+    pos: LogPos,
+    snapshot_pos: LogPos,
+) -> Result<(), AbortReason> {
+    if snapshot_pos >= pos {
+        return Err(AbortReason::Malformed(DecodeError::Invalid {
+            field: "snapshot position",
+            why: "not before the intention",
+        }));
+    }
+    let oldest_accepted = pos.saturating_sub(settings.max_conflict_zone as u64 + 1);
+    if snapshot_pos < oldest_accepted {
+        return Err(AbortReason::SnapshotTooOld {
+            snapshot_pos,
+            oldest_accepted,
+        });
+    }
+    if is_pair_head(settings, snapshot_pos) {
+        return Err(AbortReason::SnapshotUnavailable { snapshot_pos });
+    }
+    Ok(())
+}
 
 /// A log entry (or a pair of them) ready for final meld.
 #[derive(Debug)]
@@ -254,7 +297,7 @@ pub fn trial_meld(
 ) -> Result<(), AbortReason> {
     let snap = local.snapshot();
     let pos = latest.snapshot.pos + 1;
-    crate::engine::admit_snapshot(settings, pos, snap.pos)?;
+    admit_snapshot(settings, pos, snap.pos)?;
     if snap.pos == latest.snapshot.pos {
         // Nothing committed since its snapshot: no conflict possible.
         return Ok(());

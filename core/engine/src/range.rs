@@ -4,7 +4,7 @@ use std::cmp::Ordering;
 use std::ops::Bound;
 
 use crate::bytes::cmp_keys;
-use crate::node::Bytes;
+use crate::bytes::Bytes;
 
 /// A range of keys with inclusive, exclusive or open ends.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,54 +14,13 @@ use std::sync::Arc;
 
 use crate::codec::{encode, EncodeInput};
 use crate::error::{check_key, check_value, TxnError};
+use crate::isolation::Isolation;
 use crate::node::{
     height, Bytes, Extra, Link, Node, Owner, OwnerKind, Vn, ALTERED, DEPENDS_ON, DEPENDS_ON_TREE,
     DIRTY,
 };
 use crate::range::{KeyRange, RangeRef};
 use crate::snapshot::{scan, Order, Snapshot};
-
-/// Isolation level of a transaction. What each level validates at meld time
-/// (against every transaction committed in its conflict zone, i.e. between its
-/// snapshot and its own log position):
-///
-/// | level | write-write | point reads | scanned ranges |
-/// |---|---|---|---|
-/// | `SnapshotIsolation` | yes | no | no |
-/// | `RepeatableRead` | yes | yes (`get`, present or absent, and each pair a scan returned) | no (phantoms possible) |
-/// | `Serializable` | yes | yes | yes (any insert, update or delete inside a scanned range) |
-///
-/// All levels read one consistent snapshot and see their own writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Isolation {
-    /// First-committer-wins on written keys only (snapshot isolation).
-    SnapshotIsolation,
-    /// Snapshot isolation plus validation of every key read.
-    RepeatableRead,
-    /// Repeatable read plus phantom protection of every scanned range.
-    Serializable,
-}
-
-impl Isolation {
-    pub(crate) fn code(self) -> u8 {
-        match self {
-            Isolation::SnapshotIsolation => 0,
-            Isolation::RepeatableRead => 1,
-            Isolation::Serializable => 2,
-        }
-    }
-    pub(crate) fn from_code(c: u8) -> Option<Isolation> {
-        Some(match c {
-            0 => Isolation::SnapshotIsolation,
-            1 => Isolation::RepeatableRead,
-            2 => Isolation::Serializable,
-            _ => return None,
-        })
-    }
-    fn tracks_reads(self) -> bool {
-        self != Isolation::SnapshotIsolation
-    }
-}
 
 /// What a finished transaction hands to its host.
 #[derive(Debug)]
@@ -733,102 +692,4 @@ impl Transaction {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::codec::{parse, resolve, Intention};
-    use crate::engine::Melder;
-    use crate::genesis::Settings;
-
-    fn shape(i: &Intention) -> Vec<String> {
-        fn walk(t: &Link, i: &Intention, out: &mut Vec<String>) {
-            let Some(n) = t else {
-                out.push("-".into());
-                return;
-            };
-            if !i.owns(n) {
-                out.push(format!("ptr {:?} {}", n.key, n.vn()));
-                return;
-            }
-            walk(n.left(), i, out);
-            walk(n.right(), i, out);
-            out.push(format!(
-                "{:?}={:?} seq{} f{} scv{} ssv{} h{} o{} r{:?} b{:?}",
-                n.key,
-                n.val(),
-                n.seq,
-                n.flags,
-                n.scv,
-                n.ssv,
-                n.height,
-                n.oldest,
-                n.ranges(),
-                i.bounds[n.seq as usize - 1]
-            ));
-        }
-        let mut out = Vec::new();
-        walk(&i.root, i, &mut out);
-        out.push(format!(
-            "{:?} {:?} {}",
-            i.deletes, i.header_ranges, i.node_count
-        ));
-        out
-    }
-
-    /// The in-memory conversion premeld uses gives exactly the intention
-    /// that encoding and decoding the same transaction gives.
-    #[test]
-    fn from_local_matches_the_encode_decode_round_trip() {
-        let mut m = Melder::new(Settings::default());
-        let mut load = Transaction::begin(m.lcs(), Isolation::SnapshotIsolation);
-        for k in (0u16..400).step_by(2) {
-            load.put(&k.to_be_bytes(), b"v0").unwrap();
-        }
-        let Ok(Finished::Intention(b)) = load.finish() else {
-            panic!()
-        };
-        m.apply(&b);
-        let snap = m.lcs().clone();
-        let mut seed = 7u64;
-        let mut next = || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) as u16
-        };
-        for round in 0..200 {
-            let iso = [
-                Isolation::Serializable,
-                Isolation::RepeatableRead,
-                Isolation::SnapshotIsolation,
-            ][round % 3];
-            let mut tx = Transaction::begin(&snap, iso);
-            for _ in 0..(1 + next() % 12) {
-                let k = (next() % 420).to_be_bytes();
-                match next() % 4 {
-                    0 => drop(tx.get(&k).unwrap()),
-                    1 => tx.put(&k, b"new").unwrap(),
-                    2 => drop(tx.delete(&k).unwrap()),
-                    _ => drop(
-                        tx.scan(
-                            Bound::Included(&k[..]),
-                            Bound::Unbounded,
-                            Order::Forward,
-                            Some(3),
-                        )
-                        .unwrap(),
-                    ),
-                }
-            }
-            if !tx.has_writes() {
-                continue;
-            }
-            let pos = snap.pos + 1;
-            let s = tx.seal();
-            let bytes = s.encode().unwrap();
-            // Consumes the tree: its nodes move into the intention.
-            let direct = s.intention(pos);
-            let decoded = resolve(&parse(&bytes).unwrap(), pos, &snap.root).unwrap();
-            assert_eq!(shape(&direct), shape(&decoded), "round {round}");
-        }
-    }
-}
+mod tests;

@@ -275,3 +275,53 @@ fn submit_beyond_max_in_flight_waits_for_a_flush_first() {
         assert!(matches!(h.wait().unwrap(), Outcome::Committed { .. }));
     }
 }
+
+/// One open database per directory: a second open, in the same process,
+/// is refused with `Locked` naming the directory and writes nothing; once
+/// the first is dropped the directory opens again with every commit.
+#[test]
+fn a_second_open_of_a_directory_is_refused_until_the_first_is_dropped() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("db");
+    let db = Database::open(&dir).unwrap();
+    db.transact(Isolation::Serializable, |tx| tx.put(b"k", b"first"))
+        .unwrap();
+    let files = |dir: &std::path::Path| -> Vec<(String, Vec<u8>)> {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let p = e.unwrap().path();
+                (p.display().to_string(), std::fs::read(&p).unwrap())
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let before = files(&dir);
+    for attempt in 0..2 {
+        match Database::open(&dir) {
+            Err(e @ DbError::Locked { .. }) => {
+                let DbError::Locked { path, holder } = &e else {
+                    unreachable!()
+                };
+                assert_eq!(path, &dir);
+                assert_eq!(*holder, Some(std::process::id()));
+                let msg = e.to_string();
+                assert!(msg.contains(&dir.display().to_string()), "{msg}");
+                assert!(msg.contains("already open"), "{msg}");
+                assert!(msg.contains("close that one first"), "{msg}");
+            }
+            other => panic!("attempt {attempt}: expected Locked, got {other:?}"),
+        }
+    }
+    assert_eq!(files(&dir), before, "a refused open changed the directory");
+    db.transact(Isolation::Serializable, |tx| tx.put(b"k2", b"second"))
+        .unwrap();
+    drop(db);
+    let db = Database::open(&dir).unwrap();
+    assert_eq!(db.get(b"k").unwrap().as_deref(), Some(&b"first"[..]));
+    assert_eq!(db.get(b"k2").unwrap().as_deref(), Some(&b"second"[..]));
+    // `close` releases it too.
+    db.close().unwrap();
+    Database::open(&dir).unwrap();
+}

@@ -1,0 +1,85 @@
+//! The embedded database's error type.
+
+use std::path::{Path, PathBuf};
+
+use melddb::{AbortReason, TxnError};
+
+use crate::filelog::FileLogError;
+
+#[cfg(doc)]
+use super::Database;
+
+/// Errors of the embedded database.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// The log files could not be read or written.
+    #[error(transparent)]
+    Log(#[from] FileLogError),
+    /// The log's first record is not a valid genesis record.
+    #[error("{path}: not a MeldDB database (bad genesis record: {why})")]
+    NotADatabase {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// Another open [`Database`] holds the directory (in this process or
+    /// another): two would overwrite each other's commits. Nothing was
+    /// read or written; close the other one first, or go through it.
+    #[error("{}", locked_message(path, *holder))]
+    Locked {
+        /// The directory.
+        path: PathBuf,
+        /// The holder's process id, as it wrote it in the lock file.
+        holder: Option<u32>,
+    },
+    /// The options are invalid.
+    #[error("invalid option: {0}")]
+    Options(String),
+    /// The transaction itself failed (key or value too large, ...).
+    #[error(transparent)]
+    Txn(#[from] TxnError),
+    /// [`Database::transact`] kept conflicting.
+    #[error("transaction aborted {attempts} times; last: {last}")]
+    Conflict {
+        /// Attempts made.
+        attempts: u32,
+        /// Why the last one aborted.
+        last: AbortReason,
+    },
+    /// No state to recover from: every checkpoint still in the log is
+    /// damaged and the log before them was trimmed.
+    #[error("{path}: cannot recover: {why}")]
+    Unrecoverable {
+        /// The directory.
+        path: PathBuf,
+        /// What was tried and failed.
+        why: String,
+    },
+    /// A checkpoint could not be written.
+    #[error("checkpoint failed: {0}")]
+    Checkpoint(String),
+    /// Part of the tree could not be read back from the log (node cache).
+    #[error(transparent)]
+    Store(#[from] melddb::StoreError),
+    /// The database stopped taking commits (after an I/O error on its log,
+    /// or because it was closed); reopen it.
+    #[error("the database stopped: {0}")]
+    Stopped(String),
+}
+
+/// The message of [`DbError::Locked`].
+fn locked_message(path: &Path, holder: Option<u32>) -> String {
+    let who = match holder {
+        Some(pid) if pid == std::process::id() => {
+            "another Database in this process holds it".to_string()
+        }
+        Some(pid) => format!("process {pid} holds it"),
+        None => "another process holds it".to_string(),
+    };
+    format!(
+        "{}: the database is already open ({who}); close that one first, \
+         or make the change through it (one open Database per directory)",
+        path.display()
+    )
+}

@@ -1,0 +1,564 @@
+//! The embedded database: `Database::open(dir)`.
+//!
+//! A durable [`FileLog`] in `dir` and the melder, both behind one lock.
+//! Any number of threads run transactions on snapshots; a committing
+//! thread takes the lock, appends its intention and melds it itself (no
+//! hand-over to another thread), then waits for a flush that covers it.
+//! A sync thread does the flushes (group commit): each one covers every
+//! record appended before it starts, and while committers keep waiting the
+//! next starts the moment the previous ends. When a flush ends, the sync
+//! thread publishes the state it made durable and wakes exactly the
+//! committers it covered. Admission control: once `max_in_flight` commits
+//! wait for a flush, the next commit waits for one before it appends. A
+//! background thread appends checkpoint parts, sweeps the node cache and
+//! answers checkpoint requests. Recovery on open replays the log from the
+//! latest checkpoint. One open database per directory: the directory is
+//! locked from the open until the database is dropped.
+
+mod background;
+mod cache;
+mod checkpoint_state;
+mod checkpointing;
+mod dir_lock;
+mod error;
+mod group_commit;
+mod options;
+mod recovery;
+mod stats;
+mod writer;
+
+use std::path::Path;
+use std::sync::mpsc::sync_channel;
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use melddb::checkpoint;
+use melddb::pipeline::trial_meld;
+use melddb::{
+    AbortReason, Bytes, Isolation, Log, LogPos, MeldState, Outcome, Settings, Snapshot,
+    Transaction, TxnError,
+};
+use rand::Rng;
+
+pub use self::dir_lock::LOCK_FILE;
+pub use self::error::DbError;
+pub use self::options::{
+    Durability, Options, DEFAULT_CACHE_BYTES, DEFAULT_CHECKPOINT_BYTES,
+    DEFAULT_CHECKPOINT_PART_BYTES,
+};
+pub use self::stats::{CacheStats, CheckpointInfo, LogStats, Recovery};
+
+use self::background::background_loop;
+use self::checkpoint_state::{checkpoints_supported, CheckpointPlan};
+use self::dir_lock::DirLock;
+use self::group_commit::{sync_loop, Engine, FlushState};
+use self::recovery::{close_pair, recover};
+use self::stats::Shared;
+use self::writer::{Msg, Writer};
+use crate::filelog::{FileLog, OpenReport};
+use crate::nodestore::LogStore;
+
+/// An embedded MeldDB database in a directory. Cheap to share: wrap it in
+/// an `Arc` and call it from any number of threads.
+pub struct Database {
+    shared: Arc<Shared>,
+    engine: Arc<Engine>,
+    background: Option<JoinHandle<()>>,
+    syncer: Option<JoinHandle<()>>,
+    max_attempts: u32,
+    trial_meld: bool,
+    recovery: Recovery,
+    /// Held for the database's life; released after the shutdown in
+    /// `drop` has stopped every thread that writes.
+    _lock: DirLock,
+}
+
+impl std::fmt::Debug for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Database")
+            .field("dir", &self.shared.dir)
+            .finish()
+    }
+}
+
+/// A commit appended and melded; [`CommitHandle::wait`] gives its outcome
+/// once it is durable. Dropping the handle without waiting leaves the
+/// commit to be flushed by the background thread.
+pub struct CommitHandle {
+    state: HandleState,
+}
+
+enum HandleState {
+    /// Answered already (read-only, rejected by trial meld, or buffered).
+    Ready(Result<Outcome, DbError>),
+    /// Appended at `pos`; answered once a flush covers it.
+    Pending {
+        pos: LogPos,
+        engine: Arc<Engine>,
+        /// Meld decided it when the commit was appended.
+        outcome: Outcome,
+        /// What meld released for this commit, freed by the committing
+        /// thread while it waits for the flush anyway.
+        garbage: Option<melddb::Garbage>,
+    },
+    Taken,
+}
+
+impl std::fmt::Debug for CommitHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.state {
+            HandleState::Ready(o) => write!(f, "CommitHandle(ready: {o:?})"),
+            HandleState::Pending { pos, .. } => write!(f, "CommitHandle(pending at {pos})"),
+            HandleState::Taken => write!(f, "CommitHandle(taken)"),
+        }
+    }
+}
+
+impl CommitHandle {
+    fn ready(o: Result<Outcome, DbError>) -> CommitHandle {
+        CommitHandle {
+            state: HandleState::Ready(o),
+        }
+    }
+
+    /// Blocks until the outcome is known and, with [`Durability::Sync`],
+    /// the sync thread's flush made the commit durable.
+    pub fn wait(mut self) -> Result<Outcome, DbError> {
+        match std::mem::replace(&mut self.state, HandleState::Taken) {
+            HandleState::Ready(o) => o,
+            HandleState::Taken => Err(DbError::Stopped("the outcome was already taken".into())),
+            HandleState::Pending {
+                pos,
+                engine,
+                outcome,
+                garbage,
+            } => {
+                // Freeing costs tens of microseconds of cache misses: done
+                // while the flush runs.
+                engine.make_durable(pos + 1, garbage)?;
+                Ok(outcome)
+            }
+        }
+    }
+}
+
+impl Drop for CommitHandle {
+    fn drop(&mut self) {
+        if let HandleState::Pending { pos, engine, .. } = &self.state {
+            // Nobody waits: the background thread flushes the commit (so
+            // its state gets published) if no one else does.
+            let _ = engine.to_bg.try_send(Msg::Flush(*pos + 1));
+        }
+    }
+}
+
+impl Database {
+    /// Opens the database in `dir`, creating it with default settings if
+    /// the directory is empty or missing.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Database, DbError> {
+        Database::open_with(dir, Options::default())
+    }
+
+    /// Opens (or creates) the database in `dir` with `opts`.
+    ///
+    /// The directory is locked until the database is dropped (the `lock`
+    /// file in it, [`LOCK_FILE`]): while it is open, another open of `dir`,
+    /// in this process or another, fails with [`DbError::Locked`] and
+    /// changes nothing.
+    pub fn open_with(dir: impl AsRef<Path>, opts: Options) -> Result<Database, DbError> {
+        let dir = dir.as_ref().to_path_buf();
+        if opts.max_in_flight == 0 {
+            return Err(DbError::Options("max_in_flight must be at least 1".into()));
+        }
+        if opts.checkpoint_part_bytes < 4096
+            || opts.checkpoint_part_bytes > checkpoint::MAX_PART_BYTES
+        {
+            return Err(DbError::Options(format!(
+                "checkpoint_part_bytes must be between 4096 and {}",
+                checkpoint::MAX_PART_BYTES
+            )));
+        }
+        let started = Instant::now();
+        // Before anything in the directory is read or written.
+        let lock = DirLock::take(&dir)?;
+        let (mut log, report): (FileLog, OpenReport) =
+            FileLog::open_with(&dir, opts.segment_bytes)?;
+        let not_db = |why: String| DbError::NotADatabase {
+            path: dir.clone(),
+            why,
+        };
+        if log.tail() == 0 {
+            opts.settings
+                .validate()
+                .map_err(|e| DbError::Options(e.to_string()))?;
+            log.append(&opts.settings.encode())
+                .map_err(|e| not_db(e.to_string()))?;
+            log.sync()?;
+        }
+        let store = Arc::new(LogStore::new());
+        // A database without checkpoints (premeld or group meld on) has no
+        // checkpoint to load lazily, so the budget only matters below.
+        let start = recover(
+            &log,
+            &dir,
+            (opts.cache_bytes > 0).then_some(&store),
+            opts.cache_bytes,
+        )?;
+        let mut melder = start.melder;
+        melder.set_deferred_reclaim(false);
+        let (mut replayed, mut replayed_bytes) = (0u64, 0u64);
+        let _ = melddb::take_store_error();
+        log.replay(melder.next_pos(), |_, e| {
+            melder.apply(e);
+            replayed += 1;
+            replayed_bytes += e.len() as u64;
+        })?;
+        if let Some(e) = melddb::take_store_error() {
+            return Err(DbError::Unrecoverable {
+                path: dir.clone(),
+                why: format!("replaying the log after the checkpoint: {e}"),
+            });
+        }
+        close_pair(&mut log, &mut melder)?;
+        // The cache needs checkpoints to make nodes evictable.
+        let cache_bytes = if checkpoints_supported(melder.settings()) {
+            opts.cache_bytes
+        } else {
+            0
+        };
+        log.sync()?;
+        let log_stats = LogStats {
+            first: log.first(),
+            tail: log.tail(),
+            synced: log.synced(),
+            bytes: log.bytes(),
+            last_checkpoint: start.checkpoint.clone(),
+            checkpoints_written: 0,
+            trims: 0,
+            checkpoint_error: None,
+            bytes_appended: 0,
+        };
+        let shared = Arc::new(Shared {
+            latest: RwLock::new(
+                melder
+                    .meld_state(melder.lcs().pos())
+                    .cloned()
+                    .ok_or_else(|| not_db("no state after recovery".into()))?,
+            ),
+            settings: *melder.settings(),
+            dir: dir.clone(),
+            log: std::sync::Mutex::new(log_stats),
+            store: store.clone(),
+            cache: std::sync::Mutex::new(CacheStats {
+                budget: cache_bytes,
+                ..CacheStats::default()
+            }),
+        });
+        let plan = CheckpointPlan {
+            every: opts.checkpoint_bytes,
+            part_bytes: opts.checkpoint_part_bytes,
+            trim: opts.trim_log,
+            last: start.checkpoint.clone(),
+            previous_first: start.previous_first,
+            // The log since the last checkpoint counts, not just this
+            // process's share of it.
+            appended: replayed_bytes,
+            generation: start.generation,
+            cache_bytes,
+        };
+        // Few messages go to the background thread (checkpoint parts, cache
+        // pressure, flushes of dropped handles): a short queue is enough.
+        let (tx, rx) = sync_channel::<Msg>(64);
+        if plan.cache_bytes > 0 {
+            // Readers that load a quarter of the budget wake the background
+            // thread to sweep (no commit may come to notice it).
+            let wake = tx.clone();
+            store.on_pressure(plan.cache_bytes / 4, move || {
+                let _ = wake.try_send(Msg::CachePressure);
+            });
+        }
+        melder.set_deferred_reclaim(true);
+        let durable = log.synced();
+        let writer = Writer::new(log, melder, shared.clone(), store, plan, tx.clone());
+        let engine = Arc::new(Engine {
+            core: Mutex::new(writer),
+            flush: Mutex::new(FlushState {
+                durable,
+                wanted: durable,
+                sleepers: Vec::new(),
+                idle: false,
+                stop: false,
+                failed: None,
+            }),
+            work: Condvar::new(),
+            durability: opts.durability,
+            max_in_flight: opts.max_in_flight,
+            to_bg: tx,
+        });
+        let syncer = match opts.durability {
+            Durability::Sync => {
+                let e = engine.clone();
+                Some(
+                    thread::Builder::new()
+                        .name("melddb-sync".into())
+                        .spawn(move || sync_loop(&e))
+                        .map_err(|e| {
+                            DbError::Stopped(format!("cannot start the sync thread: {e}"))
+                        })?,
+                )
+            }
+            Durability::Buffered => None,
+        };
+        let bg_engine = engine.clone();
+        let background = thread::Builder::new()
+            .name("melddb-background".into())
+            .spawn(move || background_loop(&bg_engine, rx))
+            .map_err(|e| DbError::Stopped(format!("cannot start the background thread: {e}")))?;
+        Ok(Database {
+            shared,
+            engine,
+            background: Some(background),
+            syncer,
+            max_attempts: opts.max_attempts.max(1),
+            trial_meld: opts.trial_meld,
+            recovery: Recovery {
+                records: report.records,
+                torn_bytes: report.torn_bytes,
+                elapsed: started.elapsed(),
+                checkpoint: start.checkpoint.map(|c| c.first),
+                replayed,
+                skipped_checkpoints: start.skipped,
+            },
+            _lock: lock,
+        })
+    }
+
+    /// What recovery found when the database was opened.
+    pub fn recovery(&self) -> &Recovery {
+        &self.recovery
+    }
+
+    /// The database settings (from its genesis record).
+    pub fn settings(&self) -> Settings {
+        self.shared.settings
+    }
+
+    /// The latest committed state.
+    pub fn snapshot(&self) -> Snapshot {
+        self.shared
+            .latest
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .snapshot()
+            .clone()
+    }
+
+    fn latest(&self) -> MeldState {
+        self.shared
+            .latest
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Reads one key of the latest committed state.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Bytes>, DbError> {
+        Ok(self.snapshot().try_get(key)?)
+    }
+
+    /// The node cache's figures, as of the last measurement.
+    pub fn cache_stats(&self) -> CacheStats {
+        let mut c = self.shared.cache_stats().clone();
+        c.store = self.shared.store.stats();
+        c
+    }
+
+    /// Begins a transaction on the latest committed state.
+    pub fn begin(&self, isolation: Isolation) -> Transaction {
+        Transaction::begin(&self.snapshot(), isolation)
+    }
+
+    /// Finishes `tx`, appends its intention and melds it on this thread,
+    /// and returns without waiting for the flush that makes it durable
+    /// ([`CommitHandle::wait`] waits for it). Once
+    /// [`Options::max_in_flight`] commits wait for a flush, this call waits
+    /// for one before it appends.
+    pub fn submit(&self, tx: Transaction) -> Result<CommitHandle, DbError> {
+        let Some((bytes, local)) = tx.finish_local()? else {
+            return Ok(CommitHandle::ready(Ok(Outcome::ReadOnly)));
+        };
+        if self.trial_meld {
+            let mut stats = melddb::MeldStats::default();
+            let latest = self.latest();
+            let _ = melddb::take_store_error();
+            let trial = trial_meld(&self.shared.settings, &local, &latest, &mut stats);
+            // A failed read back makes the trial say nothing: let meld
+            // decide.
+            let unsure = melddb::take_store_error().is_some();
+            if let (Err(reason), false) = (trial, unsure) {
+                return Ok(CommitHandle::ready(Ok(Outcome::Rejected { reason })));
+            }
+        }
+        let engine = &self.engine;
+        let mut w = loop {
+            let w = engine.lock();
+            if let Some(e) = &w.failed {
+                return Err(DbError::Stopped(e.clone()));
+            }
+            if engine.durability == Durability::Sync && w.unflushed.len() >= engine.max_in_flight {
+                let tail = w.log.tail();
+                drop(w);
+                engine.make_durable(tail, None)?;
+                continue;
+            }
+            break w;
+        };
+        let (pos, decided) = match w.commit(&bytes, local).and_then(|c| {
+            w.after_commit()?;
+            Ok(c)
+        }) {
+            Ok(c) => c,
+            Err(e) => {
+                engine.fail(&mut w, &e.to_string());
+                return Err(e);
+            }
+        };
+        let garbage = w.melder.take_garbage();
+        match engine.durability {
+            Durability::Buffered => {
+                // Written is enough: answer at once.
+                let tail = w.log.tail();
+                w.unflushed.clear();
+                w.release(tail);
+                w.publish_log_stats();
+            }
+            Durability::Sync => {
+                // Just the tail (the rest follows with the flush).
+                w.shared.log_stats().tail = w.log.tail();
+            }
+        }
+        drop(w);
+        let outcome = decided.ok_or_else(|| {
+            DbError::Stopped(format!(
+                "entry {pos} was appended but meld did not decide it"
+            ))
+        })?;
+        if engine.durability == Durability::Buffered {
+            drop(garbage);
+            return Ok(CommitHandle::ready(Ok(outcome)));
+        }
+        Ok(CommitHandle {
+            state: HandleState::Pending {
+                pos,
+                engine: engine.clone(),
+                outcome,
+                garbage: Some(garbage),
+            },
+        })
+    }
+
+    /// Commits `tx` and waits for its outcome.
+    pub fn commit(&self, tx: Transaction) -> Result<Outcome, DbError> {
+        self.submit(tx)?.wait()
+    }
+
+    /// Runs `f` in a transaction and commits it, retrying on conflicts with
+    /// exponential backoff (50 µs doubling to 10 ms, with jitter) up to
+    /// `max_attempts` times. Returns `f`'s result from the attempt that
+    /// committed (or was read-only).
+    pub fn transact<T>(
+        &self,
+        isolation: Isolation,
+        mut f: impl FnMut(&mut Transaction) -> Result<T, TxnError>,
+    ) -> Result<T, DbError> {
+        let mut delay = Duration::from_micros(50);
+        let mut last = None;
+        for attempt in 1..=self.max_attempts {
+            let mut tx = self.begin(isolation);
+            let value = f(&mut tx)?;
+            match self.commit(tx)? {
+                Outcome::Aborted { reason, .. } | Outcome::Rejected { reason } => {
+                    last = Some(reason);
+                    if attempt < self.max_attempts {
+                        thread::sleep(delay.mul_f64(rand::rng().random_range(0.5..1.5)));
+                        delay = (delay * 2).min(Duration::from_millis(10));
+                    }
+                }
+                _ => return Ok(value),
+            }
+        }
+        Err(DbError::Conflict {
+            attempts: self.max_attempts,
+            last: last.unwrap_or(AbortReason::SnapshotUnavailable { snapshot_pos: 0 }),
+        })
+    }
+
+    /// Writes a checkpoint of the latest state now (after every commit
+    /// queued before this call) and waits until it is durable. Recovery
+    /// then starts from it, and with [`Options::trim_log`] the log below
+    /// the previous checkpoint is deleted.
+    pub fn checkpoint(&self) -> Result<CheckpointInfo, DbError> {
+        if self.background.is_none() {
+            return Err(DbError::Stopped("database is closed".into()));
+        }
+        let (reply, rx) = sync_channel(1);
+        self.engine
+            .to_bg
+            .send(Msg::Checkpoint(reply))
+            .map_err(|_| DbError::Stopped("the background thread has stopped".into()))?;
+        match rx.recv() {
+            Ok(Ok(info)) => Ok(info),
+            Ok(Err(e)) => Err(DbError::Checkpoint(e)),
+            Err(_) => Err(DbError::Stopped(
+                "the background thread exited before answering".into(),
+            )),
+        }
+    }
+
+    /// The log's extent, the latest checkpoint and garbage collection
+    /// counters, as of the last commit or background step.
+    pub fn log_stats(&self) -> LogStats {
+        self.shared.log_stats().clone()
+    }
+
+    /// Reachable ephemeral nodes of the latest state created since the
+    /// latest checkpoint: the state only memory holds (a crash recomputes
+    /// it by replaying the log after the checkpoint). Checkpoints bound it.
+    pub fn unpersisted_nodes(&self) -> u64 {
+        let since = self
+            .shared
+            .log_stats()
+            .last_checkpoint
+            .as_ref()
+            .map_or(0, |c| c.csn);
+        checkpoint::unpersisted_nodes(&self.snapshot(), since)
+    }
+
+    /// Flushes every commit, finishes a checkpoint whose parts are all
+    /// encoded, and stops the background thread. Commits submitted and not
+    /// waited for are durable afterwards.
+    pub fn close(mut self) -> Result<(), DbError> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<(), DbError> {
+        let Some(bg) = self.background.take() else {
+            return Ok(());
+        };
+        let _ = self.engine.to_bg.send(Msg::Shutdown);
+        let joined = bg.join();
+        let closed = self.engine.close();
+        if let Some(s) = self.syncer.take() {
+            let _ = s.join();
+        }
+        joined.map_err(|_| DbError::Stopped("the background thread panicked".into()))?;
+        closed
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
