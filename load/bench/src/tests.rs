@@ -69,8 +69,9 @@ fn the_log_probe_takes_its_point_and_settings() {
         panic!("the probe did not parse");
     };
     assert_eq!(a.point, Some(PointSpec::Open(64, 64, 1024, 150_000.0)));
-    assert_eq!((a.secs, a.warmup, a.spares), (8.0, 4.0, 6));
-    assert!(a.spares_wait && a.no_fsync && !a.direct && !a.fsync_each_file);
+    let p = &a.probe;
+    assert_eq!((p.secs, p.warmup, p.spares), (8.0, 4.0, 6));
+    assert!(p.spares_wait && p.no_fsync && !p.direct && !p.fsync_each_file);
     for line in [
         "log --point 64x4x64x1024 --secs 4",
         "log --point 64x4x1x65536 --secs 8 --spares 6 --spares-wait --direct",

@@ -4,10 +4,10 @@
 
 use std::path::PathBuf;
 
-use melddb_bench::logsvc::{PointSpec, DATA_SHARDS};
+use melddb_bench::logsvc::PointSpec;
 use melddb_bench::round2;
 
-use super::log_point::log_point;
+use super::log_point::{log_point, schedulers_line, spares_short_note, PointArgs};
 use super::write_json;
 use crate::plot;
 
@@ -29,76 +29,9 @@ pub struct LogArgs {
     /// Poisson arrivals, e.g. `64x64x1024@150000`).
     #[arg(long, help_heading = "One load point")]
     pub point: Option<PointSpec>,
-    /// Seconds to run the point.
-    #[arg(
-        long,
-        default_value_t = 4.0,
-        requires = "point",
-        help_heading = "One load point"
-    )]
-    pub secs: f64,
-    /// Run the same load this many seconds first, unmeasured, so the
-    /// figures are of a service past its first seconds.
-    #[arg(
-        long,
-        default_value_t = 0.0,
-        requires = "point",
-        help_heading = "One load point"
-    )]
-    pub warmup: f64,
-    /// Spare segments per zone (`prepared_segments`; 0: segments start as
-    /// empty files). The suite keeps 4.
-    #[arg(
-        long,
-        default_value_t = 0,
-        requires = "point",
-        help_heading = "One load point"
-    )]
-    pub spares: u32,
-    /// Wait until the spares written at the open are ready before the
-    /// load starts, as the suite does.
-    #[arg(long, requires = "point", help_heading = "One load point")]
-    pub spares_wait: bool,
-    /// Data pages per stripe, with one parity page and one zone
-    /// (directory) per page. The suite uses 4, and 8 for its wide
-    /// stripes.
-    #[arg(long, default_value_t = DATA_SHARDS, requires = "point", help_heading = "One load point")]
-    pub data_shards: usize,
-    /// Run no service: time the disk alone as a durable log under the
-    /// open-loop point's arrivals, in one file, then in the service's
-    /// files, as the suite does before its half-target point.
-    #[arg(long, requires = "point", help_heading = "One load point")]
-    pub disk_alone: bool,
-    /// Write large batches' whole blocks directly on the fsync helpers
-    /// (`direct_writes = true`).
-    #[arg(
-        long,
-        requires = "point",
-        conflicts_with = "disk_alone",
-        help_heading = "One load point"
-    )]
-    pub direct: bool,
-    /// fsync every segment file of a round (`flush_once_per_device =
-    /// false`) instead of writing segments made from spares back and
-    /// flushing each device once.
-    #[arg(
-        long,
-        requires = "point",
-        conflicts_with = "disk_alone",
-        help_heading = "One load point"
-    )]
-    pub fsync_each_file: bool,
-    /// Make nothing durable (`fsync = false`): times the service's own
-    /// path without the disk's flushes. Not a durable log. What it leaves
-    /// dirty is written back once the kernel's background threshold is
-    /// passed, which then shows in the tail: keep warm-up and run short.
-    #[arg(
-        long,
-        requires = "point",
-        conflicts_with = "disk_alone",
-        help_heading = "One load point"
-    )]
-    pub no_fsync: bool,
+    /// The probe's settings.
+    #[command(flatten)]
+    pub probe: PointArgs,
 }
 
 /// Runs the suite, or with `--point` the one point.
@@ -112,7 +45,7 @@ pub fn run_suite(args: &LogArgs) -> Result<(), String> {
                     .into(),
             );
         }
-        return log_point(args, spec);
+        return log_point(&args.probe, args.json.as_deref(), spec);
     }
     let r = melddb_bench::logsvc::run(args.quick)?;
     println!(
@@ -371,25 +304,4 @@ pub fn run_suite(args: &LogArgs) -> Result<(), String> {
         write_json(path, &doc)?;
     }
     Ok(())
-}
-
-/// What a point with fewer spares than asked measured, for the line that
-/// reports them ("" when none were missing).
-pub(super) fn spares_short_note(ready: u64, wanted: u64) -> &'static str {
-    if ready >= wanted {
-        ""
-    } else {
-        "; fewer than asked: a segment the window opens without a spare is a new file, fsynced on its own in every round, so this latency may not compare with runs that had them (--spares-wait waits for the refill; a refill that fails wants free disk space, as spares keep a twentieth of the file system free)"
-    }
-}
-
-/// The zones' devices and their I/O schedulers on one line, for reports.
-pub(super) fn schedulers_line(s: &[melddb_log::blockdev::DeviceScheduler]) -> String {
-    if s.is_empty() {
-        return "not shown by this system (no block device under the zones)".into();
-    }
-    s.iter()
-        .map(|d| format!("{} on device {}", d.scheduler, d.device))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
