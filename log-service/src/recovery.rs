@@ -591,7 +591,6 @@ pub(crate) fn recover(
                 damaged_at: s.damaged_at,
                 pending_cut: s.cut,
                 direct: Default::default(),
-                last_block: None,
             },
         );
     }
@@ -828,12 +827,6 @@ pub(crate) fn recover(
         syncer: SyncPool::new(
             shared.config.zones.len() + crate::config::END_WRITE_COPIES,
             shared.faults.clone(),
-            {
-                let shared = shared.clone();
-                Arc::new(move || {
-                    crate::sched::settle(&shared, "fsync helper", crate::sched::Role::Round)
-                })
-            },
         ),
         rs: ReedSolomon::new(shared.config.data_shards, shared.config.parity_shards).map_err(
             |e| {
@@ -855,7 +848,7 @@ pub(crate) fn recover(
             .iter()
             .enumerate()
             .map(|(zi, z)| {
-                (shared.config.fsync && shared.config.flush_once_per_device)
+                (shared.config.fsync && shared.config.tuning.flush_once_per_device)
                     .then(|| match shared.device(zi) {
                         Some(dev) => crate::device::flush_key(dev.path()),
                         None => crate::flush::write_back_device(z),
@@ -864,15 +857,6 @@ pub(crate) fn recover(
             })
             .collect(),
     };
-    // With every block written directly, rounds are device work only,
-    // which one `io_uring` thread runs without waking a helper per file
-    // (`crate::uring`); a fault injector's writes stay on the helpers.
-    if shared.config.fsync && shared.config.direct_every_block && shared.faults.is_inert() {
-        let shared = shared.clone();
-        writer.syncer.use_io_uring(Arc::new(move || {
-            crate::sched::settle(&shared, "io_uring round thread", crate::sched::Role::Round)
-        }));
-    }
     // Forget what trim made unreachable before deciding what is missing.
     let floor = writer.live_floor();
     writer.ews = writer.ews.split_off(&floor);

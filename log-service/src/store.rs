@@ -105,9 +105,6 @@ pub(crate) struct Counters {
     pub segments_prepared: AtomicU64,
     pub spares_ready: AtomicU64,
     pub spares_failed: AtomicU64,
-    pub realtime_threads: AtomicU64,
-    pub pinned_threads: AtomicU64,
-    pub short_slice_threads: AtomicU64,
 }
 
 /// State shared by the writer and readers.
@@ -133,9 +130,6 @@ pub(crate) struct Shared {
     /// back it could not finish (until one succeeds) or not undo (until a
     /// restart). `/health` reports it.
     pub refusing: Mutex<Option<String>>,
-    /// The writer's CPU and the others (`writer_cpu`), checked at the
-    /// open.
-    pub pinning: Option<crate::sched::Pinning>,
 }
 
 /// The locks of [`Shared`], taken past poisoning ([`crate::locks`]).
@@ -257,16 +251,6 @@ pub struct Stats {
     /// every 10 s. A count that keeps growing means the pool will not
     /// fill: free space, or lower `prepared_segments`.
     pub spares_failed: u64,
-    /// Threads running with `realtime_priority` (the writer and the fsync
-    /// helpers; 0 when it is off or the system refused it).
-    pub realtime_threads: u64,
-    /// Threads placed by `writer_cpu`: the writer on its CPU, the fsync
-    /// helpers and the background threads off it (0 when it is unset).
-    pub pinned_threads: u64,
-    /// Threads the kernel reports running with `slice_us` (the writer and
-    /// the fsync helpers; 0 when it is off, the threads are real-time or
-    /// the kernel has no custom slices).
-    pub short_slice_threads: u64,
     /// Whether acknowledged appends were synced to the disk first
     /// (`fsync`); `false` means they survive a crash of the process, not
     /// of the machine.
@@ -312,15 +296,13 @@ pub struct Store {
 impl Store {
     /// Opens (creating or recovering) the store.
     pub fn open(config: Config) -> Result<Store, OpenError> {
-        Store::open_with_faults(config, Arc::new(Faults::inert()))
+        Store::open_with_faults(config, Arc::new(Faults::none()))
     }
 
     /// Opens with a fault injector in the write path (tests).
     pub fn open_with_faults(config: Config, faults: Arc<Faults>) -> Result<Store, OpenError> {
         config.validate()?;
-        let pinning = crate::sched::Pinning::from_config(&config)
-            .map_err(|e| OpenError::Config(crate::error::ConfigError::Invalid(e)))?;
-        if config.disable_transparent_huge_pages {
+        if config.tuning.disable_transparent_huge_pages {
             // Before recovery builds the index, so that it too is in
             // ordinary pages.
             crate::thp::disable();
@@ -350,27 +332,16 @@ impl Store {
             counters: Counters::default(),
             stages: Default::default(),
             stopping: Default::default(),
-            pinning,
         });
         let (tx, rx) = mpsc::channel(config.limits.append_queue);
         let (writer, report) = crate::recovery::recover(shared.clone(), rx, tx.downgrade())?;
-        let writer_shared = shared.clone();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
         let handle = std::thread::Builder::new()
             .name("melddb-log-writer".into())
-            .spawn(move || {
-                crate::sched::settle(&writer_shared, "writer", crate::sched::Role::Writer);
-                drop(writer_shared);
-                let _ = ready_tx.send(());
-                writer.run()
-            })
+            .spawn(move || writer.run())
             .map_err(|e| OpenError::Io {
                 path: config.zones[0].clone(),
                 source: e,
             })?;
-        // The writer's scheduling is settled (and counted) before the open
-        // returns; an error only means the thread is gone already.
-        let _ = ready_rx.recv();
         // Read once: the queue a latency figure was measured on belongs in
         // the log and the stats, and sysfs need not be read per request.
         let io_schedulers = crate::blockdev::schedulers(
@@ -859,9 +830,6 @@ impl Store {
             segments_prepared: g(&c.segments_prepared),
             spares_ready: g(&c.spares_ready),
             spares_failed: g(&c.spares_failed),
-            realtime_threads: g(&c.realtime_threads),
-            pinned_threads: g(&c.pinned_threads),
-            short_slice_threads: g(&c.short_slice_threads),
             durable: self.shared.config.fsync,
             thp_disabled: crate::thp::disabled(),
             io_schedulers: self.io_schedulers.clone(),
@@ -1067,6 +1035,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = small_config(dir.path(), 1 << 20);
         cfg.prepared_segments = 4;
+        // Spares on disk before the open, which adopts them, so the first
+        // window's segments are made from them (the refill would write
+        // them only after the open).
+        for z in &cfg.zones {
+            std::fs::create_dir_all(z).unwrap();
+            for n in 0..4u64 {
+                let spare = z.join(format!("spare-{n:016}.dat"));
+                std::fs::write(spare, vec![0u8; cfg.segment_bytes as usize]).unwrap();
+            }
+        }
         let faults = Arc::new(Faults::none());
         let store = Store::open_with_faults(cfg, faults.clone()).unwrap();
         // Odd sizes, so that almost no write ends on a boundary by itself.
@@ -1106,8 +1084,8 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = small_config(dir.path(), 1 << 20);
-        cfg.direct_writes = true;
-        cfg.direct_write_min_bytes = 4096;
+        cfg.tuning.direct_writes = true;
+        cfg.tuning.direct_write_min_bytes = 4096;
         let faults = Arc::new(Faults::none());
         let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
         // Which segment files hold end-writes and which pages, by inode.

@@ -177,9 +177,6 @@ fn flush_plan(hows: &[How]) -> Vec<(u64, usize)> {
     plan
 }
 
-/// What each helper thread runs before it takes jobs.
-pub(crate) type OnStart = Arc<dyn Fn() + Send + Sync>;
-
 /// Long-lived fsync threads.
 pub(crate) struct SyncPool {
     faults: Arc<Faults>,
@@ -187,36 +184,21 @@ pub(crate) struct SyncPool {
     /// a helper), so a round takes a reference, not a copy of the list.
     workers: Arc<[Sender<Job>]>,
     handles: Vec<JoinHandle<()>>,
-    /// The `io_uring` thread that runs every round instead, when there is
-    /// one ([`SyncPool::use_io_uring`]).
-    #[cfg(target_os = "linux")]
-    uring: Option<crate::uring::Uring>,
 }
 
 impl SyncPool {
     /// Starts up to `helpers` threads (fewer if the system refuses more;
-    /// with none, every fsync runs on the caller's thread); each runs
-    /// `on_start` first, and this returns once all of them have, so what
-    /// `on_start` reports (the real-time count) is complete.
-    pub(crate) fn new(helpers: usize, faults: Arc<Faults>, on_start: OnStart) -> SyncPool {
+    /// with none, every fsync runs on the caller's thread).
+    pub(crate) fn new(helpers: usize, faults: Arc<Faults>) -> SyncPool {
         let mut workers = Vec::new();
         let mut handles = Vec::new();
-        let (ready_tx, ready_rx) = channel::<()>();
         for i in 0..helpers {
             let (tx, rx) = channel::<Job>();
             let f = faults.clone();
-            let start = on_start.clone();
-            let ready = ready_tx.clone();
             match thread::Builder::new()
                 .name(format!("melddb-log-fsync-{i}"))
-                .spawn(move || {
-                    start();
-                    drop(start);
-                    // The pool waits for this; a send cannot fail while it does.
-                    let _ = ready.send(());
-                    drop(ready);
-                    work(&rx, &f)
-                }) {
+                .spawn(move || work(&rx, &f))
+            {
                 Ok(h) => {
                     workers.push(tx);
                     handles.push(h);
@@ -227,37 +209,11 @@ impl SyncPool {
                 }
             }
         }
-        // Every started helper sends once (or drops its sender by dying),
-        // so this ends.
-        drop(ready_tx);
-        while ready_rx.recv().is_ok() {}
         SyncPool {
             faults,
             workers: workers.into(),
             handles,
-            #[cfg(target_os = "linux")]
-            uring: None,
         }
-    }
-
-    /// Runs every round from now on through `io_uring` on one thread
-    /// ([`crate::uring`]), which starts with `on_start`; the helpers stay
-    /// for a round the thread cannot take. Returns whether it could (not
-    /// where the kernel has no `io_uring`, or off Linux).
-    pub(crate) fn use_io_uring(&mut self, on_start: OnStart) -> bool {
-        #[cfg(target_os = "linux")]
-        match crate::uring::Uring::start(on_start) {
-            Ok(u) => {
-                self.uring = Some(u);
-                return true;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "no io_uring; the fsync helpers run every round");
-            }
-        }
-        #[cfg(not(target_os = "linux"))]
-        drop(on_start);
-        false
     }
 
     /// Hands every file to the helpers and returns at once; the round's
@@ -286,7 +242,7 @@ impl SyncPool {
     }
 
     /// [`SyncPool::start`], or with `here` [`SyncPool::run_here`]: no
-    /// helper (nor the `io_uring` thread) is handed a job, so every job
+    /// helper is handed a job, so every job
     /// runs on this thread as it is handed out.
     fn start_on(&self, files: Vec<RoundFile>, on_done: OnDone, here: bool) -> Round {
         let workers: Arc<[Sender<Job>]> = if here {
@@ -297,20 +253,6 @@ impl SyncPool {
         let hows: Vec<How> = files.iter().map(|f| f.how).collect();
         let plan = flush_plan(&hows);
         let (done_tx, done_rx) = channel();
-        #[cfg(target_os = "linux")]
-        let (files, on_done) = match self.start_on_uring(files, &plan, &done_tx, on_done, here) {
-            Ok(()) => {
-                return Round {
-                    results: (0..hows.len() + plan.len()).map(|_| None).collect(),
-                    hows,
-                    flushes: plan.into_iter().map(|(dev, _)| dev).collect(),
-                    received: 0,
-                    done: done_rx,
-                    here: false,
-                }
-            }
-            Err(back) => back,
-        };
         // Built from the last stage back: each stage's countdown hands out
         // the next stage's jobs.
         let handing = |jobs: Vec<Job>, after: Countdown| Then::Stage {
@@ -367,84 +309,6 @@ impl SyncPool {
             done: done_rx,
             here,
         }
-    }
-}
-
-impl SyncPool {
-    /// Hands the round to the `io_uring` thread, if there is one: the
-    /// page files, the late ones, then the flushes, as stages. Gives the
-    /// files back when there is none (or it is gone), or with `here`.
-    #[cfg(target_os = "linux")]
-    #[allow(clippy::type_complexity)]
-    fn start_on_uring(
-        &self,
-        files: Vec<RoundFile>,
-        plan: &[(u64, usize)],
-        done: &Sender<(usize, io::Result<()>)>,
-        on_done: OnDone,
-        here: bool,
-    ) -> Result<(), (Vec<RoundFile>, OnDone)> {
-        use crate::uring::{FileWork, Work};
-        // A round asked to run here stays here.
-        let Some(uring) = self.uring.as_ref().filter(|_| !here) else {
-            return Err((files, on_done));
-        };
-        let n = files.len();
-        let flushes: Vec<FileWork> = plan
-            .iter()
-            .enumerate()
-            .map(|(g, &(_, i))| FileWork {
-                index: n + g,
-                file: files[i].file.clone(),
-                how: How::Sync,
-                writes: Vec::new(),
-            })
-            .collect();
-        let late: Vec<bool> = files.iter().map(|f| f.late).collect();
-        let mut firsts = Vec::new();
-        let mut lates = Vec::new();
-        for (index, f) in files.into_iter().enumerate() {
-            let w = FileWork {
-                index,
-                file: f.file,
-                how: f.how,
-                writes: f.writes,
-            };
-            if f.late {
-                lates.push(w);
-            } else {
-                firsts.push(w);
-            }
-        }
-        let work = Work {
-            stages: [firsts, lates, flushes]
-                .into_iter()
-                .filter(|s| !s.is_empty())
-                .collect(),
-            done: done.clone(),
-            on_done,
-        };
-        uring.send(work).map_err(|w| {
-            // The thread is gone: the helpers take the round, in the
-            // files' own order and lateness.
-            let mut files: Vec<(usize, RoundFile)> = w
-                .stages
-                .into_iter()
-                .flatten()
-                .filter(|fw| fw.index < n)
-                .map(|fw| {
-                    let f = RoundFile {
-                        file: fw.file,
-                        how: fw.how,
-                        writes: fw.writes,
-                        late: late[fw.index],
-                    };
-                    (fw.index, f)
-                })
-                .collect();
-            files.sort_by_key(|f| f.0);
-            (files.into_iter().map(|f| f.1).collect(), w.on_done)
-        })
     }
 }
 
@@ -612,19 +476,11 @@ mod tests {
             .collect()
     }
 
-    /// Whether this kernel gives a process an `io_uring`, asked apart
-    /// from the pool, so a pool that wrongly refuses one fails the tests
-    /// instead of skipping them.
-    #[cfg(target_os = "linux")]
-    fn ring_here() -> bool {
-        io_uring::IoUring::new(2).is_ok()
-    }
-
     /// A pool of `helpers` threads whose syncs go through a fault
     /// injector that records them (read with [`trace_of`]).
     fn traced_pool(helpers: usize) -> (Arc<Faults>, SyncPool) {
         let faults = Arc::new(Faults::none());
-        let pool = SyncPool::new(helpers, faults.clone(), Arc::new(|| {}));
+        let pool = SyncPool::new(helpers, faults.clone());
         (faults, pool)
     }
 
@@ -638,24 +494,11 @@ mod tests {
         f.file().metadata().expect("metadata").ino()
     }
 
-    /// With the `io_uring` thread gone, a round goes to the helpers: the
-    /// held-back writes land in each file's order, the late file after
-    /// the others, and every file answers; with the thread there, the
-    /// helpers (whose syncs the trace records) see none of it.
-    #[cfg(target_os = "linux")]
+    /// On the helpers, the held-back writes land in each file's order,
+    /// the late file after the others, and every file answers.
     #[test]
-    fn rounds_go_to_the_helpers_once_the_io_uring_thread_is_gone() {
-        let (faults, mut pool) = traced_pool(3);
-        let ring = pool.use_io_uring(Arc::new(|| {}));
-        assert_eq!(
-            ring,
-            ring_here(),
-            "the pool takes a ring where the kernel has one"
-        );
-        if !ring {
-            eprintln!("no io_uring here; skipped");
-            return;
-        }
+    fn held_back_writes_land_in_order_and_the_late_file_last() {
+        let (faults, pool) = traced_pool(3);
         let bufs = crate::direct::BufPool::default();
         let (dir, files) = temp_files(3);
         let round = |tag: u8| -> Vec<RoundFile> {
@@ -682,11 +525,6 @@ mod tests {
                 assert!(got[2000..].iter().all(|&b| b == tag));
             }
         };
-        let r = pool.start(round(1), Arc::new(|| {})).wait();
-        assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
-        check(1);
-        assert!(trace_of(&faults).is_empty(), "the ring ran the round");
-        pool.uring.as_mut().expect("the ring").stop();
         // Slow syncs: a late file started with the others (a helper
         // each) would be written while they sync.
         faults.slow_syncs(std::time::Duration::from_millis(20));
@@ -978,7 +816,7 @@ mod tests {
     #[test]
     fn every_file_gets_a_result_in_order() {
         for helpers in [0, 1, 3, 8] {
-            let pool = SyncPool::new(helpers, Arc::new(Faults::none()), Arc::new(|| {}));
+            let pool = SyncPool::new(helpers, Arc::new(Faults::none()));
             for n in [0, 1, 2, 5, 9] {
                 let (_dir, files) = temp_files(n);
                 let calls = Arc::new(AtomicUsize::new(0));
@@ -1023,19 +861,12 @@ mod tests {
             .all(|r| r.is_ok()));
     }
 
-    /// With write-back files on two devices and a late file, a round run
-    /// by the `io_uring` thread, and the same round on the helpers once
-    /// that thread is gone, answer each file once: the two flushes' results
+    /// With write-back files on two devices and a late file, a round on
+    /// the helpers answers each file once: the two flushes' results
     /// (after the files') are not mistaken for files'.
-    #[cfg(target_os = "linux")]
     #[test]
-    fn write_back_rounds_answer_every_file_through_the_ring_and_without_it() {
-        let (faults, mut pool) = traced_pool(2);
-        if !pool.use_io_uring(Arc::new(|| {})) {
-            assert!(!ring_here(), "the pool refused a ring the kernel offers");
-            eprintln!("no io_uring here; skipped");
-            return;
-        }
+    fn write_back_rounds_answer_every_file_once() {
+        let (faults, pool) = traced_pool(2);
         let (_dir, files) = temp_files(5);
         let hows = [
             How::WriteBack(7),
@@ -1058,11 +889,6 @@ mod tests {
         let r = pool.start(round(), Arc::new(|| {}));
         assert_eq!((r.write_backs(), r.flushes(), r.ran_here()), (3, 2, false));
         let results = r.wait();
-        assert_eq!(results.len(), 5);
-        assert!(results.iter().all(|r| r.is_ok()), "the ring: {results:?}");
-        assert!(trace_of(&faults).is_empty(), "the ring ran the round");
-        pool.uring.as_mut().expect("the ring").stop();
-        let results = pool.start(round(), Arc::new(|| {})).wait();
         assert_eq!(results.len(), 5);
         assert!(
             results.iter().all(|r| r.is_ok()),

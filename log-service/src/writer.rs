@@ -145,13 +145,6 @@ pub(crate) struct SegState {
     /// The descriptor for direct writes of this file, opened at the first
     /// large write ([`crate::direct`]).
     pub direct: DirectFd,
-    /// With `direct_every_block`: the data length at which it was taken,
-    /// and the bytes from the block boundary at or before it up to it
-    /// (the segment's last partial block), which a whole-block write of
-    /// the next bytes writes again. Bytes below the data length never
-    /// change, so it holds while the length is what it was taken at;
-    /// `None` (or another length) when unknown.
-    pub last_block: Option<(u64, Vec<u8>)>,
 }
 
 /// A segment's descriptor for direct writes.
@@ -348,9 +341,6 @@ fn wait_round((segs, round): (Vec<u64>, Round)) -> Result<(), StoreError> {
     })
 }
 
-/// How far ahead of its data a window segment is zero-filled.
-const ZERO_CHUNK: u64 = 4 << 20;
-
 /// The largest write whose write-back the writer starts at once
 /// ([`crate::flush::start_write_back`]). Small batches gain: their round
 /// shrinks to about the device flush. Large ones do not: the device is
@@ -359,22 +349,6 @@ const ZERO_CHUNK: u64 = 4 << 20;
 /// records 1-4%. The measurements are in docs/benchmarks-log-history.md
 /// (eighteenth session).
 const EARLY_WRITE_BACK_MAX: usize = 256 << 10;
-
-/// Zero-fills `st` up to at least `upto` (in `ZERO_CHUNK` steps, never past
-/// `limit` unless the data itself goes further).
-/// Returns the bytes of zeros written (they reach the disk too, and count
-/// in `bytes_written`).
-fn zero_ahead(st: &mut SegState, upto: u64, limit: u64) -> io::Result<u64> {
-    if upto <= st.zeroed {
-        return Ok(0);
-    }
-    let target = (upto + ZERO_CHUNK).min(limit.max(upto));
-    let zeros = vec![0u8; (target - st.zeroed) as usize];
-    st.file.write_all_at(&zeros, st.zeroed)?;
-    let n = target - st.zeroed;
-    st.zeroed = target;
-    Ok(n)
-}
 
 /// Zeros to write after `len` bytes at the end of `st`'s data so that the
 /// write ends on a file block boundary (see
@@ -386,64 +360,6 @@ fn block_pad(st: &SegState, len: usize) -> usize {
     let end = st.len.saturating_add(len as u64);
     let block_end = end.next_multiple_of(crate::segment::PAD_MAX as u64);
     block_end.min(st.zeroed).saturating_sub(end) as usize
-}
-
-/// `buf`, the next bytes of segment `seg`, as a write of whole blocks
-/// done directly in the round ([`DeferredWrite::whole_blocks`]); `None`
-/// where it cannot be: the segment's last partial block is not known, the
-/// zeros after `buf` in its last block are not known to be on disk, or
-/// the file system refuses `O_DIRECT`.
-fn whole_blocks(
-    seg: u64,
-    st: &mut SegState,
-    buf: &[u8],
-    pool: &direct::BufPool,
-) -> Option<DeferredWrite> {
-    let end = st.len.checked_add(buf.len() as u64)?;
-    if end.next_multiple_of(direct::BLOCK) > st.zeroed {
-        return None;
-    }
-    let from_boundary = st.len % direct::BLOCK == 0;
-    if !from_boundary && !matches!(&st.last_block, Some((at, _)) if *at == st.len) {
-        return None;
-    }
-    let fd = direct_fd(seg, st)?;
-    let prefix = match &st.last_block {
-        Some((at, b)) if *at == st.len && !from_boundary => &b[..],
-        _ => &[],
-    };
-    Some(DeferredWrite::whole_blocks(
-        st.file.clone(),
-        fd,
-        st.len,
-        prefix,
-        buf,
-        pool,
-    ))
-}
-
-/// Records the segment's last partial block after `buf` is written at its
-/// data length (before the length moves on): `buf`'s own bytes past its
-/// last block boundary, or, when `buf` ends in the block it started in,
-/// the block's known bytes with `buf` after them (unknown stays unknown).
-fn remember_last_block(st: &mut SegState, buf: &[u8]) {
-    let end = st.len + buf.len() as u64;
-    let boundary = end / direct::BLOCK * direct::BLOCK;
-    let known = match st.last_block.take() {
-        // (The old block's allocation is reused.)
-        prev if boundary >= st.len => {
-            let mut b = prev.map(|(_, b)| b).unwrap_or_default();
-            b.clear();
-            b.extend_from_slice(&buf[(boundary - st.len) as usize..]);
-            Some(b)
-        }
-        Some((at, mut b)) if at == st.len => {
-            b.extend_from_slice(buf);
-            Some(b)
-        }
-        _ => None,
-    };
-    st.last_block = known.map(|b| (end, b));
 }
 
 /// `st`'s descriptor for direct writes, opened on first use; `None` where
@@ -751,7 +667,6 @@ impl Writer {
                 damaged_at: None,
                 pending_cut: None,
                 direct: DirectFd::Unopened,
-                last_block: None,
             },
         );
     }
@@ -1304,7 +1219,7 @@ impl Writer {
         // helpers: its files' write-backs overlap, and the writer writes
         // the next batch meanwhile. ([`Writer::start_sync`] sends more
         // to the helpers.)
-        let limit = self.shared.config.writer_round_max_bytes;
+        let limit = self.shared.config.tuning.writer_round_max_bytes;
         let small = limit > 0 && (n.payload as u64) <= limit;
         match self.start_sync(Some(n.first_seq), small) {
             None => {
@@ -1405,7 +1320,7 @@ impl Writer {
         // those of the part being rolled back go; an earlier part's stay.
         for (seg, ws) in &mut self.deferred {
             let before = lens_before.get(seg).copied().unwrap_or(0);
-            ws.retain_mut(|w| w.cut_to(before));
+            ws.retain(|w| w.kept_by_roll_back_to(before));
         }
         self.deferred.retain(|_, ws| !ws.is_empty());
         self.late.retain(|s| self.deferred.contains_key(s));
@@ -1445,7 +1360,6 @@ impl Writer {
                 trouble.push(format!("segment {seg}: {e}"));
             }
             st.len = before;
-            st.last_block = None;
             // A device slot keeps its size and its zeros (the cut wrote
             // zeros back), so it stays prepared; a file cut is shorter,
             // and its next pages extend it.
@@ -1779,58 +1693,18 @@ impl Writer {
     /// fsync round. `data`: the buffers are data pages, which may be
     /// written directly ([`crate::direct`]); end-writes never are.
     fn write_and_sync(&mut self, bufs: &[(u64, &[u8])], data: bool) -> Result<(), StoreError> {
-        let limit = self.shared.config.segment_bytes;
-        let fill = self.shared.config.zero_fill_ahead;
         // End-writes wait behind the batch's held-back pages.
         let pages_held = !data && self.deferred.keys().any(|s| !self.late.contains(s));
         for (seg, buf) in bufs {
             let st = self.segs.get_mut(seg).ok_or_else(|| vanished("segment"))?;
-            let upto = st.len + buf.len() as u64;
-            let zeros = if fill {
-                zero_ahead(st, upto, limit)
-            } else {
-                Ok(0)
-            }
-            .map_err(|e| StoreError::from_write(format!("segment {seg}"), &e))?;
-            self.shared
-                .counters
-                .bytes_written
-                .fetch_add(zeros, Ordering::Relaxed);
             let fsync = self.shared.config.fsync;
-            // With `direct_every_block`, a write is held back for the
-            // round as whole blocks written directly, where that can be;
-            // right after such a write of the same round, it joins it.
-            let every = fsync && self.shared.config.direct_every_block;
-            let padded = st
-                .len
-                .saturating_add(buf.len() as u64)
-                .next_multiple_of(direct::BLOCK);
-            let joined = match self
-                .deferred
-                .get_mut(seg)
-                .and_then(|ws| ws.last_mut())
-                .filter(|w| every && w.extends_to(st.len) && padded <= st.zeroed)
-            {
-                Some(last) => {
-                    last.extend(buf);
-                    true
-                }
-                None => false,
-            };
-            let whole = if every && !joined {
-                whole_blocks(*seg, st, buf, &self.direct_bufs)
-            } else {
-                None
-            };
             // A large write of data pages is held back for the round and
             // its whole blocks written directly; so is any write behind a
             // held-back one, to keep the segment's writes in order.
-            let direct = if !joined
-                && whole.is_none()
-                && fsync
+            let direct = if fsync
                 && data
-                && self.shared.config.direct_writes
-                && buf.len() >= self.shared.config.direct_write_min_bytes as usize
+                && self.shared.config.tuning.direct_writes
+                && buf.len() >= self.shared.config.tuning.direct_write_min_bytes as usize
                 && direct::middle(st.len, buf.len()).is_some()
             {
                 direct_fd(*seg, st)
@@ -1839,19 +1713,9 @@ impl Writer {
             };
             let held =
                 pages_held || self.deferred.contains_key(seg) || self.round_held.contains(seg);
-            let now = !joined && whole.is_none() && direct.is_none() && !held;
-            if joined {
-                self.shared
-                    .counters
-                    .direct_write_bytes
-                    .fetch_add(buf.len() as u64, Ordering::Relaxed);
-                if !data {
-                    self.late.insert(*seg);
-                }
-            } else if !now {
-                let w = whole.unwrap_or_else(|| {
-                    DeferredWrite::new(st.file.clone(), direct, st.len, buf, &self.direct_bufs)
-                });
+            let now = direct.is_none() && !held;
+            if !now {
+                let w = DeferredWrite::new(st.file.clone(), direct, st.len, buf, &self.direct_bufs);
                 self.shared
                     .counters
                     .direct_write_bytes
@@ -1873,9 +1737,6 @@ impl Writer {
                 // Its I/O overlaps the round in flight (see the function).
                 st.file.start_write_back(st.len, buf.len() as u64);
             }
-            if self.shared.config.direct_every_block {
-                remember_last_block(st, buf);
-            }
             st.len += buf.len() as u64;
             st.zeroed = st.zeroed.max(st.len);
             self.shared
@@ -1884,7 +1745,7 @@ impl Writer {
                 .fetch_add(buf.len() as u64, Ordering::Relaxed);
             self.dirty.insert(*seg);
         }
-        if self.shared.config.strict_end_writes {
+        if self.shared.config.tuning.strict_end_writes {
             self.sync_dirty()?;
         }
         Ok(())
@@ -1907,8 +1768,8 @@ impl Writer {
     /// over when this returns ([`Round::ran_here`]; no wake-up needed).
     /// An fsync of its own per file (a device flush each, and perhaps a
     /// journal commit) is left to the helpers, which overlap them, and so
-    /// are held-back device writes (`direct_writes`, `direct_every_block`),
-    /// which the helpers or the `io_uring` thread issue in parallel.
+    /// are held-back device writes (`direct_writes`), which the helpers
+    /// issue in parallel.
     fn start_sync(&mut self, wake: Option<u64>, small: bool) -> Option<(Vec<u64>, Round)> {
         let dirty = std::mem::take(&mut self.dirty);
         if !self.shared.config.fsync || dirty.is_empty() {
@@ -2466,7 +2327,6 @@ impl Writer {
                 damaged_at: None,
                 pending_cut: None,
                 direct: DirectFd::Unopened,
-                last_block: None,
             },
         );
         self.shared

@@ -108,13 +108,11 @@ fn random_history_on_devices_matches_the_model_and_reuses_slots() {
         // and then, batching being timing-dependent), few enough that
         // slots are reused.
         let mut cfg = device_config(dir.path(), SLOTS);
-        cfg.strict_end_writes = seed % 2 == 1;
+        cfg.tuning.strict_end_writes = seed % 2 == 1;
         // Spare slots zeroed ahead, or every slot zeroed when taken.
         cfg.prepared_segments = if seed % 3 == 0 { 0 } else { 2 };
-        cfg.direct_writes = seed % 3 != 2;
-        cfg.direct_write_min_bytes = 4096;
-        // Seeds 2 and 4: every block written directly (slots are zeroed).
-        cfg.direct_every_block = seed % 2 == 0 && seed > 0;
+        cfg.tuning.direct_writes = seed % 3 != 2;
+        cfg.tuning.direct_write_min_bytes = 4096;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut model = Model::new();
         let mut store = Arc::new(Store::open(cfg.clone()).unwrap());
@@ -587,7 +585,9 @@ fn image_slots_from_spares_are_written_back_and_the_rest_fsynced() {
 fn a_roll_back_keeps_slots_written_back_and_zeros_past_their_data() {
     let dir = tempfile::tempdir().unwrap();
     if !write_back_supported(dir.path()) {
-        common::skip("the temporary directory is not on ext4 or XFS, whose write-back the store relies on");
+        common::skip(
+            "the temporary directory is not on ext4 or XFS, whose write-back the store relies on",
+        );
         return;
     }
     let mut cfg = device_config(dir.path(), 40);

@@ -19,8 +19,8 @@ use common::{
 };
 
 /// The pages of a segment file's bytes in order, offset and header, up to
-/// the first place that holds no page header (window segments are
-/// zero-filled ahead of their data).
+/// the first place that holds no page header (a segment made from a
+/// spare holds zeros after its data).
 fn pages(bytes: &[u8]) -> Vec<(usize, page::Header)> {
     let mut out = Vec::new();
     let mut off = 0usize;
@@ -102,19 +102,15 @@ fn random_history_matches_the_model_across_reopen_trim_and_damage() {
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = small_config(dir.path());
         // Both end-write orders: one fsync round (default) and the paper's two.
-        cfg.strict_end_writes = seed % 2 == 1;
-        // Both segment-growth modes: appended, and zero-filled ahead.
-        cfg.zero_fill_ahead = seed % 4 >= 2;
-        // And data segments renamed from spares written full of zeros.
+        cfg.tuning.strict_end_writes = seed % 2 == 1;
+        // Data segments appended to empty files, and renamed from spares
+        // written full of zeros.
         cfg.prepared_segments = if seed % 3 == 0 { 2 } else { 0 };
         // Six of eight seeds write every data write with a whole 4 KiB
         // block directly, in the round (held-back writes, and slides that
         // seal segments with writes still held back); two never do.
-        cfg.direct_writes = seed % 3 != 2;
-        cfg.direct_write_min_bytes = 4096;
-        // Seeds 1, 5 and 6 write every block directly where the space is
-        // known zeros (zero-filled, or a spare).
-        cfg.direct_every_block = seed % 4 == 1 || seed == 6;
+        cfg.tuning.direct_writes = seed % 3 != 2;
+        cfg.tuning.direct_write_min_bytes = 4096;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut model = Model::new();
         let mut store = Arc::new(Store::open(cfg.clone()).unwrap());
@@ -277,8 +273,8 @@ fn corruption_while_open_is_survived_and_repaired() {
     store.barrier_blocking(); // reads queued repairs; wait for them
     assert!(store.stats().pages_rebuilt > 0);
     assert!(store.stats().segments_repaired >= 1);
-    // The repaired file is the original's data, byte for byte (without the
-    // zero-filled space the original had ahead of it).
+    // The repaired file is the original's data, byte for byte (without
+    // any zeros the original had after it).
     let after = std::fs::read(data).unwrap();
     assert!(after.len() <= before.len());
     assert!(
@@ -531,23 +527,19 @@ fn damage_every_zone_and_check_repairs(dir: &Path, store: &Store) -> usize {
 /// write of a batch in turn (pages, end-write copies, the markers of a
 /// window slide), on batches of one stripe and of several, in segments
 /// small enough that the windows slide; with pages written buffered, and
-/// directly, and with every block written directly (in zero-filled
-/// space, where the writer rewrites each segment's last partial block
-/// from memory, which a roll back must forget).
+/// directly.
 #[test]
 fn segments_repaired_after_roll_backs_are_the_originals_byte_for_byte() {
-    for (direct, every_block) in [(false, false), (true, false), (false, true)] {
-        repaired_after_roll_backs_case(direct, every_block);
+    for direct in [false, true] {
+        repaired_after_roll_backs_case(direct);
     }
 }
 
-fn repaired_after_roll_backs_case(direct: bool, every_block: bool) {
+fn repaired_after_roll_backs_case(direct: bool) {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = small_config(dir.path());
-    cfg.direct_writes = direct;
-    cfg.direct_write_min_bytes = 4096;
-    cfg.direct_every_block = every_block;
-    cfg.zero_fill_ahead = every_block;
+    cfg.tuning.direct_writes = direct;
+    cfg.tuning.direct_write_min_bytes = 4096;
     cfg.read_cache_stripes = 0; // every read goes to the files
     let faults = Arc::new(Faults::none());
     let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
@@ -619,35 +611,25 @@ fn repaired_after_roll_backs_case(direct: bool, every_block: bool) {
 /// few milliseconds. Every acknowledged record must read back, before and
 /// after a reopen, and every segment damaged afterwards must be repaired
 /// to its original bytes (a rolled-back part's bytes left on disk break
-/// that). Six runs with failing writes only, large batches and every
-/// block written directly; six with all three faults, buffered too.
+/// that). Six runs with failing writes only and large batches written
+/// directly; six with all three faults, buffered too.
 #[test]
 fn parts_of_a_batch_rolled_back_during_a_round_keep_the_parts_before_them() {
-    // (direct, every block, other faults than failed writes too)
-    let writes_only = [(true, false, false), (false, true, false)];
-    let mixed = [
-        (true, false, true),
-        (false, true, true),
-        (false, false, true),
-    ];
+    // (direct, other faults than failed writes too)
+    let writes_only = [(true, false)];
+    let mixed = [(true, true), (false, true)];
     let runs = writes_only.into_iter().cycle().take(6);
     let runs = runs.chain(mixed.into_iter().cycle().take(6));
-    for (run, (direct, every_block, mixed)) in runs.enumerate() {
+    for (run, (direct, mixed)) in runs.enumerate() {
         let seed = run as u64 * 10;
         let what = format!(
             "{}, run {run}",
-            if every_block {
-                "every block"
-            } else {
-                "large batches"
-            }
+            if direct { "large batches" } else { "buffered" }
         );
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = small_config(dir.path());
-        cfg.direct_writes = direct;
-        cfg.direct_write_min_bytes = 4096;
-        cfg.direct_every_block = every_block;
-        cfg.zero_fill_ahead = every_block;
+        cfg.tuning.direct_writes = direct;
+        cfg.tuning.direct_write_min_bytes = 4096;
         cfg.read_cache_stripes = 0;
         let faults = Arc::new(Faults::none());
         faults.slow_syncs(std::time::Duration::from_millis(4));
@@ -753,8 +735,7 @@ fn parts_of_a_batch_rolled_back_during_a_round_keep_the_parts_before_them() {
 fn torn_tails_are_cut_and_appends_continue() {
     let dir = tempfile::tempdir().unwrap();
     let (cfg, mut model, mut rng) = appended_and_closed(dir.path(), |_| {}, 3, 30);
-    // Half a page where the next page would have gone in every segment
-    // (window segments are zero-filled ahead: that is inside the file),
+    // Half a page where the next page would have gone in every segment,
     // plus zeros at the end of one.
     let files = seg_files(dir.path());
     for f in &files {
@@ -868,8 +849,8 @@ fn injected_write_faults_never_acknowledge_and_retries_do_not_duplicate() {
 fn store_with_faults(direct: bool) -> (tempfile::TempDir, Config, Arc<Faults>, Store) {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = small_config(dir.path());
-    cfg.direct_writes = direct;
-    cfg.direct_write_min_bytes = 4096;
+    cfg.tuning.direct_writes = direct;
+    cfg.tuning.direct_write_min_bytes = 4096;
     let faults = Arc::new(Faults::none());
     let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
     (dir, cfg, faults, store)
@@ -1045,7 +1026,7 @@ fn raises_retried_while_syncs_fail_do_not_pile_up_markers() {
 }
 
 /// A full disk at every append in turn, window slides included, over
-/// spares and over zero-filled space: each append is refused once (its
+/// spares and over empty segment files: each append is refused once (its
 /// batch rolled back; a slide it started is redone by the roll back,
 /// refused too, and finished by the next append), then appended with
 /// space back at the position it would have had. Every segment damaged
@@ -1053,15 +1034,17 @@ fn raises_retried_while_syncs_fail_do_not_pile_up_markers() {
 /// across a reopen.
 #[test]
 fn a_disk_full_at_every_append_in_turn_across_window_slides_loses_nothing() {
-    for (spares, zero_fill) in [(true, false), (false, true)] {
-        let what = if spares { "spares" } else { "zero-filled" };
+    for spares in [true, false] {
+        let what = if spares { "spares" } else { "empty files" };
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = small_config(dir.path());
         cfg.prepared_segments = if spares { 4 } else { 0 };
-        cfg.zero_fill_ahead = zero_fill;
         cfg.read_cache_stripes = 0;
         let faults = Arc::new(Faults::none());
         let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
+        if spares {
+            wait_for_spares(&store, 12);
+        }
         let body = |i: u64| vec![(i % 251) as u8; 300 + (i as usize * 997) % 9000];
         let mut refused = 0;
         for i in 0..120u64 {
@@ -2638,6 +2621,36 @@ fn wait_for_spares(store: &Store, want: u64) {
     }
 }
 
+/// With the default configuration a store keeps spares, and its open
+/// does not wait for them: it returns with the pool short (the refill
+/// writes nothing until the log has been quiet for a while, and then at
+/// `prepare_mib_s`, 48 MiB here), and the pool fills afterwards, in the
+/// background, while the store takes appends.
+#[test]
+fn a_default_open_returns_before_its_spares_and_they_become_ready_afterwards() {
+    let dir = tempfile::tempdir().unwrap();
+    let zones: Vec<PathBuf> = (0..3)
+        .map(|z| dir.path().join(format!("zone{z}")))
+        .collect();
+    let mut cfg = Config::with_zones(zones);
+    cfg.page_bytes = 4096;
+    cfg.segment_bytes = 4 << 20;
+    cfg.max_record_bytes = 256 << 10;
+    let want = 3 * u64::from(cfg.prepared_segments);
+    assert!(want > 0, "spares are on by default");
+    let store = Store::open(cfg).unwrap();
+    let at_open = store.stats();
+    assert!(
+        at_open.spares_ready < want && at_open.segments_prepared < want,
+        "the open waited for its spares: {at_open:?}"
+    );
+    assert_eq!(store.append_blocking("a", 0, 0, b"x".to_vec()).unwrap(), 0);
+    wait_for_spares(&store, want);
+    assert_eq!(store.stats().spares_ready, want);
+    assert_eq!(spare_files(dir.path()).len() as u64, want);
+    assert_eq!(&store.read("a", 0).unwrap()[..], b"x");
+}
+
 #[test]
 fn spares_become_data_segments_and_leftovers_are_cleaned_up() {
     let dir = tempfile::tempdir().unwrap();
@@ -2645,29 +2658,11 @@ fn spares_become_data_segments_and_leftovers_are_cleaned_up() {
     cfg.prepared_segments = 2;
     let seg_bytes = cfg.segment_bytes;
     let store = Arc::new(Store::open(cfg.clone()).unwrap());
-    // The open wrote two spares per zone, and the first window's nine
-    // segments took all six, in the order they were made: the three
-    // end-write segments first (so a new store's rounds write them back
-    // instead of fsyncing growing files), then three of the six data
-    // segments. Those files are full size from the start, the rest not.
-    let segs = store.segments_blocking();
-    assert_eq!(segs.len(), 9, "{segs:?}");
-    let mut full = 0;
-    for s in &segs {
-        let path = dir
-            .path()
-            .join(format!("zone{}", s.zone))
-            .join(format!("seg-{:016}.dat", s.id));
-        let len = std::fs::metadata(&path).unwrap().len();
-        if s.class == class::END_WRITE {
-            assert_eq!(len, seg_bytes, "end-write segment {} was not a spare", s.id);
-        }
-        full += usize::from(len == seg_bytes);
-    }
-    assert_eq!(full, 6, "{segs:?}");
-    assert_eq!(store.stats().segments_prepared, 6);
-    // The refill brings every zone back to two while nothing is appended.
+    assert_eq!(store.segments_blocking().len(), 9);
+    // The refill writes two spares per zone in the background while
+    // nothing is appended.
     wait_for_spares(&store, 6);
+    assert_eq!(store.stats().segments_prepared, 6);
     let spares = spare_files(dir.path());
     assert_eq!(spares.len(), 6, "{spares:?}");
     assert!(
@@ -2685,7 +2680,8 @@ fn spares_become_data_segments_and_leftovers_are_cleaned_up() {
     }
     assert!(windows_slid(&store), "the windows slid");
     wait_for_spares(&store, 6);
-    assert!(store.stats().segments_prepared > 12, "{:?}", store.stats());
+    // The slides took spares, and the refill made new ones.
+    assert!(store.stats().segments_prepared > 6, "{:?}", store.stats());
     drop(store);
     // A spare cut short by a crash and one of another size are removed.
     let zone0 = dir.path().join("zone0");
@@ -2930,7 +2926,7 @@ fn rounds_write_back_spare_segments_and_fsync_the_rest() {
         let sub = dir.path().join(format!("s{spares}-{once}"));
         let mut cfg = small_config(&sub);
         cfg.prepared_segments = spares;
-        cfg.flush_once_per_device = once;
+        cfg.tuning.flush_once_per_device = once;
         let store = Arc::new(Store::open(cfg.clone()).unwrap());
         let mut rng = ChaCha8Rng::seed_from_u64(11);
         let mut model = Model::new();
@@ -3051,103 +3047,55 @@ fn all_segment_bytes(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
 /// appends, one batch at a time, leave every segment file byte for byte
 /// as buffered writes do, across slides, seals, multi-stripe records and
 /// a reopen; and the direct path really ran.
-/// Direct writes change how pages reach the disk, never what: the same
-/// appends, one batch at a time, leave every segment file byte for byte
-/// as buffered writes do, across slides, seals, multi-stripe records and
-/// a reopen; and the direct path really ran. Without zero-filled space:
-/// buffered against large batches' blocks written directly. With it:
-/// those two against every block written directly
-/// (`direct_every_block`), once through the store's `io_uring` round
-/// thread and once through the fsync helpers (a store opened with a
-/// fault injector, never armed, runs its rounds there).
 #[test]
 fn direct_writes_leave_the_same_bytes_as_buffered_ones() {
-    #[derive(Clone, Copy, PartialEq, Debug)]
-    enum Mode {
-        Buffered,
-        LargeBatches,
-        EveryBlock,
-        EveryBlockOnHelpers,
-    }
-    use Mode::*;
-    for (fill, modes) in [
-        (false, &[Buffered, LargeBatches][..]),
-        (
-            true,
-            &[Buffered, LargeBatches, EveryBlock, EveryBlockOnHelpers][..],
-        ),
-    ] {
-        let mut files = Vec::new();
-        for &mode in modes {
-            let dir = tempfile::tempdir().unwrap();
-            let mut cfg = small_config(dir.path());
-            cfg.zero_fill_ahead = fill;
-            cfg.direct_writes = mode == LargeBatches;
-            cfg.direct_write_min_bytes = 4096;
-            cfg.direct_every_block = matches!(mode, EveryBlock | EveryBlockOnHelpers);
-            let open = |cfg: &Config| match mode {
-                EveryBlockOnHelpers => {
-                    Store::open_with_faults(cfg.clone(), Arc::new(Faults::none())).unwrap()
-                }
-                _ => Store::open(cfg.clone()).unwrap(),
-            };
-            let mut rng = ChaCha8Rng::seed_from_u64(77);
-            let mut model = Model::new();
-            let mut store = open(&cfg);
-            let (mut direct_bytes, mut written) = (0, 0);
-            for i in 0..300u64 {
-                if i == 150 {
-                    direct_bytes += store.stats().direct_write_bytes;
-                    written += store.stats().bytes_written;
-                    drop(store);
-                    store = open(&cfg);
-                }
-                let log = ["d", "e"][rng.random_range(0..2)];
-                let body = record(&mut rng, 120_000);
-                let pos = store.append_blocking(log, 3, i, body.clone()).unwrap();
-                let e = model.entry(log.to_string()).or_insert((0, Vec::new()));
-                assert_eq!(pos, e.1.len() as u64);
-                e.1.push(body);
+    let mut files = Vec::new();
+    for direct in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = small_config(dir.path());
+        cfg.tuning.direct_writes = direct;
+        cfg.tuning.direct_write_min_bytes = 4096;
+        let mut rng = ChaCha8Rng::seed_from_u64(77);
+        let mut model = Model::new();
+        let mut store = Store::open(cfg.clone()).unwrap();
+        let mut direct_bytes = 0;
+        for i in 0..300u64 {
+            if i == 150 {
+                direct_bytes += store.stats().direct_write_bytes;
+                drop(store);
+                store = Store::open(cfg.clone()).unwrap();
             }
-            check(&store, &model);
-            direct_bytes += store.stats().direct_write_bytes;
-            written += store.stats().bytes_written;
-            match mode {
-                Buffered => assert_eq!(direct_bytes, 0),
-                _ if !o_direct_works(dir.path()) => {}
-                LargeBatches => assert!(
-                    direct_bytes > 1 << 20,
-                    "{direct_bytes} bytes written directly"
-                ),
-                // Every write but those that follow an open or a window
-                // slide (the last block is not known yet) and the class
-                // markers.
-                EveryBlock | EveryBlockOnHelpers => assert!(
-                    direct_bytes > written / 2,
-                    "{mode:?}: {direct_bytes} of {written} bytes written directly"
-                ),
-            }
-            assert!(windows_slid(&store), "the windows slid");
-            drop(store);
-            files.push((mode, all_segment_bytes(dir.path())));
+            let log = ["d", "e"][rng.random_range(0..2)];
+            let body = record(&mut rng, 120_000);
+            let pos = store.append_blocking(log, 3, i, body.clone()).unwrap();
+            let e = model.entry(log.to_string()).or_insert((0, Vec::new()));
+            assert_eq!(pos, e.1.len() as u64);
+            e.1.push(body);
         }
-        let (first, base) = &files[0];
-        for (mode, other) in &files[1..] {
-            assert_eq!(
-                base.keys().collect::<Vec<_>>(),
-                other.keys().collect::<Vec<_>>(),
-                "zero fill {fill}: {mode:?} against {first:?}"
+        check(&store, &model);
+        direct_bytes += store.stats().direct_write_bytes;
+        if !direct {
+            assert_eq!(direct_bytes, 0);
+        } else if o_direct_works(dir.path()) {
+            assert!(
+                direct_bytes > 1 << 20,
+                "{direct_bytes} bytes written directly"
             );
-            for (name, bytes) in base {
-                assert!(
-                    bytes == &other[name],
-                    "zero fill {fill}: {} differs, {mode:?} against {first:?}",
-                    name.display()
-                );
-            }
         }
+        assert!(windows_slid(&store), "the windows slid");
+        drop(store);
+        files.push(all_segment_bytes(dir.path()));
+    }
+    let (base, other) = (&files[0], &files[1]);
+    assert_eq!(
+        base.keys().collect::<Vec<_>>(),
+        other.keys().collect::<Vec<_>>()
+    );
+    for (name, bytes) in base {
+        assert!(bytes == &other[name], "{} differs", name.display());
     }
 }
+
 fn sealed_count(store: &Store) -> usize {
     store
         .segments_blocking()
@@ -4039,10 +3987,10 @@ fn small_rounds_run_on_the_writer_and_larger_ones_on_the_helpers() {
             format!("limit {limit}, records of {size} bytes, {spares} spares, direct {direct}");
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = small_config(dir.path());
-        cfg.writer_round_max_bytes = limit;
+        cfg.tuning.writer_round_max_bytes = limit;
         cfg.prepared_segments = spares;
-        cfg.direct_writes = direct;
-        cfg.direct_write_min_bytes = 4096;
+        cfg.tuning.direct_writes = direct;
+        cfg.tuning.direct_write_min_bytes = 4096;
         // Room for every append in the spares' segments.
         cfg.segment_bytes = 1 << 20;
         let store = Store::open(cfg.clone()).unwrap();
@@ -4096,7 +4044,7 @@ fn bursts_with_rounds_on_the_writer_are_all_answered() {
     let mut cfg = small_config(dir.path());
     cfg.prepared_segments = 2;
     cfg.segment_bytes = 1 << 20;
-    cfg.writer_round_max_bytes = 4000;
+    cfg.tuning.writer_round_max_bytes = 4000;
     let faults = Arc::new(Faults::none());
     faults.slow_syncs(std::time::Duration::from_micros(300));
     let store = Arc::new(Store::open_with_faults(cfg.clone(), faults).unwrap());
@@ -4163,7 +4111,7 @@ fn a_round_run_by_the_writer_is_answered_with_nothing_queued_behind_it() {
     use std::time::Duration;
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = small_config(dir.path());
-    cfg.writer_round_max_bytes = 4000;
+    cfg.tuning.writer_round_max_bytes = 4000;
     cfg.prepared_segments = 2;
     cfg.segment_bytes = 1 << 20;
     let faults = Arc::new(Faults::none());

@@ -510,7 +510,7 @@ impl SparesOpt {
     fn config(&self, dir: &Path, data_shards: usize) -> Config {
         let mut c = config(dir, data_shards);
         c.prepared_segments = self.per_zone;
-        c.prepare_mib_s = self.mib_s;
+        c.tuning.prepare_mib_s = self.mib_s;
         c
     }
 }
@@ -1154,15 +1154,8 @@ fn device_images(dir: &Path, cfg: &Config) -> Result<Vec<PathBuf>, String> {
 
 /// The runtime of the service and its clients; with `writer_cpu`, its
 /// threads start off that CPU.
-fn runtime(writer_cpu: Option<usize>) -> Result<tokio::runtime::Runtime, String> {
+fn runtime(_writer_cpu: Option<usize>) -> Result<tokio::runtime::Runtime, String> {
     let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if let Some(cpu) = writer_cpu {
-        rt.on_thread_start(move || {
-            if let Err(e) = melddb_log::keep_off_cpu(cpu) {
-                eprintln!("warning: a runtime thread stays on CPU {cpu}: {e}");
-            }
-        });
-    }
     rt.enable_all().build().map_err(|e| e.to_string())
 }
 
@@ -1179,27 +1172,17 @@ pub fn probe(
     let dir = tmp.path().join("svc");
     rt.block_on(async {
         let mut cfg = spares.config(&dir, settings.data_shards);
-        cfg.realtime_priority = settings.realtime_priority;
-        cfg.writer_cpu = settings.writer_cpu;
-        cfg.slice_us = settings.slice_us;
         if let Some(b) = settings.writer_round_bytes {
-            cfg.writer_round_max_bytes = b;
+            cfg.tuning.writer_round_max_bytes = b;
         }
-        cfg.disable_transparent_huge_pages = !settings.keep_thp;
-        cfg.flush_once_per_device = !settings.fsync_each_file;
+        cfg.tuning.disable_transparent_huge_pages = !settings.keep_thp;
+        cfg.tuning.flush_once_per_device = !settings.fsync_each_file;
         cfg.fsync = !settings.no_fsync;
-        cfg.direct_writes = settings.direct;
-        cfg.direct_every_block = settings.direct_every_block;
+        cfg.tuning.direct_writes = settings.direct;
         if settings.devices {
             cfg.devices = device_images(&dir, &cfg)?;
         }
         let (store, running, _) = start_prepared(cfg, spares).await?;
-        if let Some(cpu) = settings.writer_cpu {
-            // This thread drives the runtime's `block_on` and starts the
-            // stall sampler: off the writer's CPU too, now that the open
-            // has checked it against this thread's CPUs.
-            melddb_log::keep_off_cpu(cpu).map_err(|e| format!("writer_cpu {cpu}: {e}"))?;
-        }
         let addr = running.tcp.to_string();
         if settings.warmup_secs > 0.0 {
             eprintln!(
@@ -1250,9 +1233,9 @@ pub fn probe(
             sync_share: share(after.sync_us - before.sync_us),
             stages,
             stalls,
-            realtime_threads: after.realtime_threads,
-            pinned_threads: after.pinned_threads,
-            short_slice_threads: after.short_slice_threads,
+            realtime_threads: 0,
+            pinned_threads: 0,
+            short_slice_threads: 0,
             thp_disabled: after.thp_disabled,
             io_schedulers: after.io_schedulers.clone(),
             spares_ready_at_start: before.spares_ready,

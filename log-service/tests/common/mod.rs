@@ -17,13 +17,16 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 /// Three zones under `dir`, 4 KiB pages and 64 KiB segments, so a few
-/// hundred appends slide the windows many times.
+/// hundred appends slide the windows many times. No spare segments: the
+/// tests that want them ask for a count, and the others count files and
+/// writes that a refill running beside them would change.
 pub fn small_config(dir: &Path) -> Config {
     let zones: Vec<PathBuf> = (0..3).map(|z| dir.join(format!("zone{z}"))).collect();
     let mut c = Config::with_zones(zones);
     c.page_bytes = 4096;
     c.segment_bytes = 64 << 10;
     c.max_record_bytes = 256 << 10;
+    c.prepared_segments = 0;
     c
 }
 
@@ -221,21 +224,4 @@ pub fn take_every_byte(dir: &Path) -> PathBuf {
 pub fn free_bytes(dir: &Path) -> u64 {
     let st = rustix::fs::statvfs(dir).unwrap();
     st.f_bavail * st.f_frsize
-}
-
-/// Whether a thread of this process may switch itself to SCHED_FIFO at
-/// `priority` (tried on a thread of its own, which then ends): where it
-/// may, a store asked for real-time threads must have them.
-#[cfg(target_os = "linux")]
-pub fn fifo_allowed(priority: i32) -> bool {
-    std::thread::spawn(move || {
-        let param = libc::sched_param {
-            sched_priority: priority,
-        };
-        // SAFETY: `param` is a valid sched_param for the call's duration;
-        // pid 0 is the calling thread.
-        unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
-    })
-    .join()
-    .unwrap()
 }
