@@ -2878,9 +2878,9 @@ fn full_disk_child(dir: &Path) {
     cfg.segment_bytes = 1 << 20; // a spare is twice the limit
     cfg.prepared_segments = 2;
     let store = Store::open(cfg.clone()).expect("opens without spares");
+    common::wait_for_stats(&store, "a failed spare", |s| s.spares_failed >= 1);
     assert_eq!(store.stats().spares_ready, 0, "{:?}", store.stats());
     assert_eq!(store.stats().segments_prepared, 0);
-    assert!(store.stats().spares_failed >= 1, "{:?}", store.stats());
     assert!(spare_files(dir).is_empty(), "{:?}", spare_files(dir));
     for i in 0..60u64 {
         let rec = vec![i as u8; 1000];
@@ -2927,6 +2927,7 @@ fn rounds_write_back_spare_segments_and_fsync_the_rest() {
         let mut cfg = small_config(&sub);
         cfg.prepared_segments = spares;
         cfg.tuning.flush_once_per_device = once;
+        common::spares_on_disk(&cfg);
         let store = Arc::new(Store::open(cfg.clone()).unwrap());
         let mut rng = ChaCha8Rng::seed_from_u64(11);
         let mut model = Model::new();
@@ -2961,6 +2962,7 @@ fn a_rolled_back_spare_segment_is_fsynced_from_then_on() {
     let mut cfg = small_config(dir.path());
     cfg.segment_bytes = 1 << 20;
     cfg.prepared_segments = 2;
+    common::spares_on_disk(&cfg);
     let faults = Arc::new(Faults::none());
     let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
     let mut model = Model::new();
@@ -3716,7 +3718,7 @@ fn a_file_system_that_fills_up_answers_no_space_and_a_trim_makes_room() {
 }
 
 /// Spares asked for than the file system holds (15 of 256 KiB on a 4 MiB
-/// tmpfs): the open and the refill make only those that leave two
+/// tmpfs): the refill makes only those that leave two
 /// segments (or a twentieth of it) free, so the log has room to make
 /// segments of its own when the spares run out.
 #[test]
@@ -3727,6 +3729,9 @@ fn spares_leave_room_on_their_file_system() {
     let mut cfg = fs.config();
     cfg.prepared_segments = 5;
     let store = Store::open(cfg.clone()).unwrap();
+    // The refill makes spares until the next would leave too little
+    // room, which it counts as a failure (and retries only in 10 s).
+    common::wait_for_stats(&store, "a spare refused", |s| s.spares_failed > 0);
     let ready = store.stats().spares_ready;
     assert!(ready > 0 && ready < 15, "{ready} spares");
     assert!(
@@ -3993,6 +3998,7 @@ fn small_rounds_run_on_the_writer_and_larger_ones_on_the_helpers() {
         cfg.tuning.direct_write_min_bytes = 4096;
         // Room for every append in the spares' segments.
         cfg.segment_bytes = 1 << 20;
+        common::spares_on_disk(&cfg);
         let store = Store::open(cfg.clone()).unwrap();
         let mut model = Model::new();
         let mut recs = Vec::new();
@@ -4045,6 +4051,7 @@ fn bursts_with_rounds_on_the_writer_are_all_answered() {
     cfg.prepared_segments = 2;
     cfg.segment_bytes = 1 << 20;
     cfg.tuning.writer_round_max_bytes = 4000;
+    common::spares_on_disk(&cfg);
     let faults = Arc::new(Faults::none());
     faults.slow_syncs(std::time::Duration::from_micros(300));
     let store = Arc::new(Store::open_with_faults(cfg.clone(), faults).unwrap());

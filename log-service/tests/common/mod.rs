@@ -225,3 +225,30 @@ pub fn free_bytes(dir: &Path) -> u64 {
     let st = rustix::fs::statvfs(dir).unwrap();
     st.f_bavail * st.f_frsize
 }
+
+/// Writes `cfg.prepared_segments` spare files per zone (segment-sized,
+/// zeros) before a store's first open, as the refill would have written
+/// them: the open adopts spares on disk, so the first window's segments
+/// are made from them. The refill itself writes only after the open.
+pub fn spares_on_disk(cfg: &Config) {
+    for z in &cfg.zones {
+        std::fs::create_dir_all(z).unwrap();
+        for n in 0..u64::from(cfg.prepared_segments) {
+            let spare = z.join(format!("spare-{n:016}.dat"));
+            std::fs::write(spare, vec![0u8; cfg.segment_bytes as usize]).unwrap();
+        }
+    }
+}
+
+/// Waits (up to 30 s) until the store's stats satisfy `ready`.
+pub fn wait_for_stats(store: &Store, what: &str, ready: impl Fn(&melddb_log::Stats) -> bool) {
+    let t = std::time::Instant::now();
+    while !ready(&store.stats()) {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "{what}: not after 30 s: {:?}",
+            store.stats()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
