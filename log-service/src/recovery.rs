@@ -9,7 +9,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use reed_solomon_erasure::galois_8::ReedSolomon;
 use tokio::sync::mpsc;
 
 use crate::error::{ConfigError, OpenError};
@@ -19,8 +18,7 @@ use crate::request_ids::RequestIds;
 use crate::segment::{self, SegFile};
 use crate::store::{Loc, LogIndex, RecoveryReport, Shared};
 use crate::stripe::{self, EndWrite};
-use crate::syncpool::SyncPool;
-use crate::writer::{Cmd, LiveEndWrite, SegState, Writer};
+use crate::writer::{Cmd, LiveEndWrite, Recovered, SegState, Writer};
 
 /// Batches the writer may have on disk unacknowledged at a crash: one
 /// whose fsync round was running and the one written meanwhile.
@@ -795,77 +793,28 @@ pub(crate) fn recover(
         .unwrap_or(0);
     // Spares before the first window is made, so it can use them.
     let spares = crate::spares::Spares::open(shared.clone())?;
-    let mut writer = Writer {
-        shared: shared.clone(),
-        rx,
+    let ews = copies
+        .values()
+        .map(|ew| {
+            let live = LiveEndWrite {
+                base: ew.ew_base,
+                page_crc: page_crcs.get(&ew.stripe.seq).copied().unwrap_or(0),
+            };
+            (ew.stripe.seq, live)
+        })
+        .collect();
+    let found = Recovered {
         segs,
         base,
         next_seq,
         meta,
-        ews: copies
-            .values()
-            .map(|ew| {
-                let live = LiveEndWrite {
-                    base: ew.ew_base,
-                    page_crc: page_crcs.get(&ew.stripe.seq).copied().unwrap_or(0),
-                };
-                (ew.stripe.seq, live)
-            })
-            .collect(),
+        ews,
         request_ids,
-        failed: None,
-        unfinished_roll_back: false,
-        dirty: Default::default(),
-        deferred: Default::default(),
-        direct_bufs: Default::default(),
-        round_held: Default::default(),
-        torn: Default::default(),
-        late: Default::default(),
-        // A round syncs at most one segment per zone plus the end-write
-        // segments, each on its own helper: the writer writes the next
-        // batch meanwhile.
-        syncer: SyncPool::new(
-            shared.config.zones.len() + crate::config::END_WRITE_COPIES,
-            shared.faults.clone(),
-        ),
-        rs: ReedSolomon::new(shared.config.data_shards, shared.config.parity_shards).map_err(
-            |e| {
-                OpenError::Config(ConfigError::Invalid(format!(
-                    "{} data + {} parity shards: {e}",
-                    shared.config.data_shards, shared.config.parity_shards
-                )))
-            },
-        )?,
-        page_bufs: Vec::new(),
-        payload_buf: Vec::new(),
-        inflight: None,
-        next: None,
-        wake,
-        spares,
-        flush_devs: shared
-            .config
-            .zones
-            .iter()
-            .enumerate()
-            .map(|(zi, z)| {
-                (shared.config.fsync && shared.config.tuning.flush_once_per_device)
-                    .then(|| match shared.device(zi) {
-                        Some(dev) => crate::device::flush_key(dev.path()),
-                        None => crate::flush::write_back_device(z),
-                    })
-                    .flatten()
-            })
-            .collect(),
     };
+    let mut writer = Writer::new(shared.clone(), rx, wake, spares, found)?;
     // Forget what trim made unreachable before deciding what is missing.
-    let floor = writer.live_floor();
-    writer.ews = writer.ews.split_off(&floor);
-    {
-        let mut idx = shared.index_mut();
-        idx.stripes = idx.stripes.split_off(&floor);
-    }
-    writer.meta.store(&zones).map_err(io(&zones[0]))?;
-    writer.meta.keep_reserve(&zones);
+    writer.forget_unreachable();
+    writer.store_meta().map_err(io(&zones[0]))?;
 
     // Where the scans stopped, against where live stripes have pages. A
     // live page at or past the end of a segment's data means pages the scan
@@ -883,7 +832,7 @@ pub(crate) fn recover(
                 *f = (*f).max(o);
             }
         }
-        for (&id, st) in writer.segs.iter_mut() {
+        for (id, st) in writer.segments_mut() {
             if st.damaged_at.is_some() {
                 continue;
             }
@@ -925,31 +874,7 @@ pub(crate) fn recover(
         }
     }
     // Repair what is missing or damaged.
-    let mut wanted: Vec<u64> = writer
-        .segs
-        .iter()
-        .filter(|(_, s)| s.damaged_at.is_some())
-        .map(|(&id, _)| id)
-        .collect();
-    {
-        let idx = shared.index();
-        for r in idx.stripes.values() {
-            for (seg, _) in &r.pages {
-                if !writer.segs.contains_key(seg) {
-                    wanted.push(*seg);
-                }
-            }
-        }
-        for live in writer.ews.values() {
-            for seg in live.base..live.base + crate::config::END_WRITE_COPIES as u64 {
-                if !writer.segs.contains_key(&seg) {
-                    wanted.push(seg);
-                }
-            }
-        }
-    }
-    wanted.sort_unstable();
-    wanted.dedup();
+    let wanted = writer.segments_to_rebuild();
     for seg in wanted {
         writer
             .repair(seg, &[])
@@ -959,7 +884,7 @@ pub(crate) fn recover(
             })?;
         report.repaired_segments.push(seg);
     }
-    report.segments = writer.segs.len();
+    report.segments = writer.segment_count();
     writer.ensure_window().map_err(|e| OpenError::Io {
         path: zones[0].clone(),
         source: std::io::Error::other(e.to_string()),
@@ -1315,8 +1240,9 @@ mod tests {
             e
         };
         let good = crate::writer::ew_page(&ew(41));
-        let other_stripe = crate::writer::ew_page_of(&stripe::encode_end_write(&ew(42)), 43);
-        let not_a_record = crate::writer::ew_page_of(b"not an end-write record", 44);
+        let other_stripe =
+            crate::writer::repair::ew_page_of(&stripe::encode_end_write(&ew(42)), 43);
+        let not_a_record = crate::writer::repair::ew_page_of(b"not an end-write record", 44);
         let bad_crc = crate::writer::ew_page(&ew(45));
         let last = crate::writer::ew_page(&ew(46));
         let pages = vec![
