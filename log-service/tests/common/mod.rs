@@ -1,12 +1,13 @@
-//! What the storage tests share (`tests/store.rs`, `tests/devices.rs`,
-//! and the scheduling tests):
-//! a small configuration, random records, a model of every log the
-//! store must agree with, concurrent bursts of appends, and a small
-//! file system that fills up; and whether this process may take
-//! SCHED_FIFO.
+//! What the storage tests share (`tests/store_*.rs`, `tests/devices.rs`
+//! and the others): a small configuration, random records, a model of
+//! every log the store must agree with, concurrent bursts of appends, a
+//! small file system that fills up, spares written ahead of an open; and,
+//! in [`store`], helpers for segment files and their pages.
 
 // Each test crate uses part of this module.
 #![allow(dead_code)]
+
+pub mod store;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
