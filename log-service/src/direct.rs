@@ -16,9 +16,9 @@
 //! while the writer goes on with the next batch. A round ends after its
 //! writes, so an append is still acknowledged only once its pages are
 //! durable. Nothing on disk changes: the same bytes land at the same
-//! offsets. Off by default (`direct_writes`): on the benchmark VM each
-//! direct write waited about 1 ms for the device, which only the 64 KiB
-//! records' copy-bound writer gained from (docs/log-service.md).
+//! offsets. Off by default (`tuning.direct_writes`): each direct write
+//! waits for the device inside the round, which only a copy-bound writer
+//! (64 KiB records) gains from (docs/log-service.md).
 
 use std::fs::File;
 

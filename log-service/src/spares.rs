@@ -3,8 +3,8 @@
 //! when the window needs a new segment, so that segment's pages overwrite
 //! blocks the file system has already allocated and written. Appending to
 //! a fresh file instead makes every fsync round allocate blocks and grow
-//! the file, which the file system journals; on the benchmark disk that
-//! doubled the rounds' time and gave stalls of 100+ ms.
+//! the file, which the file system journals: measured, that doubles the
+//! rounds' time and gives stalls of 100+ ms (docs/benchmarks.md).
 //!
 //! A spare is written as `spare-N.tmp`, fsynced, renamed to `spare-N.dat`
 //! and its directory fsynced, so a `.dat` spare is always complete (the

@@ -174,9 +174,9 @@ fn reads_of_intact_records_use_their_bytes_alone_and_others_the_whole_stripe() {
 /// a root), for short and long log names and two stripe geometries, and
 /// batches of two records that just fit one root stripe or just do not.
 /// The stripes written are counted against the documented layout, and no
-/// page may be larger than `page_bytes`. A few sizes just under the
-/// capacity used to be refused as too large, and with them every append
-/// of their batch.
+/// page may be larger than `page_bytes`. No size just under the
+/// capacity may be refused as too large (and with it every append of its
+/// batch).
 #[test]
 fn records_of_every_size_around_a_stripes_capacity_are_appended() {
     for data_shards in [2usize, 4] {

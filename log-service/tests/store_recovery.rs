@@ -163,12 +163,12 @@ fn an_end_write_copy_that_passes_its_checksum_but_cannot_be_true_is_damage() {
 
 #[test]
 fn a_log_taken_as_trimmed_at_recovery_stays_so_across_later_opens() {
-    // Found by the `log_recover` fuzz target. The metadata of a trimmed
-    // log says which positions are live; when no record of them is left
-    // (every end-write copy lost, or a newer trim's metadata lost),
-    // recovery takes them as trimmed. It did not write that down, so once
-    // an append was acknowledged on top, the next open counted from the
-    // old first position again and refused to open.
+    // The metadata of a trimmed log says which positions are live; when
+    // no record of them is left (every end-write copy lost, or a newer
+    // trim's metadata lost), recovery takes them as trimmed, and must
+    // write that down: otherwise, once an append is acknowledged on top,
+    // the next open counts from the old first position again and refuses
+    // to open.
     let dir = tempfile::tempdir().unwrap();
     let cfg = small_config(dir.path());
     let store = Store::open(cfg.clone()).unwrap();
@@ -507,8 +507,8 @@ fn a_full_data_window_slides_past_every_full_segment_in_one_step() {
 
 /// With `fsync = false` no round syncs anything, window slides
 /// included: a slide's class markers go to the page cache like pages
-/// (they used to be synced, which made a slide wait for every page
-/// written since the last one, 2.3 s in a 150K appends/s probe). What was
+/// (syncing them would make a slide wait for every page written since
+/// the last one, seconds under load). What was
 /// appended still reads back after the store closes and opens again, and
 /// with fsync on, the same appends do sync (the count is not stuck at 0).
 #[test]

@@ -312,12 +312,12 @@ fn a_scrub_counts_every_damaged_page_of_a_segment_once() {
 #[test]
 fn repairing_one_lying_page_does_not_copy_another_stripes_lie() {
     // Two root stripes on the same three segments, each with one page that
-    // lies under a valid checksum, on different segments. Repair used to
-    // rebuild every stripe page of a segment from the stripe's other
-    // pages, so rebuilding the first liar's segment rebuilt the second
-    // stripe's good page there from the second liar: two wrong pages in a
-    // one-parity stripe, its records gone. Intact pages are now kept
-    // unless they are the ones found to lie.
+    // lies under a valid checksum, on different segments. A repair that
+    // rebuilt every stripe page of a segment from the stripe's other
+    // pages would rebuild the second stripe's good page on the first
+    // liar's segment from the second liar: two wrong pages in a
+    // one-parity stripe, its records gone. Intact pages are kept unless
+    // they are the ones found to lie.
     let dir = tempfile::tempdir().unwrap();
     let (cfg, model, _) = appended_and_closed(dir.path(), |_| {}, 13, 60);
     // Root stripes by their pages' segments, with bodies long enough.

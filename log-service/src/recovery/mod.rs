@@ -335,10 +335,10 @@ pub(crate) fn recover(
                 // fall back. (Or every copy of the records' end-writes
                 // was lost, which looks the same; see the warning.) The
                 // metadata written below records the new first position,
-                // so that every later open agrees with this one: before,
-                // an append acknowledged after this point made the next
-                // open fail ("jumps from position ... to ..."), since it
-                // counted from the old first position again.
+                // so that every later open agrees with this one: an append
+                // acknowledged after this point would otherwise make the
+                // next open count from the old first position and fail
+                // ("jumps from position ... to ...").
                 if lm.first < lm.tail_floor {
                     tracing::warn!(
                         log = %name,

@@ -223,11 +223,10 @@ pub(crate) fn scan(path: &Path, file: &SegFile, near: u64) -> std::io::Result<Sc
 /// One end-write per stripe from the copies found (up to three, the same
 /// bytes when written): the version most copies agree on, ties going to
 /// the copy on the lowest segment. Copies that disagree with it count as
-/// corrupt pages. Before, the first copy found won, whatever the other two
-/// said, and which one was first depended on the order a directory listed
-/// its files: one copy that passed its checksum but differed (a wrong
-/// record checksum or position) made a record unreadable or the open fail
-/// while two good copies were on disk.
+/// corrupt pages. Taking the first copy found instead would depend on the
+/// order a directory lists its files, and one copy that passed its
+/// checksum but differed (a wrong record checksum or position) would make
+/// a record unreadable or the open fail while two good copies are on disk.
 pub(super) fn choose_copies(
     all: BTreeMap<u64, Vec<Copy>>,
     report: &mut RecoveryReport,

@@ -513,8 +513,7 @@ impl Store {
     /// rebuilt without one of its pages in turn, until the record matches
     /// its checksum; that page's segment is then repaired and the stripe's
     /// cached copy replaced. With no such page the record is reported
-    /// unreadable, never returned different. (Found by the `log_recover`
-    /// fuzz target: this path used to return whatever the pages said.)
+    /// unreadable, never returned different.
     fn record_past_a_lying_page(
         &self,
         root: &StripeRef,

@@ -356,9 +356,8 @@ fn wait_round((segs, round): (Vec<u64>, Round)) -> Result<(), StoreError> {
 /// ([`crate::flush::start_write_back`]). Small batches gain: their round
 /// shrinks to about the device flush. Large ones do not: the device is
 /// busy anyway, and submitting megabytes of write-back on the writer
-/// thread, the one that limits throughput there, cost batches of 64
-/// records 1-4%. The measurements are in docs/benchmarks-log-history.md
-/// (eighteenth session).
+/// thread, the one that limits throughput there, costs batches of 64
+/// records 1-4%.
 const EARLY_WRITE_BACK_MAX: usize = 256 << 10;
 
 /// Zeros to write after `len` bytes at the end of `st`'s data so that the

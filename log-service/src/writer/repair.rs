@@ -97,8 +97,8 @@ impl Writer {
     /// Intact pages are kept rather than rebuilt because a rebuild trusts
     /// every other page of the stripe: with a lying page elsewhere in it,
     /// the rebuilt page would be wrong too (sealed with a good checksum),
-    /// and two faults in a one-parity stripe cannot be undone. A scrub
-    /// that found lying pages on two segments sharing stripes used to
+    /// and two faults in a one-parity stripe cannot be undone: a scrub
+    /// that finds lying pages on two segments sharing stripes would
     /// repair the first segment from the second's lie.
     pub fn repair(&mut self, seg: u64, liars: &[u64]) -> Result<(), String> {
         let refs: Vec<StripeRef> = {

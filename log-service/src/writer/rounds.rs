@@ -542,10 +542,9 @@ impl Writer {
     /// the same position. Called after the answers went out and the next
     /// round started. The table is large (a million ids by default) and
     /// its inserts and removals miss the cache: done before the answers,
-    /// they held the last answer of a round until 29–32 µs after the
-    /// round's end at the median (11–12 µs without) and 121–153 µs at the
-    /// p99 (54–125), and the client's p99 at 150K appends/s was higher in
-    /// seven of eight paired probes (docs/benchmarks-log-history.md). A
+    /// they would hold the last answer of a round until tens of
+    /// microseconds after the round's end at the median, and over a
+    /// hundred at the p99, which the client's p99 shows. A
     /// retry reaches this thread only after this returns, so it finds its id
     /// either way.
     pub(super) fn remember_ids(&mut self, answered: &[Pending]) {

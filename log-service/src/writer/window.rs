@@ -120,10 +120,10 @@ impl Writer {
             }
             // A sealed segment keeps the zeros after its seal marker:
             // recovery reads nothing past a seal marker that ends the
-            // data, and cutting them made the seal a change of size (the
-            // round's fdatasync journals it, about half a millisecond of
-            // the slide, against a write-back) and freed blocks, which
-            // costs about 0.8 ms per MiB on the benchmark disk.
+            // data, and cutting them would make the seal a change of size
+            // (the round's fdatasync journals it, about half a millisecond
+            // of the slide, against a write-back) and free blocks, which
+            // costs about 0.8 ms per MiB on a disk mounted with `discard`.
             let off = self.append_marker(seg, to)?;
             // Recorded at once, counted only once durable (below): if a
             // later marker or the round fails, this one is in the file all
@@ -243,15 +243,16 @@ impl Writer {
             return self.create_slot_segment(seg, zone);
         }
         let path = segment::path(self.zones(), seg);
-        // Every new segment is made from a spare when one is ready, a new
-        // store's first three end-write segments too: an end-write segment
-        // that starts as an empty file grows with every round, so each
-        // round must fdatasync it (the file system journals the new size)
-        // instead of writing it back and flushing the device once, which
-        // measured about a third more latency at 150K appends/s until the
-        // window first slid. The price: an open reads an open end-write
-        // segment's whole zero tail (see `recovery::scan`), as it already
-        // did for later end-write segments, which are former data segments.
+        // Every new segment is made from a spare when one is ready,
+        // end-write segments too: an end-write segment that starts as an
+        // empty file grows with every round, so each round must fdatasync
+        // it (the file system journals the new size) instead of writing it
+        // back and flushing the device once, about a third more latency at
+        // 150K appends/s. (A new store's first window is made before the
+        // refill has written any spare, so it pays that until it slides.)
+        // The price: an open reads an open end-write segment's whole zero
+        // tail (see `recovery::scan`), as for later end-write segments,
+        // which are former data segments.
         let spare = self
             .spares
             .as_ref()
