@@ -42,7 +42,7 @@ mod writer;
 pub mod zone_lock;
 
 pub use client::{BlockingLog, Client, ClientError, ClientOptions, Subscription};
-pub use config::{Config, Limits, Listen, Rights};
+pub use config::{Config, Limits, Listen, Rights, Tuning};
 pub use error::{ConfigError, OpenError, StoreError};
 pub use segment::Faults;
 pub use server::{start, start_on, Running};
