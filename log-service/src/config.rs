@@ -63,147 +63,21 @@ pub struct Config {
     /// logs a warning saying so.
     #[serde(default = "defaults::fsync")]
     pub fsync: bool,
-    /// Zero-fill window segments 4 MiB ahead of their data and write pages
-    /// in place, so an fsync has no file-size change to journal. Off by
-    /// default: it writes every byte twice (once as a zero), and on the
-    /// benchmark disk it gave no measurable latency gain (see
-    /// docs/benchmarks-log-history.md). The on-disk format is the same
-    /// either way.
-    #[serde(default)]
-    pub zero_fill_ahead: bool,
-    /// End each fsync round with one device cache flush per device
-    /// instead of one per file, where that is sound (the default). A file
-    /// whose round wrote only over blocks that are already allocated,
-    /// written and committed (a segment made from a spare, see
-    /// `prepared_segments`) has nothing for the file system to journal:
-    /// its pages are written back (`sync_file_range`), and once every file
-    /// of the round is written, one `fdatasync` per device flushes the
-    /// device's cache for all of them. Other files are fsynced as before.
-    /// Only on ext4 and XFS zones (Linux), whose `fdatasync` of a clean
-    /// file still flushes the device; elsewhere every file is fsynced. In
-    /// full benchmark runs at 150K appends/s it took the median round from
-    /// 0.30-0.43 to 0.26-0.30 ms (docs/benchmarks-log-history.md).
-    #[serde(default = "defaults::flush_once_per_device")]
-    pub flush_once_per_device: bool,
-    /// Write the whole 4 KiB blocks of each large batch (at least
-    /// `direct_write_min_bytes` per segment) with `O_DIRECT` on the fsync
-    /// helpers, during the batch's round, instead of copying them into the
-    /// page cache on the writer thread (Linux). Off by default: it frees
-    /// the writer from copying, which helped 64 KiB records on the
-    /// benchmark VM by about a tenth, but each direct write waits for the
-    /// device inside the round, which cost 16 KiB records a quarter and
-    /// batches of 1 KiB records a tenth there (docs/log-service.md). Where
-    /// a file system refuses `O_DIRECT` (tmpfs), the writes are buffered.
-    /// The on-disk format is the same either way.
-    #[serde(default = "defaults::direct_writes")]
-    pub direct_writes: bool,
-    /// The smallest write of one segment's pages written directly
-    /// (default 256 KiB). Smaller writes are copied into the page cache
-    /// and their write-back started at once, which suits small batches
-    /// better. Any size takes effect; only whole 4 KiB blocks are ever
-    /// written directly. Keep it large: at 4 KiB, batches of 1 KiB
-    /// records at 150K appends/s took rounds about four times as long on
-    /// the benchmark VM (docs/log-service.md).
-    #[serde(default = "defaults::direct_write_min_bytes")]
-    pub direct_write_min_bytes: u32,
-    /// Write every page and end-write a round carries with `O_DIRECT`,
-    /// in whole 4 KiB blocks, on the fsync helpers (Linux; off by
-    /// default). The writer keeps each segment's last partial block in
-    /// memory and writes it again, with the new bytes after it and zeros
-    /// to the block's end, so nothing goes through the page cache and a
-    /// round is the direct writes, the end-writes after them, and one
-    /// flush per device. Only where the block's end is known zeros (a
-    /// segment made from a spare, or zero-filled ahead) and the file
-    /// system takes `O_DIRECT`; other writes are done as without it. The
-    /// on-disk format is the same either way.
-    #[serde(default)]
-    pub direct_every_block: bool,
-    /// Spare segment files kept ready per zone: segment-sized files already
+    /// Spare segment files kept ready per zone: segment-sized files
     /// written full of zeros, which a new window segment is renamed from,
     /// so its pages overwrite allocated, written blocks and the fsync
-    /// rounds have no block allocation or size change to journal (on the
-    /// benchmark disk, three runs: 1.1-1.8x the batched appends/s, and a
-    /// median latency at half load 2.5-6.7x lower). 0 (the default) creates segment files
-    /// empty. The open writes the missing spares before it returns
-    /// (`zones x prepared_segments x segment_bytes` of zeros on a new
-    /// store; it makes a spare file only while a twentieth of the file
-    /// system, and at least two segments, stay free after it, and goes on
-    /// with fewer if the disk refuses); a background
-    /// thread refills them while no append has been written for 250 ms, at
-    /// most `prepare_mib_s`. Costs that much disk space; every byte of a
-    /// segment made from a spare is written twice, once as a zero.
-    #[serde(default)]
+    /// rounds have no block allocation or size change to journal. The
+    /// default, 4, costs up to `zones x 4 x segment_bytes` of disk (1 GiB
+    /// per zone with the default 256 MiB segments); a spare file is made
+    /// only while a twentieth of its file system, and at least two
+    /// segments, stay free after it. 0 creates segment files empty. The
+    /// open does not wait for spares: a background thread writes them,
+    /// while no append has been written for 250 ms, at most
+    /// `tuning.prepare_mib_s`; `spares_ready` in the stats counts them.
+    /// Every byte of a segment made from a spare is written twice, once
+    /// as a zero.
+    #[serde(default = "defaults::prepared_segments")]
     pub prepared_segments: u32,
-    /// Rate limit of the background refill of spares, MiB/s (0: no
-    /// limit).
-    #[serde(default = "defaults::prepare_mib_s")]
-    pub prepare_mib_s: u32,
-    /// Real-time priority (SCHED_FIFO, 1-99) for the writer thread and the
-    /// fsync helpers, so that no ordinary thread of the machine (the
-    /// network threads, clients on the same host) can hold up a batch
-    /// that is ready; 0 (the default) leaves them ordinary threads. Linux
-    /// only; it needs CAP_SYS_NICE or an RLIMIT_RTPRIO (`ulimit -r`) of at
-    /// least this value. If the system refuses, the service logs a warning
-    /// and runs without it (`realtime_threads` in the stats says how many
-    /// threads got it). A real-time thread that never blocks would starve
-    /// ordinary ones on its core, which the kernel limits to 95% of each
-    /// second by default; the writer blocks whenever it has no appends.
-    #[serde(default)]
-    pub realtime_priority: u8,
-    /// Time slice, in microseconds, for the writer thread and the fsync
-    /// helpers as ordinary threads: Linux 6.12 and later (EEVDF) let a
-    /// waking thread with a shorter slice than the running one preempt
-    /// it, so a writer woken by appends, or a helper woken by a round,
-    /// runs without waiting out a client's or a network thread's slice.
-    /// 0 (the default) leaves the system's slice; otherwise
-    /// 100 to 100000. Needs no privileges. Ignored by real-time threads
-    /// (`realtime_priority`) and by older kernels; `short_slice_threads`
-    /// in the stats counts the threads the kernel reports it for.
-    #[serde(default)]
-    pub slice_us: u32,
-    /// Run the writer thread on this CPU alone, and the store's other
-    /// threads (fsync helpers, the `io_uring` thread, the spares refill,
-    /// and in `melddb-log serve` the network threads) on the others. On a
-    /// small machine the writer is otherwise preempted thousands of times
-    /// a second by the threads it wakes, and every append in its batch
-    /// waits with it; pinned, it has a core to itself without real-time
-    /// privileges (docs/benchmarks.md, thirty-eighth session). Unset (the
-    /// default): no thread is pinned. Linux only; the open refuses a CPU
-    /// the process may not run on, or its only one. An embedding program
-    /// keeps its own threads off the CPU with
-    /// [`crate::keep_off_cpu`].
-    #[serde(default)]
-    pub writer_cpu: Option<usize>,
-    /// A round whose batch carries at most this many payload bytes, and
-    /// whose files are all only written back (segments made from spares,
-    /// `flush_once_per_device`), runs on the writer thread itself instead
-    /// of the fsync helpers: handing
-    /// it out costs a wake-up per file and one back, which on a small or
-    /// virtual machine cost more CPU than the round's own I/O, and the
-    /// appends that arrive meanwhile wait for the round's end instead of
-    /// being written beside it (docs/log-service.md, "Small rounds on the
-    /// writer"). Larger rounds go to the helpers, whose files' write-backs
-    /// overlap while the writer writes the next batch, and so do rounds
-    /// with direct writes held back for them. 0 sends every round to the
-    /// helpers; the default is 256 KiB.
-    #[serde(default = "defaults::writer_round_max_bytes")]
-    pub writer_round_max_bytes: u64,
-    /// Turn transparent huge pages off for the whole process when the
-    /// store opens (`prctl(PR_SET_THP_DISABLE)`, Linux; the default). With
-    /// THP the index's growth meets a 2 MiB page fault a few times a
-    /// second, and each held the writer for 4–5 ms in the measurements
-    /// of docs/benchmarks-log-history.md. Set `false` to keep the system's
-    /// setting, for example when the store is embedded in a process that
-    /// wants huge pages. `thp_disabled` in the stats says whether THP is off.
-    #[serde(default = "defaults::disable_transparent_huge_pages")]
-    pub disable_transparent_huge_pages: bool,
-    /// Write a stripe's end-write only after its pages are fsynced (the
-    /// paper's order: two fsync rounds per batch). The default writes pages
-    /// and end-writes in one round and has recovery verify every page of
-    /// the last batch instead, dropping the batch if a stripe of it cannot
-    /// be read (none of it was acknowledged).
-    #[serde(default)]
-    pub strict_end_writes: bool,
     /// Largest single record accepted.
     #[serde(default = "defaults::max_record_bytes")]
     pub max_record_bytes: u32,
@@ -224,6 +98,161 @@ pub struct Config {
     /// (only sensible on loopback).
     #[serde(default)]
     pub tokens: BTreeMap<String, Rights>,
+    /// How the writer does its I/O: options that change speed, never the
+    /// bytes on disk or what is acknowledged.
+    #[serde(default)]
+    pub tuning: Tuning,
+}
+
+/// The `[tuning]` table: how appends reach the disk. None of these
+/// changes the on-disk format, so each can change between restarts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tuning {
+    /// End each fsync round with one device cache flush per device
+    /// instead of one per file, where that is sound (the default). A file
+    /// whose round wrote only over blocks that are already allocated,
+    /// written and committed (a segment made from a spare, see
+    /// `prepared_segments`) has nothing for the file system to journal:
+    /// its pages are written back (`sync_file_range`), and once every file
+    /// of the round is written, one `fdatasync` per device flushes the
+    /// device's cache for all of them. Other files are fsynced. Only on
+    /// ext4 and XFS zones (Linux), whose `fdatasync` of a clean file still
+    /// flushes the device; elsewhere every file is fsynced. Measured at
+    /// 150K appends/s it took the median round from 0.30-0.43 to
+    /// 0.26-0.30 ms (docs/benchmarks.md).
+    #[serde(default = "defaults::flush_once_per_device")]
+    pub flush_once_per_device: bool,
+    /// Write the whole 4 KiB blocks of each large batch (at least
+    /// `direct_write_min_bytes` per segment) with `O_DIRECT` on the fsync
+    /// helpers, during the batch's round, instead of copying them into the
+    /// page cache on the writer thread (Linux). Off by default: it frees
+    /// the writer from copying, which helps 64 KiB records, but each
+    /// direct write waits for the device inside the round, which costs
+    /// smaller records more than it saves (docs/log-service.md). Where a
+    /// file system refuses `O_DIRECT` (tmpfs), the writes are buffered.
+    #[serde(default = "defaults::direct_writes")]
+    pub direct_writes: bool,
+    /// The smallest write of one segment's pages written directly
+    /// (default 256 KiB). Smaller writes are copied into the page cache
+    /// and their write-back started at once, which suits small batches
+    /// better. Any size takes effect; only whole 4 KiB blocks are ever
+    /// written directly. Keep it large: at 4 KiB, batches of 1 KiB
+    /// records took rounds about four times as long (docs/log-service.md).
+    #[serde(default = "defaults::direct_write_min_bytes")]
+    pub direct_write_min_bytes: u32,
+    /// Rate limit of the background writing of spares, MiB/s (0: no
+    /// limit).
+    #[serde(default = "defaults::prepare_mib_s")]
+    pub prepare_mib_s: u32,
+    /// A round whose batch carries at most this many payload bytes, and
+    /// whose files are all only written back (segments made from spares,
+    /// `flush_once_per_device`), runs on the writer thread itself instead
+    /// of the fsync helpers: handing it out costs a wake-up per file and
+    /// one back, which on a small machine costs more CPU than the round's
+    /// own I/O (docs/log-service.md, "Small rounds on the writer").
+    /// Larger rounds go to the helpers, whose files' write-backs overlap
+    /// while the writer writes the next batch, and so do rounds with
+    /// direct writes held back for them. 0 sends every round to the
+    /// helpers; the default is 256 KiB.
+    #[serde(default = "defaults::writer_round_max_bytes")]
+    pub writer_round_max_bytes: u64,
+    /// Write a stripe's end-write only after its pages are fsynced (the
+    /// paper's order: two fsync rounds per batch). The default writes pages
+    /// and end-writes in one round and has recovery verify every page of
+    /// the last batch instead, dropping the batch if a stripe of it cannot
+    /// be read (none of it was acknowledged).
+    #[serde(default)]
+    pub strict_end_writes: bool,
+    /// Turn transparent huge pages off for the whole process when the
+    /// store opens (`prctl(PR_SET_THP_DISABLE)`, Linux). Off by default:
+    /// it is a process-wide setting, which a library leaves to the program
+    /// that embeds it. A dedicated service (`melddb-log serve`) may turn it
+    /// on: with THP the index's growth meets a 2 MiB page fault a few
+    /// times a second, each holding the writer for milliseconds
+    /// (docs/log-service.md). `thp_disabled` in the stats says whether THP
+    /// is off for the process.
+    #[serde(default)]
+    pub disable_transparent_huge_pages: bool,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            flush_once_per_device: defaults::flush_once_per_device(),
+            direct_writes: defaults::direct_writes(),
+            direct_write_min_bytes: defaults::direct_write_min_bytes(),
+            prepare_mib_s: defaults::prepare_mib_s(),
+            writer_round_max_bytes: defaults::writer_round_max_bytes(),
+            strict_end_writes: false,
+            disable_transparent_huge_pages: false,
+        }
+    }
+}
+
+/// Top-level keys that moved into `[tuning]`.
+const MOVED_TO_TUNING: [&str; 7] = [
+    "flush_once_per_device",
+    "direct_writes",
+    "direct_write_min_bytes",
+    "prepare_mib_s",
+    "writer_round_max_bytes",
+    "strict_end_writes",
+    "disable_transparent_huge_pages",
+];
+
+/// Keys the service no longer has (top level or in `[tuning]`), each
+/// with what to do instead.
+const REMOVED: [(&str, &str); 5] = [
+    (
+        "zero_fill_ahead",
+        "delete it; spare segments (prepared_segments) give segments zeroed space",
+    ),
+    (
+        "direct_every_block",
+        "delete it; use tuning.direct_writes for large batches",
+    ),
+    (
+        "slice_us",
+        "delete it; the threads keep the system's time slice",
+    ),
+    (
+        "writer_cpu",
+        "delete it; place the process with taskset or cgroups if it needs CPUs of its own",
+    ),
+    (
+        "realtime_priority",
+        "delete it; give the process a priority with chrt if it needs one",
+    ),
+];
+
+/// Refuses a configuration that uses a removed key, or a moved one where
+/// it was, with what to do: serde's own error would only list the keys
+/// it knows.
+fn refuse_old_keys(table: &toml::Table) -> Result<(), ConfigError> {
+    let tuning = table.get("tuning").and_then(toml::Value::as_table);
+    for (key, instead) in REMOVED {
+        let found = if table.contains_key(key) {
+            Some(key.to_string())
+        } else if tuning.is_some_and(|t| t.contains_key(key)) {
+            Some(format!("tuning.{key}"))
+        } else {
+            None
+        };
+        if let Some(found) = found {
+            return Err(ConfigError::Invalid(format!(
+                "`{found}` is no longer an option: {instead}"
+            )));
+        }
+    }
+    for key in MOVED_TO_TUNING {
+        if table.contains_key(key) {
+            return Err(ConfigError::Invalid(format!(
+                "`{key}` moved to the [tuning] table: write it as `{key} = ...` under `[tuning]` (after the top-level keys)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The largest `segment_bytes` (1 TiB).
@@ -321,13 +350,13 @@ mod defaults {
     pub fn max_segments() -> u64 {
         4096
     }
+    pub fn prepared_segments() -> u32 {
+        4
+    }
     pub fn prepare_mib_s() -> u32 {
         64
     }
     pub fn fsync() -> bool {
-        true
-    }
-    pub fn disable_transparent_huge_pages() -> bool {
         true
     }
     pub fn writer_round_max_bytes() -> u64 {
@@ -383,31 +412,26 @@ impl Config {
             segment_bytes: defaults::segment_bytes(),
             max_segments: defaults::max_segments(),
             fsync: defaults::fsync(),
-            strict_end_writes: false,
-            zero_fill_ahead: false,
-            flush_once_per_device: defaults::flush_once_per_device(),
-            direct_writes: defaults::direct_writes(),
-            direct_write_min_bytes: defaults::direct_write_min_bytes(),
-            direct_every_block: false,
-            prepared_segments: 0,
-            prepare_mib_s: defaults::prepare_mib_s(),
-            realtime_priority: 0,
-            slice_us: 0,
-            writer_cpu: None,
-            writer_round_max_bytes: defaults::writer_round_max_bytes(),
-            disable_transparent_huge_pages: true,
+            prepared_segments: defaults::prepared_segments(),
             max_record_bytes: defaults::max_record_bytes(),
             dedup_window: defaults::dedup_window(),
             read_cache_stripes: defaults::read_cache_stripes(),
             limits: Limits::default(),
             listen: Listen::default(),
             tokens: BTreeMap::new(),
+            tuning: Tuning::default(),
         }
     }
 
-    /// Parses and validates a TOML configuration.
+    /// Parses and validates a TOML configuration. A key that was removed,
+    /// or moved into `[tuning]`, is refused with what to do instead.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let table: toml::Table =
+            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        refuse_old_keys(&table)?;
+        let config: Config = table
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
         config.validate()?;
         Ok(config)
     }
@@ -486,21 +510,6 @@ impl Config {
                 "prepared_segments must be at most {MAX_PREPARED_SEGMENTS} per zone"
             ));
         }
-        if self.realtime_priority > crate::sched::MAX_PRIORITY {
-            return bad(format!(
-                "realtime_priority must be 0 (off) or a SCHED_FIFO priority from 1 to {}",
-                crate::sched::MAX_PRIORITY
-            ));
-        }
-        if self.slice_us != 0
-            && !(crate::sched::MIN_SLICE_US..=crate::sched::MAX_SLICE_US).contains(&self.slice_us)
-        {
-            return bad(format!(
-                "slice_us must be 0 (the system's slice) or from {} to {} microseconds (the range Linux gives ordinary threads)",
-                crate::sched::MIN_SLICE_US,
-                crate::sched::MAX_SLICE_US
-            ));
-        }
         if self.max_record_bytes == 0
             || self.max_record_bytes as usize > melddb::error::MAX_INTENTION_BYTES
         {
@@ -545,251 +554,4 @@ impl Config {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The example configuration (`melddb-log example-config`) parses, and
-    /// every field it shows has the default, as its header says.
-    #[test]
-    fn the_example_config_parses_and_shows_the_defaults() {
-        let text = include_str!("../example.toml");
-        let ex = Config::from_toml(text).expect("example.toml parses");
-        let def = Config::with_zones(ex.zones.clone());
-        let strip = |c: &Config| {
-            let mut v = serde_json::to_value(c).unwrap();
-            v.as_object_mut().unwrap().remove("tokens");
-            v
-        };
-        assert_eq!(strip(&ex), strip(&def));
-        assert_eq!(ex.prepared_segments, 0);
-        assert_eq!(ex.prepare_mib_s, defaults::prepare_mib_s());
-        assert_eq!(ex.realtime_priority, 0);
-        assert!(ex.disable_transparent_huge_pages);
-    }
-
-    /// The upper bounds hold exactly at their edges, and the messages
-    /// name the field.
-    #[test]
-    fn segment_size_and_the_counts_have_upper_bounds() {
-        let ok = Config::with_zones(vec!["a".into(), "b".into(), "c".into()]);
-        let mut c = ok.clone();
-        c.segment_bytes = MAX_SEGMENT_BYTES;
-        assert!(c.validate().is_ok());
-        c.segment_bytes += 1;
-        let e = c.validate().unwrap_err().to_string();
-        assert!(e.contains("segment_bytes must be at most"), "{e}");
-        type Field = fn(&mut Config) -> &mut usize;
-        let counts: [(&str, Field); 4] = [
-            ("limits.max_connections", |c| &mut c.limits.max_connections),
-            ("limits.max_in_flight", |c| &mut c.limits.max_in_flight),
-            ("limits.append_queue", |c| &mut c.limits.append_queue),
-            ("read_cache_stripes", |c| &mut c.read_cache_stripes),
-        ];
-        for (name, field) in counts {
-            let mut c = ok.clone();
-            *field(&mut c) = MAX_COUNT_LIMIT;
-            assert!(c.validate().is_ok(), "{name}");
-            *field(&mut c) = MAX_COUNT_LIMIT + 1;
-            let e = c.validate().unwrap_err().to_string();
-            assert!(e.contains(&format!("{name} must be at most")), "{e}");
-        }
-        // The widths sum without overflowing on the way to the refusal.
-        let mut c = ok.clone();
-        c.data_shards = usize::MAX;
-        assert!(c.validate().is_err());
-    }
-
-    /// Each of the geometry's and the limits' lower bounds holds exactly
-    /// at its edge: the edge is taken, one step past it is refused with a
-    /// message naming the field.
-    #[test]
-    fn the_lower_bounds_hold_exactly_at_their_edges() {
-        let zones = |n: usize| (0..n).map(|z| PathBuf::from(format!("z{z}"))).collect();
-        let ok = Config::with_zones(zones(3));
-        let taken = |c: &Config, what: &str| {
-            if let Err(e) = c.validate() {
-                panic!("{what}: refused with {e}");
-            }
-        };
-        taken(&ok, "the defaults");
-        let refused = |c: &Config, says: &str| {
-            let e = c.validate().expect_err(says).to_string();
-            assert!(e.contains(says), "expected {says:?} in {e:?}");
-        };
-        type Edit = fn(&mut Config);
-        // (field, the edge that is taken, one step past it, what the
-        // refusal says)
-        let edges: [(&str, Edit, Edit, &str); 12] = [
-            (
-                "data_shards",
-                |c| c.data_shards = 1,
-                |c| c.data_shards = 0,
-                "data_shards and parity_shards must both be at least 1",
-            ),
-            (
-                "parity_shards",
-                |c| c.parity_shards = 1,
-                |c| c.parity_shards = 0,
-                "data_shards and parity_shards must both be at least 1",
-            ),
-            (
-                "page_bytes",
-                // Records of a small page's stripe: the 64 MiB default
-                // needs more fragments than its root can list.
-                |c| {
-                    c.page_bytes = 4096;
-                    c.max_record_bytes = 1 << 10;
-                },
-                |c| c.page_bytes = 4095,
-                "page_bytes must be between 4096",
-            ),
-            (
-                "page_bytes (top)",
-                |c| c.page_bytes = MAX_PAGE_BYTES,
-                |c| c.page_bytes = MAX_PAGE_BYTES + 1,
-                "page_bytes must be between 4096",
-            ),
-            (
-                "segment_bytes",
-                |c| c.segment_bytes = 4 * c.page_bytes as u64,
-                |c| c.segment_bytes = 4 * c.page_bytes as u64 - 1,
-                "segment_bytes must hold at least four pages",
-            ),
-            // 3 end-write copies and two windows of 3 pages.
-            (
-                "max_segments",
-                |c| c.max_segments = 10,
-                |c| c.max_segments = 9,
-                "max_segments must exceed the 9 segments",
-            ),
-            (
-                "prepared_segments",
-                |c| c.prepared_segments = MAX_PREPARED_SEGMENTS,
-                |c| c.prepared_segments = MAX_PREPARED_SEGMENTS + 1,
-                "prepared_segments must be at most",
-            ),
-            (
-                "max_record_bytes",
-                |c| c.max_record_bytes = 1,
-                |c| c.max_record_bytes = 0,
-                "max_record_bytes must be between 1",
-            ),
-            (
-                "limits.max_frame_bytes",
-                |c| c.limits.max_frame_bytes = 64,
-                |c| c.limits.max_frame_bytes = 63,
-                "limits.max_frame_bytes must be at least 64",
-            ),
-            (
-                "limits.max_connections",
-                |c| c.limits.max_connections = 1,
-                |c| c.limits.max_connections = 0,
-                "limits must be positive",
-            ),
-            (
-                "limits.max_in_flight",
-                |c| c.limits.max_in_flight = 1,
-                |c| c.limits.max_in_flight = 0,
-                "limits must be positive",
-            ),
-            (
-                "limits.append_queue",
-                |c| c.limits.append_queue = 1,
-                |c| c.limits.append_queue = 0,
-                "limits must be positive",
-            ),
-        ];
-        for (field, edge, past, says) in edges {
-            let mut c = ok.clone();
-            edge(&mut c);
-            taken(&c, field);
-            past(&mut c);
-            refused(&c, says);
-        }
-        // A page at its largest needs segments of four such pages.
-        let mut c = ok.clone();
-        c.page_bytes = MAX_PAGE_BYTES;
-        c.segment_bytes = 4 * MAX_PAGE_BYTES as u64;
-        taken(&c, "a largest page in segments of four");
-        // As many zones as the stripe is wide, or as the three end-write
-        // copies need when the stripe is narrower.
-        let mut c = Config::with_zones(zones(2));
-        refused(&c, "2 zones configured but a stripe of 3 pages");
-        c.data_shards = 1;
-        refused(&c, "need at least 3 zones");
-        let mut c = Config::with_zones(zones(5));
-        c.data_shards = 4;
-        taken(&c, "5 zones for a stripe of 5 pages");
-        c.data_shards = 5;
-        refused(&c, "5 zones configured but a stripe of 6 pages");
-        // The widest stripe, 255 pages, in as many zones; one page more
-        // is refused for its width, not for its zones.
-        let mut c = Config::with_zones(zones(256));
-        c.data_shards = 254;
-        c.max_segments = (END_WRITE_COPIES + 2 * 256) as u64 + 1;
-        taken(&c, "a stripe of 255 pages in 256 zones");
-        c.data_shards = 255;
-        refused(&c, "data_shards + parity_shards must be at most 255");
-    }
-
-    #[test]
-    fn devices_need_one_per_zone_each_its_own_and_block_aligned_segments() {
-        let mut c = Config::with_zones(vec!["a".into(), "b".into(), "c".into()]);
-        c.devices = vec!["/dev/x".into(), "/dev/y".into(), "/dev/z".into()];
-        assert!(c.validate().is_ok());
-        for (devices, segment_bytes, says) in [
-            (
-                vec!["/dev/x", "/dev/y"],
-                256 << 20,
-                "2 devices configured for 3 zones",
-            ),
-            (
-                vec!["/dev/x", "/dev/y", "/dev/x"],
-                256 << 20,
-                "appears twice",
-            ),
-            (
-                vec!["/dev/x", "/dev/y", "/dev/z"],
-                (256 << 20) + 512,
-                "multiple of 4096",
-            ),
-        ] {
-            c.devices = devices.into_iter().map(PathBuf::from).collect();
-            c.segment_bytes = segment_bytes;
-            let err = c.validate().unwrap_err().to_string();
-            assert!(err.contains(says), "{err}");
-        }
-    }
-
-    #[test]
-    fn a_realtime_priority_above_99_is_refused_with_the_range() {
-        let mut c = Config::with_zones(vec!["a".into(), "b".into(), "c".into()]);
-        for ok in [0u8, 1, 99] {
-            c.realtime_priority = ok;
-            assert!(c.validate().is_ok(), "{ok}");
-        }
-        c.realtime_priority = 100;
-        let err = c.validate().unwrap_err().to_string();
-        assert!(
-            err.contains("realtime_priority") && err.contains("1 to 99"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn a_slice_outside_the_kernels_range_is_refused_with_the_range() {
-        let mut c = Config::with_zones(vec!["a".into(), "b".into(), "c".into()]);
-        for ok in [0u32, 100, 2_000, 100_000] {
-            c.slice_us = ok;
-            assert!(c.validate().is_ok(), "{ok}");
-        }
-        for bad in [1u32, 99, 100_001] {
-            c.slice_us = bad;
-            let err = c.validate().unwrap_err().to_string();
-            assert!(
-                err.contains("slice_us") && err.contains("100 to 100000"),
-                "{bad}: {err}"
-            );
-        }
-    }
-}
+mod tests;

@@ -16,9 +16,9 @@
 //! while the writer goes on with the next batch. A round ends after its
 //! writes, so an append is still acknowledged only once its pages are
 //! durable. Nothing on disk changes: the same bytes land at the same
-//! offsets. Off by default (`direct_writes`): on the benchmark VM each
-//! direct write waited about 1 ms for the device, which only the 64 KiB
-//! records' copy-bound writer gained from (docs/log-service.md).
+//! offsets. Off by default (`tuning.direct_writes`): each direct write
+//! waits for the device inside the round, which only a copy-bound writer
+//! (64 KiB records) gains from (docs/log-service.md).
 
 use std::fs::File;
 
@@ -62,39 +62,15 @@ impl AlignedBuf {
 
     /// Replaces the contents with `src`, reusing `v`'s allocation when it
     /// is large enough.
-    fn fill(v: Vec<u8>, src: &[u8]) -> AlignedBuf {
-        AlignedBuf::fill_parts(v, &[src], 0)
-    }
-
-    /// Replaces the contents with `parts` one after another, then `zeros`
-    /// zero bytes, reusing `v`'s allocation when it is large enough.
-    fn fill_parts(mut v: Vec<u8>, parts: &[&[u8]], zeros: usize) -> AlignedBuf {
-        let len = parts.iter().map(|p| p.len()).sum::<usize>() + zeros;
+    fn fill(mut v: Vec<u8>, src: &[u8]) -> AlignedBuf {
+        let len = src.len();
         v.clear();
         v.reserve(len + BLOCK as usize);
         let start = v.as_ptr().align_offset(BLOCK as usize);
         v.resize(start, 0);
-        for p in parts {
-            v.extend_from_slice(p);
-        }
-        v.resize(start + len, 0);
+        v.extend_from_slice(src);
         debug_assert_eq!(v[start..].as_ptr().align_offset(BLOCK as usize), 0);
         AlignedBuf { v, start }
-    }
-
-    /// Keeps the first `keep` bytes of the contents, then `add`, then
-    /// `zeros` zero bytes, in place: `false` (nothing changed) when that
-    /// needs more room than the allocation has, since growing would move
-    /// the contents off their alignment.
-    fn rewrite_after(&mut self, keep: usize, add: &[u8], zeros: usize) -> bool {
-        let len = self.start + keep + add.len() + zeros;
-        if keep > self.v.len() - self.start || len > self.v.capacity() {
-            return false;
-        }
-        self.v.truncate(self.start + keep);
-        self.v.extend_from_slice(add);
-        self.v.resize(len, 0);
-        true
     }
 }
 
@@ -109,13 +85,6 @@ impl BufPool {
     pub(crate) fn copy(&self, src: &[u8]) -> AlignedBuf {
         let v = crate::locks::lock(&self.0).pop().unwrap_or_default();
         AlignedBuf::fill(v, src)
-    }
-
-    /// An aligned buffer of `parts` one after another, then `zeros` zero
-    /// bytes.
-    pub(crate) fn copy_parts(&self, parts: &[&[u8]], zeros: usize) -> AlignedBuf {
-        let v = crate::locks::lock(&self.0).pop().unwrap_or_default();
-        AlignedBuf::fill_parts(v, parts, zeros)
     }
 
     fn put(&self, v: Vec<u8>) {
@@ -147,9 +116,7 @@ pub(crate) struct DeferredWrite {
     pub head: Vec<u8>,
     middle: Option<AlignedBuf>,
     pub tail: Vec<u8>,
-    /// One past the last byte of the data written; a whole-block write
-    /// ([`DeferredWrite::whole_blocks`]) goes on with zeros past it, which
-    /// a roll back does not count ([`DeferredWrite::cut_to`]).
+    /// One past the last byte of the data written.
     data_end: u64,
     pool: BufPool,
 }
@@ -185,95 +152,12 @@ impl DeferredWrite {
         }
     }
 
-    /// Holds back the write of `buf` at `off` as whole blocks, all
-    /// written directly: `prefix`, the bytes the file holds from the
-    /// block boundary at or before `off` up to `off`, then `buf`, then
-    /// zeros to the next block boundary. The caller knows the prefix (the
-    /// writer keeps each segment's last partial block) and that the
-    /// file's bytes after `buf` in that last block are zeros, so the
-    /// write leaves every byte it covers as it was or as `buf` has it.
-    pub(crate) fn whole_blocks(
-        buffered: Arc<SegFile>,
-        direct: Arc<SegFile>,
-        off: u64,
-        prefix: &[u8],
-        buf: &[u8],
-        pool: &BufPool,
-    ) -> DeferredWrite {
-        let start = off - prefix.len() as u64;
-        debug_assert_eq!(
-            start % BLOCK,
-            0,
-            "the prefix reaches back to a block boundary"
-        );
-        let data_end = off + buf.len() as u64;
-        let zeros = (data_end.next_multiple_of(BLOCK) - data_end) as usize;
-        DeferredWrite {
-            direct: Some(direct),
-            buffered,
-            off: start,
-            head: Vec::new(),
-            middle: Some(pool.copy_parts(&[prefix, buf], zeros)),
-            tail: Vec::new(),
-            data_end,
-            pool: pool.clone(),
-        }
-    }
-
-    /// Whether this is a whole-block write ([`DeferredWrite::whole_blocks`])
-    /// whose data ends at `len`, so the next bytes from there can join it
-    /// ([`DeferredWrite::extend`]).
-    pub(crate) fn extends_to(&self, len: u64) -> bool {
-        self.head.is_empty()
-            && self.tail.is_empty()
-            && self.direct.is_some()
-            && self.middle.is_some()
-            && self.data_end == len
-    }
-
-    /// Joins `buf`, the bytes right after this whole-block write's data,
-    /// to it: one write of the blocks both cover instead of two in a row
-    /// over their shared block (which the device must finish in order).
-    pub(crate) fn extend(&mut self, buf: &[u8]) {
-        let keep = (self.data_end - self.off) as usize;
-        self.rebuild(keep, buf);
-    }
-
-    /// The whole-block contents become their first `keep` bytes, then
-    /// `add`, then zeros to the next block boundary: in place when the
-    /// buffer has room (a join of a few KiB mostly does), else copied
-    /// into a larger one from the pool.
-    fn rebuild(&mut self, keep: usize, add: &[u8]) {
-        let data_end = self.off + (keep + add.len()) as u64;
-        let zeros = (data_end.next_multiple_of(BLOCK) - data_end) as usize;
-        let in_place = self
-            .middle
-            .as_mut()
-            .is_some_and(|m| m.rewrite_after(keep, add, zeros));
-        if !in_place {
-            let old = self.middle.take();
-            let bytes = old.as_ref().map_or(&[][..], |b| &b.bytes()[..keep]);
-            self.middle = Some(self.pool.copy_parts(&[bytes, add], zeros));
-            if let Some(b) = old {
-                self.pool.put(b.v);
-            }
-        }
-        self.data_end = data_end;
-    }
-
-    /// Drops this write's data at and after `len` (a roll back to `len`);
-    /// `false` when nothing is left to write. Only a whole-block write
-    /// can straddle `len` (joined writes of two batches): it keeps its
-    /// bytes below `len`, zeros after them to the block's end.
-    pub(crate) fn cut_to(&mut self, len: u64) -> bool {
-        if self.data_end <= len {
-            return true;
-        }
-        if !self.extends_to(self.data_end) || len <= self.off {
-            return false;
-        }
-        self.rebuild((len - self.off) as usize, &[]);
-        true
+    /// Whether this write survives a roll back to `len`: it does when
+    /// its data ends at or before `len`. A held-back write is one batch's
+    /// write of one segment and a roll back goes back to a batch's start,
+    /// so a write never straddles `len`: it is kept or dropped whole.
+    pub(crate) fn kept_by_roll_back_to(&self, len: u64) -> bool {
+        self.data_end <= len
     }
 
     /// The whole blocks written directly (empty if none).
@@ -321,37 +205,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// A rewrite keeps the allocation (so the alignment) when it fits,
-    /// and refuses without touching anything when it would have to grow.
-    #[test]
-    fn rewrites_in_place_keep_the_alignment_or_change_nothing() {
-        let mut b = AlignedBuf::fill_parts(Vec::with_capacity(64 << 10), &[&[1u8; 5000]], 3192);
-        let at = b.bytes().as_ptr();
-        assert!(b.rewrite_after(4000, &[2; 3000], 1192));
-        assert_eq!(b.bytes().as_ptr(), at);
-        assert_eq!(at.align_offset(BLOCK as usize), 0);
-        let want: Vec<u8> = [vec![1; 4000], vec![2; 3000], vec![0; 1192]].concat();
-        assert_eq!(b.bytes(), &want[..]);
-        let room = b.v.capacity() - b.start;
-        assert!(!b.rewrite_after(0, &vec![3; room], 1), "no room");
-        assert_eq!(b.bytes(), &want[..], "unchanged");
-        assert!(
-            !b.rewrite_after(want.len() + 1, &[], 0),
-            "past the contents"
-        );
-        // Keeping every byte there is, and adding nothing, fits.
-        assert!(b.rewrite_after(want.len(), &[], 0));
-        assert_eq!(b.bytes(), &want[..], "kept whole");
-        assert!(b.rewrite_after(100, &[], 3996));
-        assert_eq!(b.bytes().len(), 4096);
-        assert!(b.bytes()[..100].iter().all(|&x| x == 1));
-        assert!(b.bytes()[100..].iter().all(|&x| x == 0));
-        // Contents that fill the allocation exactly fit too.
-        assert!(b.rewrite_after(0, &vec![4; room], 0));
-        assert_eq!(b.bytes().as_ptr(), at);
-        assert!(b.bytes().len() == room && b.bytes().iter().all(|&x| x == 4));
-    }
-
     /// The edges of [`middle`]: a range crossing one block boundary but
     /// holding no whole block has no middle (not an empty one), and a
     /// range that is exactly one block is all middle.
@@ -392,105 +245,6 @@ mod tests {
         }
     }
 
-    /// What the writer does with held-back writes of one segment, in a
-    /// random order: appends (joined to the write before when it is a
-    /// whole-block write ending there, else a new whole-block write with
-    /// the known last partial block, or after a roll back a plain one),
-    /// roll backs to an earlier length (which cut the held-back writes
-    /// and zero the file past it), and rounds (the held-back writes done
-    /// in order). The file then holds exactly the bytes appended and not
-    /// rolled back, zeros after them; and every whole-block write is
-    /// block-aligned in place and length.
-    #[derive(Debug, Clone)]
-    enum Step {
-        Append(usize),
-        RollBack(usize),
-        Round,
-    }
-
-    fn step() -> impl Strategy<Value = Step> {
-        prop_oneof![
-            6 => (1usize..9000).prop_map(Step::Append),
-            1 => (0usize..8).prop_map(Step::RollBack),
-            2 => Just(Step::Round),
-        ]
-    }
-
-    proptest! {
-        #[test]
-        fn held_back_whole_block_writes_leave_exactly_the_bytes_appended(
-            steps in proptest::collection::vec(step(), 1..40),
-        ) {
-            const SIZE: usize = 1 << 20;
-            let dir = tempfile::tempdir().expect("temp dir");
-            let f = Arc::new(crate::segment::open(&dir.path().join("f"), true).expect("create"));
-            let pool = BufPool::default();
-            let mut model = vec![0u8; SIZE];
-            let mut disk = vec![0u8; SIZE];
-            let mut len = 0usize;
-            // Lengths after each append, for roll backs to go back to.
-            let mut ends = vec![0usize];
-            let mut held: Vec<DeferredWrite> = Vec::new();
-            // Whether the last partial block is known (not after a roll
-            // back until an append crosses a block boundary).
-            let mut known = true;
-            let mut n = 0u8;
-            let do_round = |held: &mut Vec<DeferredWrite>, disk: &mut Vec<u8>| {
-                for w in held.drain(..) {
-                    let mut at = w.off as usize;
-                    for part in [&w.head[..], w.middle(), &w.tail[..]] {
-                        disk[at..at + part.len()].copy_from_slice(part);
-                        at += part.len();
-                    }
-                    if w.middle.is_some() && w.head.is_empty() && w.tail.is_empty() {
-                        assert_eq!(w.off % BLOCK, 0);
-                        assert_eq!(w.middle().len() as u64 % BLOCK, 0);
-                    }
-                }
-            };
-            for s in steps {
-                match s {
-                    Step::Append(k) => {
-                        if len + k + BLOCK as usize > SIZE {
-                            continue;
-                        }
-                        n = n.wrapping_add(1);
-                        let buf: Vec<u8> = (0..k).map(|i| n ^ (i as u8) | 1).collect();
-                        let joined = held.last_mut().filter(|w| w.extends_to(len as u64));
-                        match joined {
-                            Some(w) => w.extend(&buf),
-                            None if known => {
-                                let start = len / BLOCK as usize * BLOCK as usize;
-                                let prefix = model[start..len].to_vec();
-                                held.push(DeferredWrite::whole_blocks(
-                                    f.clone(), f.clone(), len as u64, &prefix, &buf, &pool,
-                                ));
-                            }
-                            None => held.push(DeferredWrite::new(f.clone(), None, len as u64, &buf, &pool)),
-                        }
-                        model[len..len + k].copy_from_slice(&buf);
-                        let boundary = (len + k) / BLOCK as usize * BLOCK as usize;
-                        known = known || boundary >= len;
-                        len += k;
-                        ends.push(len);
-                    }
-                    Step::RollBack(back) => {
-                        let to = ends[ends.len().saturating_sub(1 + back)];
-                        ends.retain(|&e| e <= to);
-                        held.retain_mut(|w| w.cut_to(to as u64));
-                        model[to..].fill(0);
-                        disk[to..].fill(0);
-                        len = to;
-                        known = false;
-                    }
-                    Step::Round => do_round(&mut held, &mut disk),
-                }
-            }
-            do_round(&mut held, &mut disk);
-            prop_assert!(disk == model, "the file differs from the bytes appended");
-        }
-    }
-
     #[test]
     fn aligned_copies_start_on_a_block_and_reuse_the_pool() {
         let pool = BufPool::default();
@@ -524,41 +278,14 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let f = Arc::new(crate::segment::open(&dir.path().join("f"), true).expect("create"));
         let pool = BufPool::default();
-        let w = DeferredWrite::whole_blocks(f.clone(), f, 10, &[7; 10], &[8; 5000], &pool);
+        let w = DeferredWrite::new(f.clone(), Some(f), 10, &[8; 3 * BLOCK as usize], &pool);
+        assert!(
+            !w.middle().is_empty(),
+            "a write with whole blocks has a middle"
+        );
         assert_eq!(kept(&pool), 0, "the write holds its buffer");
         drop(w);
         assert_eq!(kept(&pool), 1, "and gives it back");
-    }
-
-    /// Only a whole-block write can take the bytes after it, and only
-    /// those starting where its data ends: a split write's head or tail
-    /// is buffered, so joining to it would leave them out.
-    #[test]
-    fn only_whole_block_writes_extend_and_only_at_their_end() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let f = Arc::new(crate::segment::open(&dir.path().join("f"), true).expect("create"));
-        let pool = BufPool::default();
-        let whole = DeferredWrite::whole_blocks(f.clone(), f.clone(), 0, &[], &[1; 5000], &pool);
-        assert!(whole.extends_to(5000));
-        assert!(!whole.extends_to(4999) && !whole.extends_to(5001) && !whole.extends_to(8192));
-        // Split writes: a head and a middle, a middle and a tail, all three.
-        for (off, len) in [
-            (100, 2 * BLOCK - 100),
-            (BLOCK, BLOCK + 100),
-            (100, 3 * BLOCK),
-        ] {
-            let w = DeferredWrite::new(
-                f.clone(),
-                Some(f.clone()),
-                off,
-                &vec![2; len as usize],
-                &pool,
-            );
-            assert!(!w.middle().is_empty(), "{off}+{len} has a middle");
-            assert!(!w.extends_to(off + len), "{off}+{len} is split");
-        }
-        let plain = DeferredWrite::new(f.clone(), None, 0, &[3; 5000], &pool);
-        assert!(!plain.extends_to(5000), "no direct descriptor");
     }
 
     /// On a file system that takes `O_DIRECT`, a direct write through the

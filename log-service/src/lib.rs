@@ -28,7 +28,6 @@ pub mod protocol;
 mod recovery;
 pub mod request_ids;
 pub mod samples;
-mod sched;
 pub mod scrub;
 mod seg_file;
 pub mod segment;
@@ -39,15 +38,12 @@ pub mod stripe;
 mod syncpool;
 mod tcp_frames;
 mod thp;
-#[cfg(target_os = "linux")]
-mod uring;
 mod writer;
 pub mod zone_lock;
 
 pub use client::{BlockingLog, Client, ClientError, ClientOptions, Subscription};
-pub use config::{Config, Limits, Listen, Rights};
+pub use config::{Config, Limits, Listen, Rights, Tuning};
 pub use error::{ConfigError, OpenError, StoreError};
-pub use sched::keep_off_cpu;
 pub use segment::Faults;
 pub use server::{start, start_on, Running};
 pub use store::{RecoveryReport, ScrubReport, SegmentInfo, Stats, Store};

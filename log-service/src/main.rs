@@ -119,17 +119,10 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let mut rt = tokio::runtime::Builder::new_multi_thread();
-            if let Some(cpu) = config.writer_cpu {
-                // The network threads answer what the writer finishes:
-                // on its CPU they would preempt it (`writer_cpu`).
-                rt.on_thread_start(move || {
-                    if let Err(e) = melddb_log::keep_off_cpu(cpu) {
-                        tracing::warn!(writer_cpu = cpu, error = %e, "a runtime thread stays where it was");
-                    }
-                });
-            }
-            let rt = match rt.enable_all().build() {
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
                 Ok(rt) => rt,
                 Err(e) => {
                     eprintln!("error: cannot start the runtime: {e}");

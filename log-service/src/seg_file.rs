@@ -52,14 +52,6 @@ impl SegFile {
         &self.file
     }
 
-    /// Where `len` bytes at segment offset `off` are in the file, for
-    /// writes that bypass [`SegFile::write_all_at`] (`io_uring`); an error
-    /// if they run past a slot.
-    #[cfg(target_os = "linux")]
-    pub(crate) fn locate(&self, off: u64, len: usize) -> io::Result<u64> {
-        self.at(off, len)
-    }
-
     /// The file offset of `len` bytes at segment offset `off`, or an
     /// error if they do not lie inside the slot.
     fn at(&self, off: u64, len: usize) -> io::Result<u64> {

@@ -67,10 +67,6 @@ pub struct Faults {
     full: AtomicBool,
     /// Delay added to every fsync, in microseconds.
     sync_delay_us: AtomicU64,
-    /// Set only for the store's own instance when it was opened without
-    /// a fault injector: nothing will ever be armed, so rounds may bypass
-    /// it ([`Faults::is_inert`]).
-    inert: bool,
     /// Unit tests: every fsync and write-back, in order, with the file's
     /// inode and the name of the thread that made it, and an inode whose
     /// fsync fails.
@@ -137,21 +133,6 @@ impl Faults {
         f.then_after.store(-1, Ordering::SeqCst);
         f
     }
-    /// No faults, and none can be armed: no caller holds it but the
-    /// store that made it.
-    pub(crate) fn inert() -> Faults {
-        Faults {
-            inert: true,
-            ..Faults::none()
-        }
-    }
-
-    /// Whether this is the store's own fault-free instance
-    /// ([`Faults::inert`]), whose writes and syncs may be done without it.
-    pub(crate) fn is_inert(&self) -> bool {
-        self.inert
-    }
-
     /// The write after `n` more succeed fails; if `tear`, it writes half
     /// its bytes first.
     pub fn fail_write_after(&self, n: i64, tear: bool) {
@@ -441,15 +422,6 @@ mod tests {
             assert_eq!(path(&zones, id), zones[z].join(file_name(id)));
         }
         assert_eq!(zone(&zones, u64::MAX), (u64::MAX % 3) as usize);
-    }
-
-    /// Only the store's own fault-free instance may be bypassed; one
-    /// a test holds can be armed at any time.
-    #[test]
-    fn only_the_stores_own_instance_is_inert() {
-        assert!(Faults::inert().is_inert());
-        assert!(!Faults::none().is_inert());
-        assert!(!Faults::default().is_inert());
     }
 
     /// A short `pwritev` is finished from wherever it stopped, inside the

@@ -3,13 +3,18 @@
 //! when the window needs a new segment, so that segment's pages overwrite
 //! blocks the file system has already allocated and written. Appending to
 //! a fresh file instead makes every fsync round allocate blocks and grow
-//! the file, which the file system journals; on the benchmark disk that
-//! doubled the rounds' time and gave stalls of 100+ ms.
+//! the file, which the file system journals: measured, that doubles the
+//! rounds' time and gives stalls of 100+ ms (docs/benchmarks.md).
 //!
 //! A spare is written as `spare-N.tmp`, fsynced, renamed to `spare-N.dat`
 //! and its directory fsynced, so a `.dat` spare is always complete (the
 //! open deletes leftover `.tmp` files and spares of the wrong size).
 //! Recovery never reads spares: their names are not segment names.
+//!
+//! Every spare, a new store's first ones included, is written by the
+//! refill thread, so an open never waits for gigabytes of zeros: the
+//! store appends at once (into empty files until spares are ready), and
+//! `spares_ready` in the stats says how far the pool has got.
 //!
 //! The refill runs only while the log is quiet (no batch written for
 //! [`QUIET`]): zeros written under load compete with the appends for the
@@ -217,20 +222,15 @@ impl Inner {
         }
     }
 
-    /// Writes spare `n` in zone `zone`. `background`: pause while the log
-    /// is busy and keep to `prepare_mib_s`; otherwise (the open) write as
-    /// fast as the disk goes. Gives up (and removes the temporary file) if
-    /// the pool is stopped meanwhile.
-    fn make(&self, zone: usize, n: u64, background: bool) -> io::Result<bool> {
-        let rate = if background {
-            u64::from(self.shared.config.prepare_mib_s) << 20
-        } else {
-            0
-        };
+    /// Writes spare `n` in zone `zone`, pausing while the log is busy and
+    /// keeping to `prepare_mib_s`. Gives up (and removes the temporary
+    /// file) if the pool is stopped meanwhile.
+    fn make(&self, zone: usize, n: u64) -> io::Result<bool> {
+        let rate = u64::from(self.shared.config.tuning.prepare_mib_s) << 20;
         if let Some(dev) = self.shared.device(zone) {
             let write = |at: u64, len: u64| dev.zero(n, at, len);
             let result = self
-                .zero(background, rate, dev.slot_bytes(), write, || dev.sync())
+                .zero(rate, dev.slot_bytes(), write, || dev.sync())
                 .and_then(|done| {
                     if done {
                         dev.make_spare(n)?;
@@ -250,13 +250,9 @@ impl Inner {
             let f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
             let chunk = vec![0u8; 1 << 20];
             let write = |_at: u64, len: u64| (&f).write_all(&chunk[..len as usize]);
-            if !self.zero(
-                background,
-                rate,
-                self.shared.config.segment_bytes,
-                write,
-                || f.sync_data(),
-            )? {
+            if !self.zero(rate, self.shared.config.segment_bytes, write, || {
+                f.sync_data()
+            })? {
                 return Ok(false);
             }
             f.sync_all()?;
@@ -271,12 +267,11 @@ impl Inner {
     }
 
     /// Writes `total` bytes of zeros with `write(at, len)` in 1 MiB steps:
-    /// `background`, it syncs every [`SYNC_EVERY`], stands aside while
-    /// the log is busy and keeps to `rate` bytes/s (0: no limit). Returns
-    /// false if the pool stopped meanwhile.
+    /// it syncs every [`SYNC_EVERY`], stands aside while the log is busy
+    /// and keeps to `rate` bytes/s (0: no limit). Returns false if the
+    /// pool stopped meanwhile.
     fn zero(
         &self,
-        background: bool,
         rate: u64,
         total: u64,
         mut write: impl FnMut(u64, u64) -> io::Result<()>,
@@ -291,7 +286,7 @@ impl Inner {
             if self.lock().stop {
                 return Ok(false);
             }
-            if background && written % SYNC_EVERY == 0 {
+            if written % SYNC_EVERY == 0 {
                 if written > 0 {
                     sync()?;
                 }
@@ -343,7 +338,7 @@ impl Inner {
                 }
                 return;
             }
-            match self.make(zone, n, true) {
+            match self.make(zone, n) {
                 Ok(true) => {
                     said_no_room = false;
                     self.add(zone, n)
@@ -368,11 +363,11 @@ impl Inner {
 }
 
 impl Spares {
-    /// Takes stock of the spares on disk (removing leftovers), writes the
-    /// missing ones (every zone up to `prepared_segments`, at full speed,
-    /// progress in the log; a write error ends this with a warning) and
-    /// starts the refill thread. `None` when the
-    /// configuration wants no spares; then any found are removed.
+    /// Takes stock of the spares on disk (removing leftovers) and starts
+    /// the refill thread, which writes the missing ones (every zone up to
+    /// `prepared_segments`) in the background; this does not wait for
+    /// them. `None` when the configuration wants no spares; then any
+    /// found are removed.
     pub(crate) fn open(shared: Arc<Shared>) -> Result<Option<Spares>, OpenError> {
         let config = &shared.config;
         let zones = config.zones.len();
@@ -429,8 +424,6 @@ impl Spares {
             }),
             wake: Condvar::new(),
         });
-        // The missing spares now, so a new store's first window is
-        // already prepared.
         let missing: usize = {
             let st = inner.lock();
             (0..zones)
@@ -441,46 +434,15 @@ impl Spares {
             tracing::info!(
                 spares = missing,
                 mib = missing as u64 * (config.segment_bytes >> 20),
-                "writing spare segments"
-            );
-        }
-        let t0 = Instant::now();
-        let mut made = 0;
-        loop {
-            let claimed = inner.claim(&mut inner.lock());
-            let Some((zone, n)) = claimed else {
-                break;
-            };
-            if let Err(e) = inner.make(zone, n, false) {
-                // Spares only make appends faster: a full disk must not
-                // keep the log from opening. The refill tries again.
-                tracing::warn!(zone, error = %e, "writing a spare segment failed; going on with fewer");
-                inner.failed();
-                break;
-            }
-            inner.add(zone, n);
-            made += 1;
-            tracing::info!(done = made, of = missing, zone, "spare segment written");
-        }
-        if made > 0 {
-            tracing::info!(
-                spares = made,
-                secs = t0.elapsed().as_secs_f64(),
-                "spare segments ready"
+                mib_s = config.tuning.prepare_mib_s,
+                "writing spare segments in the background"
             );
         }
         inner.publish_ready(&inner.lock());
         let worker = inner.clone();
         let thread = std::thread::Builder::new()
             .name("melddb-log-spares".into())
-            .spawn(move || {
-                crate::sched::settle(
-                    &worker.shared,
-                    "spares refill",
-                    crate::sched::Role::Background,
-                );
-                worker.run()
-            })
+            .spawn(move || worker.run())
             .map_err(|source| OpenError::Io {
                 path: config.zones[0].clone(),
                 source,
@@ -574,6 +536,8 @@ mod tests {
         cfg.page_bytes = 4096;
         cfg.segment_bytes = 1 << 20;
         cfg.max_record_bytes = 256 << 10;
+        // No refill thread of the store's own writes spares meanwhile.
+        cfg.prepared_segments = 0;
         edit(&mut cfg);
         let store = crate::Store::open(cfg).unwrap();
         let inner = Inner {
@@ -596,11 +560,10 @@ mod tests {
         syncs: Vec<usize>,
     }
 
-    fn zero_into(inner: &Inner, background: bool, rate: u64, total: u64) -> (bool, Zeroed) {
+    fn zero_into(inner: &Inner, rate: u64, total: u64) -> (bool, Zeroed) {
         let log = Mutex::new(Zeroed::default());
         let done = inner
             .zero(
-                background,
                 rate,
                 total,
                 |at, len| {
@@ -618,11 +581,11 @@ mod tests {
         (done, log.into_inner().unwrap())
     }
 
-    /// Zeros go out in 1 MiB steps that cover the file exactly; only the
-    /// refill (background) syncs, once every `SYNC_EVERY`, never before
-    /// the first byte and never after the last (the caller syncs then).
+    /// Zeros go out in 1 MiB steps that cover the file exactly, synced
+    /// once every `SYNC_EVERY`, never before the first byte and never
+    /// after the last (the caller syncs then).
     #[test]
-    fn zeros_cover_the_file_in_steps_and_only_the_refill_syncs_on_the_way() {
+    fn zeros_cover_the_file_in_steps_synced_on_the_way() {
         let dir = tempfile::tempdir().unwrap();
         let (_store, inner) = bare_pool(dir.path(), |_| {});
         let total = 2 * SYNC_EVERY + 3 * (1 << 20) + 4096;
@@ -630,21 +593,14 @@ mod tests {
             .map(|i| (i << 20, (total - (i << 20)).min(1 << 20)))
             .collect();
         assert_eq!(steps.last(), Some(&(total - 4096, 4096)));
-        for background in [false, true] {
-            let (done, z) = zero_into(&inner, background, 0, total);
-            assert!(done);
-            assert_eq!(z.writes, steps, "background {background}");
-            let per_sync = (SYNC_EVERY >> 20) as usize;
-            let syncs = if background {
-                vec![per_sync, 2 * per_sync]
-            } else {
-                vec![]
-            };
-            assert_eq!(z.syncs, syncs, "background {background}");
-        }
+        let (done, z) = zero_into(&inner, 0, total);
+        assert!(done);
+        assert_eq!(z.writes, steps);
+        let per_sync = (SYNC_EVERY >> 20) as usize;
+        assert_eq!(z.syncs, vec![per_sync, 2 * per_sync]);
         // A stopped pool writes nothing and says so.
         inner.lock().stop = true;
-        let (done, z) = zero_into(&inner, true, 0, total);
+        let (done, z) = zero_into(&inner, 0, total);
         assert!(!done);
         assert!(z.writes.is_empty() && z.syncs.is_empty());
     }
@@ -657,7 +613,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (_store, inner) = bare_pool(dir.path(), |_| {});
         let t0 = Instant::now();
-        let (done, z) = zero_into(&inner, true, 16 << 20, 4 << 20);
+        let (done, z) = zero_into(&inner, 16 << 20, 4 << 20);
         assert!(done);
         assert_eq!(z.writes.len(), 4);
         assert!(
@@ -677,7 +633,6 @@ mod tests {
         let mut times = Vec::new();
         let done = inner
             .zero(
-                true,
                 0,
                 SYNC_EVERY + (1 << 20),
                 |at, _| {
@@ -706,10 +661,10 @@ mod tests {
     #[test]
     fn a_refilled_spare_keeps_to_the_configured_rate_and_is_complete() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, inner) = bare_pool(dir.path(), |cfg| cfg.prepare_mib_s = 4);
+        let (store, inner) = bare_pool(dir.path(), |cfg| cfg.tuning.prepare_mib_s = 4);
         let zone0 = store.shared.config.zones[0].clone();
         let t0 = Instant::now();
-        assert!(inner.make(0, 5, true).unwrap());
+        assert!(inner.make(0, 5).unwrap());
         // 1 MiB at 4 MiB/s.
         assert!(
             t0.elapsed() >= Duration::from_millis(250),
@@ -731,7 +686,7 @@ mod tests {
             .len();
         assert_eq!(len, 1 << 20);
         inner.lock().stop = true;
-        assert!(!inner.make(0, 6, true).unwrap());
+        assert!(!inner.make(0, 6).unwrap());
         assert_eq!(names(&zone0), [spare_name(5, false)]);
     }
 

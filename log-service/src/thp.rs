@@ -1,12 +1,13 @@
-//! Transparent huge pages off for the service's process
-//! ([`crate::config::Config::disable_transparent_huge_pages`]).
+//! Transparent huge pages off for the service's process, when asked
+//! ([`crate::config::Tuning::disable_transparent_huge_pages`]; off by
+//! default, since it is a process-wide setting).
 //!
 //! With THP, the first touch of a 2 MiB region faults in (and zeroes) a
 //! whole huge page at once. The index grows by about 5 MB a second at
-//! 150K appends/s, so the writer met such a fault two or three times a
-//! second, each holding it (and every append in its batch) for 4–5 ms on
-//! the machine of docs/benchmarks-log-history.md; with 4 KiB pages the same
-//! memory arrives in faults of a few microseconds each. Databases that care
+//! 150K appends/s, so the writer meets such a fault two or three times a
+//! second, each holding it (and every append in its batch) for
+//! milliseconds (docs/benchmarks.md); with 4 KiB pages the same memory
+//! arrives in faults of a few microseconds each. Databases that care
 //! about tail latency commonly turn THP off for the same reason.
 
 /// Turns THP off for the whole process (`prctl(PR_SET_THP_DISABLE)`; it

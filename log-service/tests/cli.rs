@@ -132,16 +132,31 @@ fn check_exits_2_on_a_config_it_cannot_read() {
     assert!(err.starts_with("error:"), "{err}");
 }
 
-/// A configuration that parses but that the open refuses (here a
-/// `writer_cpu` this process may not run on) is a bad configuration too:
-/// exit 2, with the reason, for `check` and for `serve`.
+/// A configuration with a key the service no longer has (or has moved
+/// into `[tuning]`) is a bad configuration: exit 2, with the key and what
+/// to do, for `check` and for `serve`.
 #[test]
-fn a_config_the_open_refuses_exits_2_with_the_reason() {
+fn a_config_with_a_removed_or_moved_key_exits_2_with_what_to_do() {
+    for (key, says) in [
+        (
+            "writer_cpu = 1",
+            "`writer_cpu` is no longer an option: delete it",
+        ),
+        (
+            "strict_end_writes = true",
+            "`strict_end_writes` moved to the [tuning] table",
+        ),
+    ] {
+        refused_with(key, says);
+    }
+}
+
+fn refused_with(key: &str, says: &str) {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path());
-    let mut text = std::fs::read_to_string(&config).unwrap();
-    text.push_str("writer_cpu = 100000\n");
-    std::fs::write(&config, text).unwrap();
+    let text = std::fs::read_to_string(&config).unwrap();
+    // Top-level keys go before the first table.
+    std::fs::write(&config, format!("{key}\n{text}")).unwrap();
     for sub in ["check", "serve"] {
         let out = Command::new(env!("CARGO_BIN_EXE_melddb-log"))
             .args([sub, "--config"])
@@ -150,7 +165,7 @@ fn a_config_the_open_refuses_exits_2_with_the_reason() {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{sub}: {err}");
-        assert!(err.contains("writer_cpu 100000"), "{sub}: {err}");
+        assert!(err.contains(says), "{sub}: {err}");
     }
 }
 

@@ -38,7 +38,7 @@ fn every_number_at_its_extremes_is_refused_or_works() {
     base.max_record_bytes = 64 << 10;
     base.listen.tcp = "127.0.0.1:0".into();
     base.listen.http = "127.0.0.1:0".into();
-    base.disable_transparent_huge_pages = false;
+    base.tuning.disable_transparent_huge_pages = false;
     let base = serde_json::to_value(&base).unwrap();
     let mut fields = Vec::new();
     numbers(&base, String::new(), &mut fields);

@@ -109,10 +109,8 @@ fn kill_cycles(on_devices: bool) {
         String::new()
     };
     let config = dir.path().join("log.toml");
-    // Odd cycles run with zero-filled segments (same on-disk format), so
-    // torn writes are exercised inside zero-filled space too; cycles 2 and
-    // 3 of every 4 keep spare segments, so kills land in spares' refills
-    // and in data segments renamed from them.
+    // Cycles 2 and 3 of every 4 keep spare segments, so kills land in
+    // spares' refills and in data segments renamed from them.
     // Every cycle but the second of each four writes the whole blocks of
     // any data write directly, held back for its round, so kills land
     // between held-back writes and the writes queued behind them.
@@ -121,16 +119,12 @@ fn kill_cycles(on_devices: bool) {
     // acknowledged append, nothing unsent, no position reused.
     let write_config = |cycle: usize| {
         let fsync = cycle % 5 != 4;
-        let fill = cycle % 2 == 1;
         let spares = if cycle % 4 >= 2 { 2 } else { 0 };
         let direct = cycle % 4 != 1;
-        // Every third cycle writes every block directly where the space is
-        // known zeros, through the `io_uring` round thread.
-        let every = cycle % 3 == 2;
         std::fs::write(
             &config,
             format!(
-                "zones = {zones:?}\n{devices}fsync = {fsync}\npage_bytes = 16384\nsegment_bytes = 1048576\nmax_record_bytes = 262144\nzero_fill_ahead = {fill}\nprepared_segments = {spares}\ndirect_writes = {direct}\ndirect_write_min_bytes = 4096\ndirect_every_block = {every}\n[listen]\ntcp = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\n"
+                "zones = {zones:?}\n{devices}fsync = {fsync}\npage_bytes = 16384\nsegment_bytes = 1048576\nmax_record_bytes = 262144\nprepared_segments = {spares}\n[tuning]\ndirect_writes = {direct}\ndirect_write_min_bytes = 4096\n[listen]\ntcp = \"127.0.0.1:0\"\nhttp = \"127.0.0.1:0\"\n"
             ),
         )
         .unwrap();

@@ -1,6 +1,7 @@
-//! `disable_transparent_huge_pages`: the store's open turns transparent
-//! huge pages off for the whole process by default, leaves them alone when
-//! told to, and `thp_disabled` in the stats reports the process's state.
+//! `tuning.disable_transparent_huge_pages`: the store's open leaves
+//! transparent huge pages alone by default (a process-wide setting is the
+//! embedding program's), turns them off for the whole process when told
+//! to, and `thp_disabled` in the stats reports the process's state.
 //! One test in its own binary: the switch is per process, so no other
 //! test's store may flip it meanwhile.
 
@@ -16,7 +17,8 @@ fn config(dir: &Path, disable: bool) -> Config {
     c.page_bytes = 4096;
     c.segment_bytes = 64 << 10;
     c.max_record_bytes = 256 << 10;
-    c.disable_transparent_huge_pages = disable;
+    c.prepared_segments = 0;
+    c.tuning.disable_transparent_huge_pages = disable;
     c
 }
 
@@ -36,22 +38,27 @@ fn thp_enabled_for_process() -> bool {
 }
 
 #[test]
-fn the_open_turns_transparent_huge_pages_off_unless_told_not_to() {
+fn the_open_turns_transparent_huge_pages_off_only_when_told_to() {
     // A known start, whatever the parent process passed down.
     rustix::thread::disable_transparent_huge_pages(false).unwrap();
     assert!(thp_enabled_for_process());
     let dir = tempfile::tempdir().unwrap();
 
-    // Told not to: the process keeps THP, and the stats say so.
-    let store = Store::open(config(dir.path(), false)).unwrap();
+    // By default the process keeps THP, and the stats say so.
+    let mut default = Config::with_zones(config(dir.path(), false).zones);
+    default.page_bytes = 4096;
+    default.segment_bytes = 64 << 10;
+    default.max_record_bytes = 256 << 10;
+    default.prepared_segments = 0;
+    assert!(!default.tuning.disable_transparent_huge_pages);
+    let store = Store::open(default).unwrap();
     assert_eq!(store.append_blocking("a", 0, 0, b"x".to_vec()).unwrap(), 0);
     assert!(thp_enabled_for_process());
     assert!(!store.stats().thp_disabled);
     store.shutdown();
 
-    // The default turns it off before recovery; appends and reads work as
-    // before, and the stats agree with the kernel.
-    assert!(Config::with_zones(vec![dir.path().into()]).disable_transparent_huge_pages);
+    // Told to, the open turns it off before recovery; appends and reads
+    // work as before, and the stats agree with the kernel.
     let store = Store::open(config(dir.path(), true)).unwrap();
     assert!(!thp_enabled_for_process());
     assert!(store.stats().thp_disabled);

@@ -30,7 +30,7 @@ pub fn config(dir: &Path) -> Config {
     c.max_record_bytes = 256 << 10;
     // Durability is not what is fuzzed, and each input opens a store.
     c.fsync = false;
-    c.disable_transparent_huge_pages = false;
+    c.tuning.disable_transparent_huge_pages = false;
     // The default window (1M request ids) is allocated at every open,
     // which made each input cost half a second under the sanitizer.
     c.dedup_window = 1024;

@@ -131,7 +131,7 @@ pub(super) async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
         c.inc_by(v);
         reg.register(name, help, c);
     }
-    let gauges: [(&str, &str, u64); 8] = [
+    let gauges: [(&str, &str, u64); 5] = [
         (
             "connections_open",
             "Open connections",
@@ -139,21 +139,6 @@ pub(super) async fn metrics(State(ctx): State<Arc<Ctx>>) -> HttpResponse {
         ),
         ("segments", "Segment files", s.segments),
         ("http_requests", "HTTP API requests", g(&m.http_requests)),
-        (
-            "realtime_threads",
-            "Writer and fsync helper threads running at realtime_priority",
-            s.realtime_threads,
-        ),
-        (
-            "pinned_threads",
-            "Threads placed on or off the writer's CPU by writer_cpu",
-            s.pinned_threads,
-        ),
-        (
-            "short_slice_threads",
-            "Writer and fsync helper threads running with the time slice slice_us",
-            s.short_slice_threads,
-        ),
         (
             "durable",
             "1 if appends are synced to the disk before they are acknowledged (fsync = true)",

@@ -1,12 +1,13 @@
-//! What the storage tests share (`tests/store.rs`, `tests/devices.rs`,
-//! and the scheduling tests):
-//! a small configuration, random records, a model of every log the
-//! store must agree with, concurrent bursts of appends, and a small
-//! file system that fills up; and whether this process may take
-//! SCHED_FIFO.
+//! What the storage tests share (`tests/store_*.rs`, `tests/devices.rs`
+//! and the others): a small configuration, random records, a model of
+//! every log the store must agree with, concurrent bursts of appends, a
+//! small file system that fills up, spares written ahead of an open; and,
+//! in [`store`], helpers for segment files and their pages.
 
 // Each test crate uses part of this module.
 #![allow(dead_code)]
+
+pub mod store;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,13 +18,16 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 /// Three zones under `dir`, 4 KiB pages and 64 KiB segments, so a few
-/// hundred appends slide the windows many times.
+/// hundred appends slide the windows many times. No spare segments: the
+/// tests that want them ask for a count, and the others count files and
+/// writes that a refill running beside them would change.
 pub fn small_config(dir: &Path) -> Config {
     let zones: Vec<PathBuf> = (0..3).map(|z| dir.join(format!("zone{z}"))).collect();
     let mut c = Config::with_zones(zones);
     c.page_bytes = 4096;
     c.segment_bytes = 64 << 10;
     c.max_record_bytes = 256 << 10;
+    c.prepared_segments = 0;
     c
 }
 
@@ -223,21 +227,31 @@ pub fn free_bytes(dir: &Path) -> u64 {
     st.f_bavail * st.f_frsize
 }
 
-/// Whether a thread of this process may switch itself to SCHED_FIFO at
-/// `priority` (tried on a thread of its own, which then ends): where it
-/// may, a store asked for real-time threads must have them.
-#[cfg(target_os = "linux")]
-pub fn fifo_allowed(priority: i32) -> bool {
-    std::thread::spawn(move || {
-        let param = libc::sched_param {
-            sched_priority: priority,
-        };
-        // SAFETY: `param` is a valid sched_param for the call's duration;
-        // pid 0 is the calling thread.
-        unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
-    })
-    .join()
-    .unwrap()
+/// Writes `cfg.prepared_segments` spare files per zone (segment-sized,
+/// zeros) before a store's first open, as the refill would have written
+/// them: the open adopts spares on disk, so the first window's segments
+/// are made from them. The refill itself writes only after the open.
+pub fn spares_on_disk(cfg: &Config) {
+    for z in &cfg.zones {
+        std::fs::create_dir_all(z).unwrap();
+        for n in 0..u64::from(cfg.prepared_segments) {
+            let spare = z.join(format!("spare-{n:016}.dat"));
+            std::fs::write(spare, vec![0u8; cfg.segment_bytes as usize]).unwrap();
+        }
+    }
+}
+
+/// Waits (up to 30 s) until the store's stats satisfy `ready`.
+pub fn wait_for_stats(store: &Store, what: &str, ready: impl Fn(&melddb_log::Stats) -> bool) {
+    let t = std::time::Instant::now();
+    while !ready(&store.stats()) {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "{what}: not after 30 s: {:?}",
+            store.stats()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 pub mod net;

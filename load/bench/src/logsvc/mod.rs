@@ -125,6 +125,9 @@ fn config(dir: &Path, data_shards: usize) -> Config {
     c.page_bytes = 256 << 10;
     c.segment_bytes = 256 << 20;
     c.max_segments = 100_000;
+    // No spares unless a run asks for them (`SparesOpt`): a background
+    // refill would otherwise write between and under the measured points.
+    c.prepared_segments = 0;
     c.limits.max_connections = 4096;
     c.limits.max_in_flight = 1024;
     c.limits.append_queue = 65536;

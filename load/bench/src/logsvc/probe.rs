@@ -89,9 +89,9 @@ pub fn probe(
     let dir = tmp.path().join("svc");
     rt.block_on(async {
         let mut cfg = spares.config(&dir, settings.data_shards);
-        cfg.flush_once_per_device = !settings.fsync_each_file;
+        cfg.tuning.flush_once_per_device = !settings.fsync_each_file;
         cfg.fsync = !settings.no_fsync;
-        cfg.direct_writes = settings.direct;
+        cfg.tuning.direct_writes = settings.direct;
         let (store, running, _) = start_prepared(cfg, spares).await?;
         let addr = running.tcp.to_string();
         if settings.warmup_secs > 0.0 {

@@ -78,22 +78,22 @@ impl SparesOpt {
     pub(super) fn config(&self, dir: &Path, data_shards: usize) -> Config {
         let mut c = config(dir, data_shards);
         c.prepared_segments = self.per_zone;
-        c.prepare_mib_s = self.mib_s;
+        c.tuning.prepare_mib_s = self.mib_s;
         c
     }
 }
 
 /// Starts a service on `cfg` (made by `spares.config`), waiting for the
 /// refill if asked (progress to stderr); returns it and the seconds from
-/// the open to the spares being ready (the open writes them, the first
-/// window takes some, the refill replaces those).
+/// the open to the spares being ready (the background refill writes those
+/// not on disk yet once the log is quiet).
 pub(super) async fn start_prepared(
     cfg: Config,
     spares: SparesOpt,
 ) -> Result<(Arc<Store>, Running, f64), String> {
     if spares.per_zone > 0 {
         eprintln!(
-            "opening with {} spare segments of {} MiB (the open writes those not on disk yet) ...",
+            "opening with {} spare segments of {} MiB (written in the background once the log is quiet) ...",
             spares.per_zone as usize * cfg.zones.len(),
             cfg.segment_bytes >> 20
         );

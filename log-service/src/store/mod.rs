@@ -13,7 +13,6 @@ use std::time::Instant;
 use bytes::Bytes;
 use lru::LruCache;
 use melddb::Entry;
-use serde::Serialize;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::chunked::Chunked;
@@ -26,6 +25,15 @@ use crate::segment::{Faults, SegFile};
 use crate::stripe::{self, RootEntry, StripeRef};
 pub use crate::writer::SegmentInfo;
 use crate::writer::{AppendReq, Cmd};
+
+mod read;
+mod reports;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use read::{parse_payload, read_page, read_stripe, valid_pages};
+use read::{read_range, read_stripe_without};
+pub use reports::{RecoveryReport, Stats};
 
 /// Where one record is: its root stripe and index in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,9 +113,6 @@ pub(crate) struct Counters {
     pub segments_prepared: AtomicU64,
     pub spares_ready: AtomicU64,
     pub spares_failed: AtomicU64,
-    pub realtime_threads: AtomicU64,
-    pub pinned_threads: AtomicU64,
-    pub short_slice_threads: AtomicU64,
 }
 
 /// State shared by the writer and readers.
@@ -133,9 +138,6 @@ pub(crate) struct Shared {
     /// back it could not finish (until one succeeds) or not undo (until a
     /// restart). `/health` reports it.
     pub refusing: Mutex<Option<String>>,
-    /// The writer's CPU and the others (`writer_cpu`), checked at the
-    /// open.
-    pub pinning: Option<crate::sched::Pinning>,
 }
 
 /// The locks of [`Shared`], taken past poisoning ([`crate::locks`]).
@@ -165,127 +167,6 @@ impl Shared {
     }
 }
 
-/// How a store opened: what recovery found.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct RecoveryReport {
-    /// Segment files found.
-    pub segments: usize,
-    /// Bytes of data in them (pages, not the zero-filled space after).
-    pub bytes: u64,
-    /// Bytes recovery read from them: page headers, end-write and marker
-    /// pages, each segment's last page, and the zero-filled tails of
-    /// segments still open for writing. Page bodies are not read, so this
-    /// grows with the number of pages and the window, not the log's size.
-    pub bytes_read: u64,
-    /// End-write records read (all copies).
-    pub end_writes: u64,
-    /// Complete stripes indexed.
-    pub stripes: u64,
-    /// Records indexed.
-    pub records: u64,
-    /// Torn tails cut off (bytes).
-    pub torn_bytes: u64,
-    /// Pages whose CRC failed during the scan (other copies or parity used).
-    pub corrupt_pages: u64,
-    /// Stripes dropped because an earlier stripe of their batch never
-    /// completed (none of them had been acknowledged).
-    pub dropped_stripes: u64,
-    /// Segment files rebuilt from parity and the other end-write copies.
-    pub repaired_segments: Vec<u64>,
-    /// Wall time in milliseconds.
-    pub millis: u64,
-}
-
-/// Counters at one moment.
-#[derive(Debug, Clone, Serialize)]
-pub struct Stats {
-    /// Acknowledged appends since open.
-    pub appends: u64,
-    /// Their bytes.
-    pub append_bytes: u64,
-    /// Writer batches.
-    pub batches: u64,
-    /// Stripes written.
-    pub stripes: u64,
-    /// Bytes written to segments (pages, parity, end-writes).
-    pub bytes_written: u64,
-    /// fsync calls (`fdatasync` of segment files, the round-ending
-    /// flushes included).
-    pub fsyncs: u64,
-    /// Segment files a round wrote back without an fsync of their own,
-    /// made durable by the round's device flush instead
-    /// (`flush_once_per_device`).
-    pub write_backs: u64,
-    /// Device cache flushes that ended rounds with write-back files (one
-    /// per device per such round; also counted in `fsyncs`).
-    pub flushes: u64,
-    /// fsync rounds the writer ran itself instead of the helpers (rounds
-    /// of batches within `writer_round_max_bytes`).
-    pub rounds_on_writer: u64,
-    /// Bytes of `bytes_written` written with `O_DIRECT` by the fsync
-    /// helpers (`direct_writes`), not copied into the page cache.
-    pub direct_write_bytes: u64,
-    /// Microseconds the writer spent building and writing batches (stripes,
-    /// parity, pages, end-writes), without the fsyncs: the total of the
-    /// write stage.
-    pub write_us: u64,
-    /// Microseconds the writer was blocked on fsync rounds: the total of
-    /// the round-wait stage.
-    pub sync_us: u64,
-    /// Record reads.
-    pub reads: u64,
-    /// Reads answered from whole stripes (page checksums, parity) rather
-    /// than from the record's bytes alone: every read of a record that
-    /// spans several stripes, and any read whose record bytes failed the
-    /// record's checksum. Growing on records that fit one stripe means
-    /// damaged pages: run a scrub.
-    pub reads_whole_stripe: u64,
-    /// Pages rebuilt from parity on read.
-    pub pages_rebuilt: u64,
-    /// Segment files rebuilt.
-    pub segments_repaired: u64,
-    /// Batches whose writes failed (not acknowledged).
-    pub write_failures: u64,
-    /// Segment files freed by trim.
-    pub segments_freed: u64,
-    /// Spare segment files written (`prepared_segments`) since open.
-    pub segments_prepared: u64,
-    /// Spare segment files ready now, all zones together.
-    pub spares_ready: u64,
-    /// Spares whose writing failed since open (a full disk, most likely,
-    /// or one under the spares' free-space rule); the refill tries again
-    /// every 10 s. A count that keeps growing means the pool will not
-    /// fill: free space, or lower `prepared_segments`.
-    pub spares_failed: u64,
-    /// Threads running with `realtime_priority` (the writer and the fsync
-    /// helpers; 0 when it is off or the system refused it).
-    pub realtime_threads: u64,
-    /// Threads placed by `writer_cpu`: the writer on its CPU, the fsync
-    /// helpers and the background threads off it (0 when it is unset).
-    pub pinned_threads: u64,
-    /// Threads the kernel reports running with `slice_us` (the writer and
-    /// the fsync helpers; 0 when it is off, the threads are real-time or
-    /// the kernel has no custom slices).
-    pub short_slice_threads: u64,
-    /// Whether acknowledged appends were synced to the disk first
-    /// (`fsync`); `false` means they survive a crash of the process, not
-    /// of the machine.
-    pub durable: bool,
-    /// Whether transparent huge pages are off for this process
-    /// (`disable_transparent_huge_pages`, or whoever started it).
-    pub thp_disabled: bool,
-    /// The I/O scheduler of each block device under the zones and
-    /// devices, read at open (empty where the OS does not show one).
-    pub io_schedulers: Vec<crate::blockdev::DeviceScheduler>,
-    /// Segment files now.
-    pub segments: u64,
-    /// Where appends spent their time since open (see
-    /// [`crate::latency::Stages`]).
-    pub stages: crate::latency::StagesSummary,
-    /// The logs: name, first, tail.
-    pub logs: Vec<(String, u64, u64)>,
-}
-
 /// Validates a log name.
 pub fn check_log_name(name: &str) -> Result<(), StoreError> {
     let ok = !name.is_empty()
@@ -312,15 +193,13 @@ pub struct Store {
 impl Store {
     /// Opens (creating or recovering) the store.
     pub fn open(config: Config) -> Result<Store, OpenError> {
-        Store::open_with_faults(config, Arc::new(Faults::inert()))
+        Store::open_with_faults(config, Arc::new(Faults::none()))
     }
 
     /// Opens with a fault injector in the write path (tests).
     pub fn open_with_faults(config: Config, faults: Arc<Faults>) -> Result<Store, OpenError> {
         config.validate()?;
-        let pinning = crate::sched::Pinning::from_config(&config)
-            .map_err(|e| OpenError::Config(crate::error::ConfigError::Invalid(e)))?;
-        if config.disable_transparent_huge_pages {
+        if config.tuning.disable_transparent_huge_pages {
             // Before recovery builds the index, so that it too is in
             // ordinary pages.
             crate::thp::disable();
@@ -350,27 +229,16 @@ impl Store {
             counters: Counters::default(),
             stages: Default::default(),
             stopping: Default::default(),
-            pinning,
         });
         let (tx, rx) = mpsc::channel(config.limits.append_queue);
         let (writer, report) = crate::recovery::recover(shared.clone(), rx, tx.downgrade())?;
-        let writer_shared = shared.clone();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
         let handle = std::thread::Builder::new()
             .name("melddb-log-writer".into())
-            .spawn(move || {
-                crate::sched::settle(&writer_shared, "writer", crate::sched::Role::Writer);
-                drop(writer_shared);
-                let _ = ready_tx.send(());
-                writer.run()
-            })
+            .spawn(move || writer.run())
             .map_err(|e| OpenError::Io {
                 path: config.zones[0].clone(),
                 source: e,
             })?;
-        // The writer's scheduling is settled (and counted) before the open
-        // returns; an error only means the thread is gone already.
-        let _ = ready_rx.recv();
         // Read once: the queue a latency figure was measured on belongs in
         // the log and the stats, and sysfs need not be read per request.
         let io_schedulers = crate::blockdev::schedulers(
@@ -645,8 +513,7 @@ impl Store {
     /// rebuilt without one of its pages in turn, until the record matches
     /// its checksum; that page's segment is then repaired and the stripe's
     /// cached copy replaced. With no such page the record is reported
-    /// unreadable, never returned different. (Found by the `log_recover`
-    /// fuzz target: this path used to return whatever the pages said.)
+    /// unreadable, never returned different.
     fn record_past_a_lying_page(
         &self,
         root: &StripeRef,
@@ -859,9 +726,6 @@ impl Store {
             segments_prepared: g(&c.segments_prepared),
             spares_ready: g(&c.spares_ready),
             spares_failed: g(&c.spares_failed),
-            realtime_threads: g(&c.realtime_threads),
-            pinned_threads: g(&c.pinned_threads),
-            short_slice_threads: g(&c.short_slice_threads),
             durable: self.shared.config.fsync,
             thp_disabled: crate::thp::disabled(),
             io_schedulers: self.io_schedulers.clone(),
@@ -898,272 +762,5 @@ impl Store {
 impl Drop for Store {
     fn drop(&mut self) {
         self.shutdown();
-    }
-}
-
-/// Reads `len` payload bytes at `offset` straight from the data pages
-/// (no page CRC: the caller checks the record's own CRC).
-fn read_range(shared: &Shared, r: &StripeRef, offset: u32, len: u32) -> Option<Vec<u8>> {
-    let shard_len = r.shard_len as u64;
-    let (start, end) = (offset as u64, offset as u64 + len as u64);
-    if end > r.payload_len as u64 || shard_len == 0 {
-        return None;
-    }
-    let mut out = vec![0u8; len as usize];
-    let files = shared.files();
-    let mut at = start;
-    while at < end {
-        let i = (at / shard_len) as usize;
-        let within = at % shard_len;
-        let n = (shard_len - within).min(end - at);
-        let (seg, poff) = *r.pages.get(i)?;
-        let file = files.get(&seg)?;
-        let dst = &mut out[(at - start) as usize..(at - start + n) as usize];
-        file.read_exact_at(dst, poff + page::HEADER as u64 + within)
-            .ok()?;
-        at += n;
-    }
-    Some(out)
-}
-
-/// A stripe's payload as what it carries: a root stripe's entries, or a
-/// fragment's bytes.
-pub(crate) fn parse_payload(r: &StripeRef, payload: Vec<u8>) -> Result<Parsed, StoreError> {
-    Ok(match r.kind {
-        Kind::Ordered => {
-            Parsed::Root(
-                stripe::decode_root(&payload).map_err(|e| StoreError::Unrecoverable {
-                    stripe: r.seq,
-                    why: e.to_string(),
-                })?,
-            )
-        }
-        _ => Parsed::Fragment(payload),
-    })
-}
-
-/// A stripe's payload rebuilt from all its pages but page `skip`, which
-/// is treated as lost (parity stands in for it).
-fn read_stripe_without(shared: &Shared, r: &StripeRef, skip: usize) -> Result<Vec<u8>, String> {
-    let (k, m) = (r.k as usize, r.m as usize);
-    let shards: Vec<Option<Vec<u8>>> = (0..r.pages.len())
-        .map(|i| (i != skip).then(|| read_page(shared, r, i)).flatten())
-        .collect();
-    stripe::payload(shards, k, m, r.payload_len as usize)
-}
-
-/// How many of a stripe's pages read back intact.
-pub(crate) fn valid_pages(shared: &Shared, r: &StripeRef) -> usize {
-    (0..r.pages.len())
-        .filter(|&i| read_page(shared, r, i).is_some())
-        .count()
-}
-
-/// Reads one page and checks it belongs to stripe `r` as shard `i`.
-pub(crate) fn read_page(shared: &Shared, r: &StripeRef, i: usize) -> Option<Vec<u8>> {
-    let (seg, off) = r.pages[i];
-    let file = shared.files().get(&seg).cloned()?;
-    let mut buf = vec![0u8; page::HEADER + r.shard_len as usize];
-    file.read_exact_at(&mut buf, off).ok()?;
-    let (h, body) = page::decode(&buf).ok()?;
-    let ok = h.kind == r.kind
-        && h.stripe == r.seq
-        && h.shard as usize == i
-        && h.k == r.k
-        && h.m == r.m
-        && h.payload_len == r.payload_len
-        && body.len() == r.shard_len as usize;
-    ok.then(|| body.to_vec())
-}
-
-/// Reads a stripe: the data pages, and parity only if a data page is bad.
-/// Returns the payload and the segments that held bad or missing pages.
-/// (A scrub reads every page itself: [`crate::scrub`].)
-pub(crate) fn read_stripe(
-    shared: &Shared,
-    r: &StripeRef,
-) -> Result<(Vec<u8>, Vec<u64>), StoreError> {
-    let (k, m) = (r.k as usize, r.m as usize);
-    let mut shards: Vec<Option<Vec<u8>>> = vec![None; k + m];
-    let mut bad = Vec::new();
-    let mut missing_data = false;
-    for (i, slot) in shards.iter_mut().enumerate() {
-        let wanted = i < k || missing_data;
-        if !wanted {
-            continue;
-        }
-        match read_page(shared, r, i) {
-            Some(s) => *slot = Some(s),
-            None => {
-                bad.push(r.pages[i].0);
-                // From here on every page is wanted. A parity page is only
-                // read once this is already set; no parity page comes
-                // before the data pages end, so none was skipped.
-                missing_data = true;
-            }
-        }
-    }
-    if !bad.is_empty() {
-        shared
-            .counters
-            .pages_rebuilt
-            .fetch_add(bad.len() as u64, Ordering::Relaxed);
-    }
-    let payload = stripe::payload(shards, k, m, r.payload_len as usize)
-        .map_err(|why| StoreError::Unrecoverable { stripe: r.seq, why })?;
-    Ok((payload, bad))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::path::{Path, PathBuf};
-
-    /// Three zones under `dir`, 4 KiB pages, segments of `segment_bytes`.
-    fn small_config(dir: &Path, segment_bytes: u64) -> Config {
-        let zones: Vec<PathBuf> = (0..3).map(|z| dir.join(format!("zone{z}"))).collect();
-        let mut cfg = Config::with_zones(zones);
-        cfg.page_bytes = 4096;
-        cfg.segment_bytes = segment_bytes;
-        cfg.max_record_bytes = 256 << 10;
-        cfg
-    }
-
-    /// A panic while a lock is held (a bug elsewhere) poisons it; readers
-    /// go on with the data as it was rather than panicking in their turn
-    /// on every request, as the writer already does.
-    #[test]
-    fn readers_carry_on_past_poisoned_locks() {
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = small_config(dir.path(), 64 << 10);
-        let store = Arc::new(Store::open(cfg).unwrap());
-        assert_eq!(store.append_blocking("a", 0, 0, b"x".to_vec()).unwrap(), 0);
-        let s = store.clone();
-        let poisoned = std::thread::spawn(move || {
-            // Only a writer's panic poisons an RwLock.
-            let _index = s.shared.index.write().unwrap();
-            let _files = s.shared.files.write().unwrap();
-            let _cache = s.shared.cache.lock().unwrap();
-            let _subs = s.shared.subs.lock().unwrap();
-            panic!("poisoning the store's locks on purpose");
-        })
-        .join();
-        assert!(poisoned.is_err());
-        assert!(store.shared.index.is_poisoned() && store.shared.files.is_poisoned());
-        assert!(store.shared.cache.is_poisoned() && store.shared.subs.is_poisoned());
-        assert_eq!(store.bounds("a"), (0, 1));
-        assert_eq!(&store.read("a", 0).unwrap()[..], b"x");
-        assert_eq!(store.stats().segments, 9);
-        assert_eq!(store.append_blocking("a", 0, 0, b"y".to_vec()).unwrap(), 1);
-        assert_eq!(&store.read("a", 1).unwrap()[..], b"y");
-    }
-
-    /// Every buffered write of pages and end-writes into segments made
-    /// from spares ends on a file block boundary (padded with the zeros
-    /// already there), so none makes the file system read a block first
-    /// (`segment::Faults::write_padded_at`); and the records read back.
-    #[test]
-    fn writes_into_spare_segments_end_on_block_boundaries() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut cfg = small_config(dir.path(), 1 << 20);
-        cfg.prepared_segments = 4;
-        let faults = Arc::new(Faults::none());
-        let store = Store::open_with_faults(cfg, faults.clone()).unwrap();
-        // Odd sizes, so that almost no write ends on a boundary by itself.
-        let records: Vec<Vec<u8>> = (0..40u8)
-            .map(|i| vec![i; 1 + 97 * usize::from(i)])
-            .collect();
-        for (pos, r) in records.iter().enumerate() {
-            assert_eq!(
-                store.append_blocking("a", 0, 0, r.clone()).unwrap(),
-                pos as u64
-            );
-        }
-        let writes = crate::locks::lock(&faults.writes).clone();
-        // Pages and three end-write copies for every append.
-        assert!(writes.len() >= 4 * records.len(), "{} writes", writes.len());
-        for &(ino, start, end) in &writes {
-            assert_eq!(
-                end % crate::segment::PAD_MAX as u64,
-                0,
-                "inode {ino}: a write of {start}..{end} ends inside a block"
-            );
-        }
-        for (pos, r) in records.iter().enumerate() {
-            assert_eq!(&store.read("a", pos as u64).unwrap()[..], &r[..]);
-        }
-    }
-
-    /// With pages written directly in the round, a batch's end-writes are
-    /// held back too and start only once every page file of the round is
-    /// written and synced: an end-write in the page cache before its pages
-    /// were even issued is what a kill -9 could keep, and recovery would
-    /// take the pages for damage. Page syncs are slowed, so an end-write
-    /// started alongside the pages would show first in the trace.
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn end_writes_behind_direct_pages_start_after_the_pages_are_synced() {
-        use std::os::unix::fs::MetadataExt;
-        let dir = tempfile::tempdir().unwrap();
-        let mut cfg = small_config(dir.path(), 1 << 20);
-        cfg.direct_writes = true;
-        cfg.direct_write_min_bytes = 4096;
-        let faults = Arc::new(Faults::none());
-        let store = Store::open_with_faults(cfg.clone(), faults.clone()).unwrap();
-        // Which segment files hold end-writes and which pages, by inode.
-        let class_of: BTreeMap<u64, u8> = store
-            .segments_blocking()
-            .iter()
-            .map(|s| (s.id, s.class))
-            .collect();
-        let mut kind_of_inode = BTreeMap::new();
-        for (&id, &class) in &class_of {
-            let zone = &cfg.zones[crate::segment::zone(&cfg.zones, id)];
-            let Ok(meta) = std::fs::metadata(zone.join(crate::segment::file_name(id))) else {
-                continue;
-            };
-            kind_of_inode.insert(meta.ino(), class == crate::page::class::END_WRITE);
-        }
-        faults.slow_syncs(std::time::Duration::from_millis(30));
-        crate::locks::lock(&faults.trace).clear();
-        let record = vec![7u8; 40 << 10];
-        assert_eq!(store.append_blocking("a", 0, 0, record.clone()).unwrap(), 0);
-        faults.slow_syncs(std::time::Duration::ZERO);
-        if store.stats().direct_write_bytes == 0 {
-            eprintln!("no O_DIRECT under {}: not tested", dir.path().display());
-            return;
-        }
-        let trace = crate::locks::lock(&faults.trace).clone();
-        let is_sync = |what: &str| what == "fsync" || what == "write-back";
-        // Each page file's own sync (the first after its write).
-        let page_syncs: Vec<usize> = kind_of_inode
-            .iter()
-            .filter(|(_, &ew)| !ew)
-            .filter_map(|(ino, _)| {
-                let wrote = trace
-                    .iter()
-                    .position(|t| t.0 == "deferred-write" && t.1 == *ino)?;
-                (wrote..trace.len()).find(|&i| is_sync(trace[i].0) && trace[i].1 == *ino)
-            })
-            .collect();
-        let ew_writes: Vec<usize> = (0..trace.len())
-            .filter(|&i| {
-                trace[i].0 == "deferred-write" && kind_of_inode.get(&trace[i].1) == Some(&true)
-            })
-            .collect();
-        assert_eq!(page_syncs.len(), 3, "three page files synced: {trace:?}");
-        let ew_files: std::collections::BTreeSet<u64> =
-            ew_writes.iter().map(|&i| trace[i].1).collect();
-        assert_eq!(
-            ew_files.len(),
-            3,
-            "three end-write copies held back: {trace:?}"
-        );
-        let last_page_sync = page_syncs.iter().max().copied().unwrap_or(0);
-        assert!(
-            ew_writes.iter().all(|&i| i > last_page_sync),
-            "an end-write started before the pages were synced: {trace:?}"
-        );
-        assert_eq!(&store.read("a", 0).unwrap()[..], &record[..]);
     }
 }
