@@ -20,10 +20,7 @@
 //! waits for the device inside the round, which only a copy-bound writer
 //! (64 KiB records) gains from (docs/log-service.md).
 
-use std::fs::File;
-
 use crate::seg_file::SegFile;
-use std::io;
 use std::sync::{Arc, Mutex};
 
 /// The alignment of a direct write's offset, length and memory. 4 KiB
@@ -176,30 +173,6 @@ impl Drop for DeferredWrite {
     }
 }
 
-/// Opens a second descriptor of `file` for direct writes (Linux,
-/// `O_DIRECT`, through `/proc/self/fd`, so it is the same inode even if
-/// the path has been renamed over since). An error means direct writes
-/// are not possible there (a file system without `O_DIRECT`, such as
-/// tmpfs, or no `/proc`); the writer then writes buffered.
-#[cfg(target_os = "linux")]
-pub(crate) fn open_direct(file: &File) -> io::Result<File> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
-}
-
-/// Elsewhere the writer writes buffered.
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn open_direct(_file: &File) -> io::Result<File> {
-    Err(io::Error::new(
-        io::ErrorKind::Unsupported,
-        "direct writes are implemented for Linux only",
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,7 +269,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let file = crate::segment::open(&dir.path().join("f"), true).expect("create");
         let Ok(direct) = file.open_direct() else {
-            eprintln!("no O_DIRECT on this file system; skipped");
+            crate::skip("no O_DIRECT on this file system");
             return;
         };
         file.write_all_at(&[1u8; 5000], 0).expect("buffered write");

@@ -1,5 +1,5 @@
 //! Ending an fsync round with one device cache flush per device
-//! ([`crate::config::Config::flush_once_per_device`]): writing a file's
+//! ([`crate::config::Tuning::flush_once_per_device`]): writing a file's
 //! dirty pages back without a flush, and deciding where that is sound.
 //!
 //! Pages written over blocks that are already allocated, written and
@@ -209,14 +209,14 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         if write_back_device(dir.path()).is_none() {
             // tmpfs and the like: no write-back to observe.
-            eprintln!("skipped: not ext4 or xfs");
+            crate::skip("not ext4 or xfs");
             return;
         }
         let f = File::create(dir.path().join("f")).expect("create");
         f.write_all_at(&vec![7u8; 1 << 20], 0).expect("write");
         match dirty_pages(&f, 0, 0) {
             Err(e) if cachestat_missing(&e) => {
-                eprintln!("skipped: no cachestat here ({e})");
+                crate::skip(&format!("no cachestat here ({e})"));
                 return;
             }
             // Fresh pages are dirty, or already under write-back if the

@@ -155,10 +155,10 @@ impl SegFile {
     }
 
     /// A second descriptor of the same segment for direct writes
-    /// ([`crate::direct::open_direct`]).
+    /// ([`open_direct`]).
     pub(crate) fn open_direct(&self) -> io::Result<SegFile> {
         Ok(SegFile {
-            file: crate::direct::open_direct(&self.file)?,
+            file: open_direct(&self.file)?,
             base: self.base,
             size: self.size,
         })
@@ -177,6 +177,30 @@ pub(crate) fn write_zeros(file: &File, at: u64, len: u64) -> io::Result<()> {
         done += n;
     }
     Ok(())
+}
+
+/// Opens a second descriptor of `file` for direct writes (Linux,
+/// `O_DIRECT`, through `/proc/self/fd`, so it is the same inode even if
+/// the path has been renamed over since). An error means direct writes
+/// are not possible there (a file system without `O_DIRECT`, such as
+/// tmpfs, or no `/proc`); the writer then writes buffered.
+#[cfg(target_os = "linux")]
+fn open_direct(file: &File) -> io::Result<File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
+/// Elsewhere the writer writes buffered.
+#[cfg(not(target_os = "linux"))]
+fn open_direct(_file: &File) -> io::Result<File> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "direct writes are implemented for Linux only",
+    ))
 }
 
 #[cfg(test)]
@@ -286,12 +310,12 @@ mod tests {
         use crate::flush::dirty_pages;
         let (dir, f) = device(1 << 20);
         if crate::flush::write_back_device(dir.path()).is_none() {
-            eprintln!("skipped: not ext4 or xfs, whose dirty pages this counts");
+            crate::skip("not ext4 or xfs, whose dirty pages this counts");
             return;
         }
         match dirty_pages(&f, 0, 0) {
             Err(e) if crate::flush::cachestat_missing(&e) => {
-                eprintln!("skipped: no cachestat here ({e})");
+                crate::skip(&format!("no cachestat here ({e})"));
                 return;
             }
             r => assert!(matches!(r, Ok((0, _))), "a fresh device: {r:?}"),

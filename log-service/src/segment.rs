@@ -376,14 +376,14 @@ mod tests {
         f.write_all_at(&[0u8; 64 << 10], 0).expect("zeros");
         evict(&f);
         let Some(before) = thread_read_bytes() else {
-            eprintln!("skipped: no per-thread I/O accounting");
+            crate::skip("no per-thread I/O accounting");
             return;
         };
         f.write_all_at(&[1u8; 1000], 0).expect("unpadded write");
         let unpadded = thread_read_bytes().expect("read_bytes") - before;
         if unpadded == 0 {
             // tmpfs and the like keep every page: nothing to observe.
-            eprintln!("skipped: the unpadded write read nothing");
+            crate::skip("the unpadded write read nothing (the file system keeps every page)");
             return;
         }
         evict(&f);
@@ -519,11 +519,11 @@ mod tests {
         use std::sync::Arc;
         let dir = tempfile::tempdir().expect("temp dir");
         let f = Arc::new(open(&dir.path().join("d"), true).expect("create"));
-        let Ok(direct) = crate::direct::open_direct(f.file()) else {
-            eprintln!("skipped: no O_DIRECT on this file system");
+        let Ok(direct) = f.open_direct() else {
+            crate::skip("no O_DIRECT on this file system");
             return;
         };
-        let direct = Arc::new(SegFile::whole(direct));
+        let direct = Arc::new(direct);
         const B: usize = crate::direct::BLOCK as usize;
         let buf: Vec<u8> = (0..4 * B as u32).map(|i| (i % 253) as u8 + 1).collect();
         let off = (B / 2) as u64;

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::OpenError;
 use crate::segment;
-use crate::store::Shared;
+use crate::shared::Shared;
 
 /// How long no batch may have been written before the refill writes.
 pub(crate) const QUIET: Duration = Duration::from_millis(250);

@@ -14,9 +14,10 @@ use tokio::sync::mpsc;
 use crate::error::{ConfigError, OpenError};
 use crate::meta::Meta;
 use crate::page::{self, class, Kind, HEADER};
+use crate::reports::RecoveryReport;
 use crate::request_ids::RequestIds;
 use crate::segment::{self, SegFile};
-use crate::store::{Loc, LogIndex, RecoveryReport, Shared};
+use crate::shared::{Loc, LogIndex, Shared};
 use crate::stripe::{self, EndWrite};
 use crate::writer::{Cmd, LiveEndWrite, Recovered, SegState, Writer};
 
@@ -225,7 +226,7 @@ pub(crate) fn recover(
     for &batch in batches.iter().rev().take(UNSYNCED_BATCHES).rev() {
         let broken = copies.range(batch..).any(|(_, ew)| {
             ew.batch_seq == batch
-                && crate::store::valid_pages(&shared, &ew.stripe) < ew.stripe.k as usize
+                && crate::shared::valid_pages(&shared, &ew.stripe) < ew.stripe.k as usize
         });
         if broken {
             let dropped = copies.split_off(&batch);

@@ -115,7 +115,7 @@ impl Writer {
                 continue;
             };
             let (k, m) = (r.k as usize, r.m as usize);
-            let own = crate::store::read_page(&self.shared, r, j);
+            let own = crate::shared::read_page(&self.shared, r, j);
             let body = match own {
                 Some(body) if !liars.contains(&r.seq) => body,
                 _ => {
@@ -123,7 +123,7 @@ impl Writer {
                     // Read every other page; parity decides.
                     for (i, slot) in shards.iter_mut().enumerate() {
                         if i != j {
-                            *slot = crate::store::read_page(&self.shared, r, i);
+                            *slot = crate::shared::read_page(&self.shared, r, i);
                         }
                     }
                     let mut all = stripe::rebuild(shards, k, m)

@@ -1,11 +1,17 @@
 //! Reading stripes back: straight from the data pages where they are
 //! intact, otherwise through parity from the pages that are.
 
-use super::*;
+use std::sync::atomic::Ordering;
+
+use crate::error::StoreError;
+use crate::page::{self, Kind};
+use crate::stripe::{self, StripeRef};
+
+use super::{Parsed, Shared};
 
 /// Reads `len` payload bytes at `offset` straight from the data pages
 /// (no page CRC: the caller checks the record's own CRC).
-pub(super) fn read_range(shared: &Shared, r: &StripeRef, offset: u32, len: u32) -> Option<Vec<u8>> {
+pub(crate) fn read_range(shared: &Shared, r: &StripeRef, offset: u32, len: u32) -> Option<Vec<u8>> {
     let shard_len = r.shard_len as u64;
     let (start, end) = (offset as u64, offset as u64 + len as u64);
     if end > r.payload_len as u64 || shard_len == 0 {
@@ -46,7 +52,7 @@ pub(crate) fn parse_payload(r: &StripeRef, payload: Vec<u8>) -> Result<Parsed, S
 
 /// A stripe's payload rebuilt from all its pages but page `skip`, which
 /// is treated as lost (parity stands in for it).
-pub(super) fn read_stripe_without(
+pub(crate) fn read_stripe_without(
     shared: &Shared,
     r: &StripeRef,
     skip: usize,
@@ -84,7 +90,7 @@ pub(crate) fn read_page(shared: &Shared, r: &StripeRef, i: usize) -> Option<Vec<
 
 /// Reads a stripe: the data pages, and parity only if a data page is bad.
 /// Returns the payload and the segments that held bad or missing pages.
-/// (A scrub reads every page itself: [`crate::scrub`].)
+/// (A scrub reads every page itself: [`crate::store::scrub`].)
 pub(crate) fn read_stripe(
     shared: &Shared,
     r: &StripeRef,

@@ -14,8 +14,9 @@ use std::sync::Arc;
 use serde::Serialize;
 use tokio::sync::oneshot;
 
+use super::Store;
 use crate::page::{self, Kind};
-use crate::store::{parse_payload, read_page, Loc, Parsed, Store};
+use crate::shared::{parse_payload, read_page, Loc, Parsed};
 use crate::stripe::{self, StripeRef};
 use crate::writer::{read_ew_page, Cmd};
 
