@@ -2,10 +2,9 @@
 //!
 //! Append latency at a steady load depends on the disk's queue as well as
 //! on the service: `none` measured a lower p99 than the default
-//! `mq-deadline` in three of four alternated pairs of probes
-//! (docs/benchmarks.md). The service
-//! never changes a system setting; it reads the scheduler at open, logs
-//! it and reports it in its stats and metrics, so a latency figure can be
+//! `mq-deadline` in three of four alternated pairs of probes. The service
+//! never changes a system setting; it reads the scheduler at open, logs it
+//! and reports it in its stats and metrics, so a latency figure can be
 //! read with the queue it was measured on.
 
 use std::path::Path;

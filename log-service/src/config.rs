@@ -138,7 +138,7 @@ pub struct Tuning {
     /// and their write-back started at once, which suits small batches
     /// better. Any size takes effect; only whole 4 KiB blocks are ever
     /// written directly. Keep it large: at 4 KiB, batches of 1 KiB
-    /// records took rounds about four times as long (docs/log-service.md).
+    /// records took rounds about four times as long.
     #[serde(default = "defaults::direct_write_min_bytes")]
     pub direct_write_min_bytes: u32,
     /// Rate limit of the background writing of spares, MiB/s (0: no
@@ -150,7 +150,7 @@ pub struct Tuning {
     /// `flush_once_per_device`), runs on the writer thread itself instead
     /// of the fsync helpers: handing it out costs a wake-up per file and
     /// one back, which on a small machine costs more CPU than the round's
-    /// own I/O (docs/log-service.md, "Small rounds on the writer").
+    /// own I/O (docs/log-service.md, "How a batch becomes durable").
     /// Larger rounds go to the helpers, whose files' write-backs overlap
     /// while the writer writes the next batch, and so do rounds with
     /// direct writes held back for them. 0 sends every round to the
@@ -170,8 +170,8 @@ pub struct Tuning {
     /// that embeds it. A dedicated service (`melddb-log serve`) may turn it
     /// on: with THP the index's growth meets a 2 MiB page fault a few
     /// times a second, each holding the writer for milliseconds
-    /// (docs/log-service.md). `thp_disabled` in the stats says whether THP
-    /// is off for the process.
+    /// (docs/benchmarks.md, "Tuning options: measured verdicts").
+    /// `thp_disabled` in the stats says whether THP is off for the process.
     #[serde(default)]
     pub disable_transparent_huge_pages: bool,
 }

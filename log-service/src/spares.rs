@@ -4,7 +4,8 @@
 //! blocks the file system has already allocated and written. Appending to
 //! a fresh file instead makes every fsync round allocate blocks and grow
 //! the file, which the file system journals: measured, that doubles the
-//! rounds' time and gives stalls of 100+ ms (docs/benchmarks.md).
+//! rounds' time and gives stalls of 100+ ms (docs/log-service.md, "Spare
+//! segments").
 //!
 //! A spare is written as `spare-N.tmp`, fsynced, renamed to `spare-N.dat`
 //! and its directory fsynced, so a `.dat` spare is always complete (the

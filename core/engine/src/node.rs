@@ -94,7 +94,7 @@ pub const NO_LOGGED_NODE: LogPos = u64::MAX;
 /// or 32 modulo 64, so those fields always span exactly two cache lines.
 /// OldestDescendant is among them because meld reads it from every new
 /// node's untouched sibling: behind the payload it would cost a third
-/// cache line on each of those reads (docs/benchmarks.md).
+/// cache line on each of those reads.
 #[derive(Debug)]
 #[repr(C)]
 pub struct Node {

@@ -37,7 +37,7 @@ impl IntentionSets {
             // The owned flags say which children belong to the intention,
             // so the walk never loads a snapshot node just to learn that it
             // is not the intention's (those are cold: a quarter of this
-            // validator's time went to such loads, docs/benchmarks.md).
+            // validator's time went to such loads).
             if n.flag(crate::node::LEFT_OWNED) {
                 walk(n.left(), int, s);
             }

@@ -339,7 +339,7 @@ impl Writer {
         // cores took more CPU than the round's I/O; appends that arrive
         // meanwhile wait for the round's end instead of being written
         // beside it, and measured less than that (docs/log-service.md,
-        // "Small rounds on the writer"). A large round goes to the
+        // "How a batch becomes durable"). A large round goes to the
         // helpers: its files' write-backs overlap, and the writer writes
         // the next batch meanwhile. ([`Writer::start_sync`] sends more
         // to the helpers.)

@@ -51,7 +51,7 @@ pub struct Options {
     /// latest state on the committing thread; one that already conflicts
     /// is answered [`Outcome::Rejected`] and never appended. Off by
     /// default: it costs one meld per commit on the client thread and only
-    /// pays off under contention (measured in docs/benchmarks.md).
+    /// pays off under contention (measured in docs/embedded.md).
     pub trial_meld: bool,
     /// Write a checkpoint (melddb::checkpoint) once this many bytes were
     /// appended since the last one — and at least twice the last
