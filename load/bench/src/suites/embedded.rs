@@ -2,26 +2,19 @@
 //! its recovery with and without checkpoints, and a long run;
 //! `embedded-plots` redraws its plots from its JSON.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use melddb_bench::round2;
 
-use super::{write_json, ReplotArgs};
+use super::{write_json, ReplotArgs, RunArgs};
 use crate::plot;
 
 /// `melddb-bench embedded`.
 #[derive(Debug, clap::Args)]
 pub struct EmbeddedArgs {
-    /// Smaller sizes; finishes in under a minute.
-    #[arg(long)]
-    quick: bool,
-    /// Write the figures as JSON to this file.
-    #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
-    /// Write PNG plots into this directory.
-    #[arg(long, value_name = "DIR")]
-    plots: Option<PathBuf>,
+    /// Size of the run and where its figures go.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// RNG seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -36,7 +29,7 @@ pub struct EmbeddedArgs {
 pub fn run_suite(args: &EmbeddedArgs) -> Result<(), String> {
     use melddb_bench::embedded::{long_run, recovery, run_cell, Engine, Mix};
     use std::time::Duration;
-    let (keys, secs, threads): (u64, f64, &[usize]) = if args.quick {
+    let (keys, secs, threads): (u64, f64, &[usize]) = if args.run.quick {
         (20_000, 0.6, &[1, 4])
     } else {
         (200_000, 3.0, &[1, 2, 4, 8])
@@ -82,7 +75,7 @@ pub fn run_suite(args: &EmbeddedArgs) -> Result<(), String> {
         print_cells(&cells);
         return Ok(());
     }
-    let (rec_target, rec_keys, rec_every) = if args.quick {
+    let (rec_target, rec_keys, rec_every) = if args.run.quick {
         (64u64 << 20, 20_000, 8u64 << 20)
     } else {
         (512 << 20, 200_000, melddb_runtime::DEFAULT_CHECKPOINT_BYTES)
@@ -100,7 +93,7 @@ pub fn run_suite(args: &EmbeddedArgs) -> Result<(), String> {
         rec_every >> 20
     );
     let rec_on = recovery(rec_target, rec_every, rec_seg, rec_keys)?;
-    let (long_secs, long_every) = if args.quick {
+    let (long_secs, long_every) = if args.run.quick {
         (3.0, 2u64 << 20)
     } else {
         (30.0, 16u64 << 20)
@@ -200,11 +193,11 @@ pub fn run_suite(args: &EmbeddedArgs) -> Result<(), String> {
         "melddb_buffered_over_sqlite_normal_8r2w_t4".into(),
         serde_json::json!(round2(ratio_normal)),
     );
-    if let Some(dir) = &args.plots {
+    if let Some(dir) = &args.run.plots {
         plot::embedded_plots(dir, &cells, &samples)?;
         eprintln!("plots written to {}", dir.display());
     }
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.run.json {
         let rows: Vec<_> = cells
             .iter()
             .map(|c| {
@@ -219,7 +212,7 @@ pub fn run_suite(args: &EmbeddedArgs) -> Result<(), String> {
             "suite": "embedded",
             "metrics": metrics,
             "config": {
-                "quick": args.quick, "seed": args.seed, "keys": keys, "seconds_per_cell": secs,
+                "quick": args.run.quick, "seed": args.seed, "keys": keys, "seconds_per_cell": secs,
                 "key_bytes": 8, "value_bytes": 100, "isolation": "serializable",
                 "recovery_log_bytes": rec_off.appended_bytes,
                 "recovery_keys": rec_keys,

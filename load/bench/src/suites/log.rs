@@ -2,27 +2,19 @@
 //! in the same run; `log --point` probes one load point on its own
 //! ([`super::log_point`]).
 
-use std::path::PathBuf;
-
 use melddb_bench::logsvc::PointSpec;
 use melddb_bench::round2;
 
 use super::log_point::{log_point, schedulers_line, spares_short_note, PointArgs};
-use super::write_json;
+use super::{write_json, RunArgs};
 use crate::plot;
 
 /// `melddb-bench log`.
 #[derive(Debug, clap::Args)]
 pub struct LogArgs {
-    /// Smaller sizes and shorter points (the suite, not `--point`).
-    #[arg(long)]
-    pub quick: bool,
-    /// Write the figures as JSON to this file.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-    /// Write PNG plots into this directory (the suite, not `--point`).
-    #[arg(long, value_name = "DIR")]
-    pub plots: Option<PathBuf>,
+    /// Size of the run and where its figures go.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Run only this load point on a fresh service and print what the
     /// writer did during it: `CLIENTSxDEPTHxBATCHxBYTES` (closed loop,
     /// e.g. `64x4x64x1024`) or `CLIENTSxBATCHxBYTES@RATE` (open loop,
@@ -39,15 +31,15 @@ pub fn run_suite(args: &LogArgs) -> Result<(), String> {
     if let Some(spec) = args.point {
         // Checked here, not by clap: a conflict with `--point` would also
         // lift the probe flags' requirement of it.
-        if args.quick || args.plots.is_some() {
+        if args.run.quick || args.run.plots.is_some() {
             return Err(
                 "--quick and --plots are the suite's; a --point runs for --secs and draws no plots"
                     .into(),
             );
         }
-        return log_point(&args.probe, args.json.as_deref(), spec);
+        return log_point(&args.probe, args.run.json.as_deref(), spec);
     }
-    let r = melddb_bench::logsvc::run(args.quick)?;
+    let r = melddb_bench::logsvc::run(args.run.quick)?;
     println!(
         "{:<42} {:>5} {:>5} {:>5} {:>7} {:>11} {:>9} {:>8} {:>8} {:>8} {:>8}",
         "run",
@@ -286,15 +278,15 @@ pub fn run_suite(args: &LogArgs) -> Result<(), String> {
     }
     put("scrub_mib_s", sc.mib / sc.secs.max(1e-9));
     put("scrub_bad_pages", sc.bad_pages as f64);
-    if let Some(dir) = &args.plots {
+    if let Some(dir) = &args.run.plots {
         plot::log_plots(dir, &r)?;
         eprintln!("plots written to {}", dir.display());
     }
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.run.json {
         let doc = serde_json::json!({
             "suite": "log",
             "metrics": metrics,
-            "config": { "quick": args.quick, "geometry": r.geometry, "spares": r.spares, "io_schedulers": r.io_schedulers },
+            "config": { "quick": args.run.quick, "geometry": r.geometry, "spares": r.spares, "io_schedulers": r.io_schedulers },
             "rows": all,
             "recovery": r.recovery,
             "recovery_read_mib": r.recovery_read_mib,

@@ -3,27 +3,20 @@
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::path::PathBuf;
 use std::time::Instant;
 
 use melddb_bench::round2;
 use melddb_bench::workload::{loaded, run, Measured, Spec, Write};
 
-use super::write_json;
+use super::{write_json, RunArgs};
 use crate::plot;
 
 /// `melddb-bench meld`.
 #[derive(Debug, clap::Args)]
 pub struct MeldArgs {
-    /// Smaller sizes; finishes in under a minute.
-    #[arg(long)]
-    quick: bool,
-    /// Write the figures as JSON to this file.
-    #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
-    /// Write PNG plots into this directory.
-    #[arg(long, value_name = "DIR")]
-    plots: Option<PathBuf>,
+    /// Size of the run and where its figures go.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// RNG seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -129,7 +122,7 @@ fn specs(quick: bool) -> Vec<Spec> {
 /// Runs the suite.
 pub fn run_suite(args: &MeldArgs) -> Result<(), String> {
     let start = Instant::now();
-    let specs: Vec<Spec> = specs(args.quick)
+    let specs: Vec<Spec> = specs(args.run.quick)
         .into_iter()
         .map(|s| Spec {
             txns: args.txns.unwrap_or(s.txns),
@@ -141,7 +134,7 @@ pub fn run_suite(args: &MeldArgs) -> Result<(), String> {
             })
         })
         .collect();
-    let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 3 });
+    let rounds = args.rounds.unwrap_or(if args.run.quick { 1 } else { 3 });
     let mut bases: BTreeMap<u64, melddb::Melder> = BTreeMap::new();
     let mut rows: Vec<Measured> = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
@@ -238,16 +231,16 @@ pub fn run_suite(args: &MeldArgs) -> Result<(), String> {
             println!("{k:<34} {v}");
         }
     }
-    if let Some(dir) = &args.plots {
+    if let Some(dir) = &args.run.plots {
         plot::meld_plots(dir, &rows).map_err(|e| format!("plots: {e}"))?;
         eprintln!("plots written to {}", dir.display());
     }
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.run.json {
         let doc = serde_json::json!({
             "suite": "meld",
             "metrics": metrics,
             "config": {
-                "quick": args.quick,
+                "quick": args.run.quick,
                 "seed": args.seed,
                 "isolation": "serializable",
                 "key_bytes": 8,

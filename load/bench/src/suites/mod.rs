@@ -9,6 +9,21 @@ pub mod pipeline;
 
 use std::path::{Path, PathBuf};
 
+/// The flags every suite's run takes: its size and where its figures go.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Smaller sizes: each suite's quick form runs in about two minutes at
+    /// most (CI runs it once as a smoke test).
+    #[arg(long)]
+    pub quick: bool,
+    /// Write the figures as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write PNG plots into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub plots: Option<PathBuf>,
+}
+
 /// `embedded-plots` and `pipeline-plots`: a suite's JSON in, its plots
 /// out.
 #[derive(Debug, clap::Args)]

@@ -2,25 +2,17 @@
 //! end-to-end throughput) and the wasm build of meld against the native
 //! one; `pipeline-plots` redraws its plots from its JSON.
 
-use std::path::PathBuf;
-
 use melddb_bench::round2;
 
-use super::{write_json, ReplotArgs};
+use super::{write_json, ReplotArgs, RunArgs};
 use crate::plot;
 
 /// `melddb-bench pipeline`.
 #[derive(Debug, clap::Args)]
 pub struct PipelineArgs {
-    /// Smaller sizes; finishes in under a minute.
-    #[arg(long)]
-    quick: bool,
-    /// Write the figures as JSON to this file.
-    #[arg(long, value_name = "FILE")]
-    json: Option<PathBuf>,
-    /// Write PNG plots into this directory.
-    #[arg(long, value_name = "DIR")]
-    plots: Option<PathBuf>,
+    /// Size of the run and where its figures go.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// RNG seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -45,7 +37,7 @@ pub struct PipelineArgs {
 /// Runs the suite.
 pub fn run_suite(args: &PipelineArgs) -> Result<(), String> {
     use melddb_bench::pipeline::{run_config, PipeConfig, PipeResult, Sizes};
-    let sizes = if args.quick {
+    let sizes = if args.run.quick {
         Sizes {
             keys: args.keys.unwrap_or(100_000),
             txns: args.txns.unwrap_or(6_000),
@@ -62,7 +54,7 @@ pub fn run_suite(args: &PipelineArgs) -> Result<(), String> {
             zone_max: args.zone_max.unwrap_or(30_000),
         }
     };
-    let reps = if args.quick { 1 } else { 3 };
+    let reps = if args.run.quick { 1 } else { 3 };
     let main = [
         PipeConfig {
             name: "plain",
@@ -89,7 +81,7 @@ pub fn run_suite(args: &PipelineArgs) -> Result<(), String> {
             group: true,
         },
     ];
-    let sweep: &[u32] = if args.quick {
+    let sweep: &[u32] = if args.run.quick {
         &[1, 20]
     } else {
         &[1, 2, 5, 10, 20, 50, 100]
@@ -98,7 +90,7 @@ pub fn run_suite(args: &PipelineArgs) -> Result<(), String> {
     // Node, and a missing one should fail the suite at once, not after the
     // configurations have run for ten minutes.
     eprintln!("pipeline: wasm vs native meld ...");
-    let wasm = melddb_bench::wasm::ratio(args.quick, args.seed)?;
+    let wasm = melddb_bench::wasm::ratio(args.run.quick, args.seed)?;
     if std::env::var_os("MELDDB_BENCH_WASM_ONLY").is_some() {
         println!("{wasm:?}");
         return Ok(());
@@ -198,16 +190,16 @@ pub fn run_suite(args: &PipelineArgs) -> Result<(), String> {
     put("final_zone_plain", plain.final_zone);
     put("final_zone_premeld", premeld.final_zone);
     put("wasm_to_native_meld_ratio", wasm.ratio);
-    if let Some(dir) = &args.plots {
+    if let Some(dir) = &args.run.plots {
         plot::pipeline_plots(dir, &rows, &sweep_rows).map_err(|e| format!("plots: {e}"))?;
         eprintln!("plots written to {}", dir.display());
     }
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.run.json {
         let doc = serde_json::json!({
             "suite": "pipeline",
             "metrics": metrics,
             "config": {
-                "quick": args.quick, "seed": args.seed, "keys": sizes.keys, "txns": sizes.txns,
+                "quick": args.run.quick, "seed": args.seed, "keys": sizes.keys, "txns": sizes.txns,
                 "zone_min": sizes.zone_min, "zone_max": sizes.zone_max, "value_bytes": 100, "ops": "8 reads + 2 writes, serializable",
                 "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
                 "wasm": {"native_per_s": wasm.native_per_s, "wasm_per_s": wasm.wasm_per_s, "runtime": "node WASI (wasm32-wasip1)"},
