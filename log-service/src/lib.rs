@@ -51,15 +51,5 @@ pub use segment::Faults;
 pub use server::{start, start_on, Running};
 pub use store::{RecoveryReport, ScrubReport, SegmentInfo, Stats, Store};
 
-/// Says that the running unit test is skipped, and why, on a line of its
-/// own that CI counts (`skipped: <test>: <why>`), written past the test
-/// harness's capture (the integration tests' `common::skip` does the same).
 #[cfg(test)]
-pub(crate) fn skip(why: &str) {
-    use std::io::Write;
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("a test")
-        .to_string();
-    let _ = std::io::stderr().write_all(format!("\nskipped: {test}: {why}\n").as_bytes());
-}
+use melddb_testkit::skip;

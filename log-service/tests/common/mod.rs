@@ -136,18 +136,7 @@ pub fn write_back_supported(dir: &Path) -> bool {
     [0xEF53, 0x5846_5342].contains(&magic)
 }
 
-/// Says that the running test is skipped, and why, on a line of its own
-/// that CI counts (`skipped: <test>: <why>`). It writes to the standard
-/// error stream directly, past the test harness's capture, so the line
-/// shows in every run and not only when a test fails.
-pub fn skip(why: &str) {
-    use std::io::Write;
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("a test")
-        .to_string();
-    let _ = std::io::stderr().write_all(format!("\nskipped: {test}: {why}\n").as_bytes());
-}
+pub use melddb_testkit::skip;
 
 /// Runs a command the test needs root for (`mount`, `losetup`) and gives
 /// its output; `None`, with the reason printed, where this machine
