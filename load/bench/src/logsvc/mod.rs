@@ -128,6 +128,10 @@ fn config(dir: &Path, data_shards: usize) -> Config {
     // No spares unless a run asks for them (`SparesOpt`): a background
     // refill would otherwise write between and under the measured points.
     c.prepared_segments = 0;
+    // Measured as a dedicated service runs (the library leaves THP alone
+    // by default): the index's growth never waits on a 2 MiB page fault
+    // (docs/benchmarks.md, "Tuning options: measured verdicts").
+    c.tuning.disable_transparent_huge_pages = true;
     c.limits.max_connections = 4096;
     c.limits.max_in_flight = 1024;
     c.limits.append_queue = 65536;
