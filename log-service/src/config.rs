@@ -70,9 +70,10 @@ pub struct Config {
     /// default, 4, costs up to `zones x 4 x segment_bytes` of disk (1 GiB
     /// per zone with the default 256 MiB segments); a spare file is made
     /// only while a twentieth of its file system, and at least two
-    /// segments, stay free after it. 0 creates segment files empty. The
-    /// open does not wait for spares: a background thread writes them,
-    /// while no append has been written for 250 ms, at most
+    /// segments, stay free after it. 0 creates segment files empty. A new
+    /// store's open writes the spares its first windows take (at most
+    /// this many per zone); every other spare is written by a background
+    /// thread, while no append has been written for 250 ms, at most
     /// `tuning.prepare_mib_s`; `spares_ready` in the stats counts them.
     /// Every byte of a segment made from a spare is written twice, once
     /// as a zero.
@@ -434,6 +435,12 @@ impl Config {
             .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// Segments in the writer's windows together: the end-write copies,
+    /// the data window and the next one.
+    pub fn window_segments(&self) -> u64 {
+        END_WRITE_COPIES as u64 + 2 * self.stripe_width() as u64
     }
 
     /// Pages per stripe.

@@ -12,10 +12,14 @@
 //! open deletes leftover `.tmp` files and spares of the wrong size).
 //! Recovery never reads spares: their names are not segment names.
 //!
-//! Every spare, a new store's first ones included, is written by the
-//! refill thread, so an open never waits for gigabytes of zeros: the
-//! store appends at once (into empty files until spares are ready), and
-//! `spares_ready` in the stats says how far the pool has got.
+//! A new store's open writes the spares its first windows take (at most
+//! `prepared_segments` per zone, at full speed): without them those
+//! windows' segments would start as empty files and the store would run
+//! its first gigabytes at the slower rounds described above. That is the
+//! only wait: every other spare, and every spare of a store that has
+//! segments already, is written by the refill thread, so a reopen never
+//! waits for zeros; `spares_ready` in the stats says how far the pool
+//! has got.
 //!
 //! The refill runs only while the log is quiet (no batch written for
 //! [`QUIET`]): zeros written under load compete with the appends for the
@@ -157,20 +161,21 @@ impl Inner {
             .filter(|&(n, _)| n < self.want())
             .collect();
         short.sort_unstable();
-        for (_, zone) in short {
-            match self.shared.device(zone) {
-                Some(dev) => {
-                    if let Some(slot) = dev.take_free() {
-                        return Some((zone, slot));
-                    }
-                }
-                None => {
-                    st.next += 1;
-                    return Some((zone, st.next - 1));
-                }
+        short
+            .into_iter()
+            .find_map(|(_, zone)| self.claim_in(st, zone))
+    }
+
+    /// A number for zone `zone`'s next spare: a new file's, or on a
+    /// device a free slot, taken (`None` if the device has none).
+    fn claim_in(&self, st: &mut State, zone: usize) -> Option<(usize, u64)> {
+        match self.shared.device(zone) {
+            Some(dev) => dev.take_free().map(|slot| (zone, slot)),
+            None => {
+                st.next += 1;
+                Some((zone, st.next - 1))
             }
         }
-        None
     }
 
     /// Spare `n` of `zone` is written: it joins the pool (a device's
@@ -224,10 +229,9 @@ impl Inner {
     }
 
     /// Writes spare `n` in zone `zone`, pausing while the log is busy and
-    /// keeping to `prepare_mib_s`. Gives up (and removes the temporary
-    /// file) if the pool is stopped meanwhile.
-    fn make(&self, zone: usize, n: u64) -> io::Result<bool> {
-        let rate = u64::from(self.shared.config.tuning.prepare_mib_s) << 20;
+    /// keeping to `rate` bytes/s (0: as fast as the disk goes). Gives up
+    /// (and removes the temporary file) if the pool is stopped meanwhile.
+    fn make(&self, zone: usize, n: u64, rate: u64) -> io::Result<bool> {
         if let Some(dev) = self.shared.device(zone) {
             let write = |at: u64, len: u64| dev.zero(n, at, len);
             let result = self
@@ -339,7 +343,8 @@ impl Inner {
                 }
                 return;
             }
-            match self.make(zone, n) {
+            let rate = u64::from(self.shared.config.tuning.prepare_mib_s) << 20;
+            match self.make(zone, n, rate) {
                 Ok(true) => {
                     said_no_room = false;
                     self.add(zone, n)
@@ -363,13 +368,72 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Writes, at full speed, the spares a new store's first windows take:
+    /// `first[z]` for zone `z`, less those on disk already, never more
+    /// than `prepared_segments`. A failure (a full disk, most likely) ends
+    /// this with a warning: spares only make appends faster, and the
+    /// refill tries again later.
+    fn make_first(&self, first: &[usize]) {
+        let missing = |st: &State, z: usize| {
+            first
+                .get(z)
+                .copied()
+                .unwrap_or(0)
+                .min(self.want())
+                .saturating_sub(self.count(st, z))
+        };
+        let total: usize = {
+            let st = self.lock();
+            (0..st.ready.len()).map(|z| missing(&st, z)).sum()
+        };
+        if total == 0 {
+            return;
+        }
+        let bytes = self.shared.config.segment_bytes;
+        tracing::info!(
+            spares = total,
+            mib = total as u64 * (bytes >> 20),
+            "a new store: writing the spare segments its first windows take"
+        );
+        let t0 = Instant::now();
+        for made in 1..=total {
+            let claimed = {
+                let mut st = self.lock();
+                let short: Vec<usize> = (0..st.ready.len())
+                    .filter(|&z| missing(&st, z) > 0)
+                    .collect();
+                short
+                    .into_iter()
+                    .find_map(|zone| self.claim_in(&mut st, zone))
+            };
+            let Some((zone, n)) = claimed else { break };
+            match self.make(zone, n, 0) {
+                Ok(true) => self.add(zone, n),
+                Ok(false) => return,
+                Err(e) => {
+                    tracing::warn!(zone, error = %e, "writing a spare segment failed; going on with fewer");
+                    self.failed();
+                    return;
+                }
+            }
+            tracing::info!(done = made, of = total, zone, "spare segment written");
+        }
+        tracing::info!(
+            secs = t0.elapsed().as_secs_f64(),
+            "the first windows' spare segments are ready"
+        );
+    }
+}
+
 impl Spares {
-    /// Takes stock of the spares on disk (removing leftovers) and starts
-    /// the refill thread, which writes the missing ones (every zone up to
-    /// `prepared_segments`) in the background; this does not wait for
-    /// them. `None` when the configuration wants no spares; then any
-    /// found are removed.
-    pub(crate) fn open(shared: Arc<Shared>) -> Result<Option<Spares>, OpenError> {
+    /// Takes stock of the spares on disk (removing leftovers), writes
+    /// those a new store's first windows take (`first[z]` per zone; empty
+    /// for a store with segments) and starts the refill thread, which
+    /// writes the rest (every zone up to `prepared_segments`) in the
+    /// background. `None` when the configuration wants no spares; then
+    /// any found are removed.
+    pub(crate) fn open(shared: Arc<Shared>, first: &[usize]) -> Result<Option<Spares>, OpenError> {
         let config = &shared.config;
         let zones = config.zones.len();
         let mut ready = vec![Vec::new(); zones];
@@ -440,6 +504,7 @@ impl Spares {
             );
         }
         inner.publish_ready(&inner.lock());
+        inner.make_first(first);
         let worker = inner.clone();
         let thread = std::thread::Builder::new()
             .name("melddb-log-spares".into())
@@ -656,16 +721,15 @@ mod tests {
         assert!(waited >= QUIET, "{waited:?}");
     }
 
-    /// A spare made by the refill keeps to `prepare_mib_s` and ends as a
-    /// complete `.dat` file; one the pool stops while making leaves
-    /// nothing behind.
+    /// A spare made at a rate keeps to it and ends as a complete `.dat`
+    /// file; one the pool stops while making leaves nothing behind.
     #[test]
-    fn a_refilled_spare_keeps_to_the_configured_rate_and_is_complete() {
+    fn a_spare_keeps_to_its_rate_and_is_complete() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, inner) = bare_pool(dir.path(), |cfg| cfg.tuning.prepare_mib_s = 4);
+        let (store, inner) = bare_pool(dir.path(), |_| {});
         let zone0 = store.shared.config.zones[0].clone();
         let t0 = Instant::now();
-        assert!(inner.make(0, 5).unwrap());
+        assert!(inner.make(0, 5, 4 << 20).unwrap());
         // 1 MiB at 4 MiB/s.
         assert!(
             t0.elapsed() >= Duration::from_millis(250),
@@ -687,7 +751,7 @@ mod tests {
             .len();
         assert_eq!(len, 1 << 20);
         inner.lock().stop = true;
-        assert!(!inner.make(0, 6).unwrap());
+        assert!(!inner.make(0, 6, 0).unwrap());
         assert_eq!(names(&zone0), [spare_name(5, false)]);
     }
 
@@ -699,7 +763,7 @@ mod tests {
         let (store, _) = bare_pool(dir.path(), |cfg| cfg.prepared_segments = 1);
         // A second pool over the same zones: it adopts the store's spares
         // and writes any missing, then waits for work.
-        let pool = Spares::open(store.shared.clone()).unwrap().unwrap();
+        let pool = Spares::open(store.shared.clone(), &[]).unwrap().unwrap();
         let inner = Arc::downgrade(&pool.inner);
         drop(pool);
         assert!(

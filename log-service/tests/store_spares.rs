@@ -1,4 +1,5 @@
-//! Spare segments: written in the background after the open, renamed
+//! Spare segments: a new store's first ones at the open, the rest in the
+//! background after it; renamed
 //! into the windows, cleaned up, kept off a nearly full file system, and
 //! written back rather than fsynced where that is sound.
 
@@ -13,13 +14,32 @@ mod common;
 use common::store::*;
 use common::{append_burst, check, free_bytes, small_config, write_back_supported, Model, SmallFs};
 
-/// With the default configuration a store keeps spares, and its open
-/// does not wait for them: it returns with the pool short (the refill
-/// writes nothing until the log has been quiet for a while, and then at
-/// `prepare_mib_s`, 48 MiB here), and the pool fills afterwards, in the
-/// background, while the store takes appends.
+/// The segment files of zone directories under `dir`, with their lengths.
+fn segment_files(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut v = Vec::new();
+    for z in 0..3 {
+        for e in std::fs::read_dir(dir.join(format!("zone{z}"))).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_str().unwrap();
+            if melddb_log::segment::parse_name(name).is_some() {
+                let len = std::fs::metadata(&p).unwrap().len();
+                v.push((p, len));
+            }
+        }
+    }
+    v.sort();
+    v
+}
+
+/// With the default configuration a store keeps spares. A new store's
+/// open writes those its first windows take, so every window segment is
+/// a whole zeroed file from the first append on, and no more: the pool
+/// is short when the open returns (the refill writes nothing until the
+/// log has been quiet for a while, and then at `prepare_mib_s`) and
+/// fills afterwards, in the background, while the store takes appends.
+/// A reopen waits for none.
 #[test]
-fn a_default_open_returns_before_its_spares_and_they_become_ready_afterwards() {
+fn a_new_store_opens_with_spares_in_its_windows_and_the_pool_fills_afterwards() {
     let dir = tempfile::tempdir().unwrap();
     let zones: Vec<PathBuf> = (0..3)
         .map(|z| dir.path().join(format!("zone{z}")))
@@ -30,16 +50,30 @@ fn a_default_open_returns_before_its_spares_and_they_become_ready_afterwards() {
     cfg.max_record_bytes = 256 << 10;
     let want = 3 * u64::from(cfg.prepared_segments);
     assert!(want > 0, "spares are on by default");
-    let store = Store::open(cfg).unwrap();
+    let store = Store::open(cfg.clone()).unwrap();
     let at_open = store.stats();
+    // Three end-write copies and two data windows of three: nine window
+    // segments, three per zone, each renamed from a spare.
+    let segs = segment_files(dir.path());
+    assert_eq!(segs.len(), 9, "{segs:?}");
     assert!(
-        at_open.spares_ready < want && at_open.segments_prepared < want,
-        "the open waited for its spares: {at_open:?}"
+        segs.iter().all(|(_, len)| *len == cfg.segment_bytes),
+        "window segments started as empty files: {segs:?}"
+    );
+    assert_eq!(at_open.segments_prepared, 9, "{at_open:?}");
+    assert!(
+        at_open.spares_ready < want,
+        "the open waited for the whole pool: {at_open:?}"
     );
     assert_eq!(store.append_blocking("a", 0, 0, b"x".to_vec()).unwrap(), 0);
     wait_for_spares(&store, want);
     assert_eq!(store.stats().spares_ready, want);
     assert_eq!(spare_files(dir.path()).len() as u64, want);
+    assert_eq!(&store.read("a", 0).unwrap()[..], b"x");
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    assert_eq!(store.stats().segments_prepared, 0, "{:?}", store.stats());
+    assert_eq!(store.stats().spares_ready, want);
     assert_eq!(&store.read("a", 0).unwrap()[..], b"x");
 }
 
@@ -51,10 +85,11 @@ fn spares_become_data_segments_and_leftovers_are_cleaned_up() {
     let seg_bytes = cfg.segment_bytes;
     let store = Arc::new(Store::open(cfg.clone()).unwrap());
     assert_eq!(store.segments_blocking().len(), 9);
-    // The refill writes two spares per zone in the background while
+    // The open wrote two spares per zone, which the first windows took;
+    // the refill writes two per zone again in the background while
     // nothing is appended.
     wait_for_spares(&store, 6);
-    assert_eq!(store.stats().segments_prepared, 6);
+    assert_eq!(store.stats().segments_prepared, 12);
     let spares = spare_files(dir.path());
     assert_eq!(spares.len(), 6, "{spares:?}");
     assert!(

@@ -379,8 +379,18 @@ pub(crate) fn recover(
         .map(|(&id, _)| id)
         .or_else(|| segs.keys().next_back().map(|&m| m + 1))
         .unwrap_or(0);
-    // Spares before the first window is made, so it can use them.
-    let spares = crate::spares::Spares::open(shared.clone())?;
+    // Spares before the first window is made, so it can use them: a new
+    // store writes those its first windows take now.
+    let first: Vec<usize> = if segs.is_empty() {
+        let mut per_zone = vec![0; zones.len()];
+        for s in base..base + config.window_segments() {
+            per_zone[crate::segment::zone(&zones, s)] += 1;
+        }
+        per_zone
+    } else {
+        Vec::new()
+    };
+    let spares = crate::spares::Spares::open(shared.clone(), &first)?;
     let ews = copies
         .values()
         .map(|ew| {

@@ -248,8 +248,8 @@ impl Writer {
         // empty file grows with every round, so each round must fdatasync
         // it (the file system journals the new size) instead of writing it
         // back and flushing the device once, about a third more latency at
-        // 150K appends/s. (A new store's first window is made before the
-        // refill has written any spare, so it pays that until it slides.)
+        // 150K appends/s. (A new store's open writes its first windows'
+        // spares before they are made, see `spares`.)
         // The price: an open reads an open end-write segment's whole zero
         // tail (see `recovery::scan`), as for later end-write segments,
         // which are former data segments.
@@ -333,7 +333,7 @@ impl Writer {
 
     /// Segments in the three windows together.
     pub(super) fn span(&self) -> u64 {
-        END_WRITE_COPIES as u64 + 2 * self.width() as u64
+        self.shared.config.window_segments()
     }
 
     /// Makes the segments' classes match the windows: moves the base past
