@@ -1,12 +1,16 @@
-//! `melddb`: the command-line tool for an embedded MeldDB directory.
+//! `melddb`: the command-line tool for a MeldDB node, on a local log in a
+//! directory or on a shared log of the log service.
 //!
 //! ```text
-//! melddb [--dir DIR] put KEY VALUE | get KEY | del KEY
-//! melddb [--dir DIR] scan [--from K] [--to K] [--limit N] [--reverse] [--json]
-//! melddb [--dir DIR] check [--json]     verify every log record and the tree
-//! melddb [--dir DIR] stats [--json]     sizes, recovery time, state digest
+//! melddb [--dir DIR] [--log melddb://HOST:PORT/LOG] put KEY VALUE | get KEY | del KEY
+//! melddb ... scan [--from K] [--to K] [--limit N] [--reverse] [--json]
+//! melddb ... check [--json]     verify every log record and the tree
+//! melddb ... stats [--json]     sizes, recovery time, state digest
+//! melddb ... bank [--accounts N] [--threads T] [--seconds S] [--json]
 //! ```
-//! The directory defaults to `$MELDDB_DIR` or `./melddb-data`. Every
+//! The directory defaults to `$MELDDB_DIR` or `./melddb-data`; with
+//! `--log` (or `$MELDDB_LOG`) it is the node's own directory and the
+//! database is the shared log. Every
 //! command opens the database, and with it the directory's lock: on a
 //! directory another process holds open (an application's `Database`, or
 //! another `melddb`), each command prints why and exits 1 without reading
@@ -22,6 +26,8 @@ use clap::{Parser, Subcommand};
 use melddb::{Isolation, Order, Outcome};
 use melddb_runtime::{Database, DbOptions, Durability};
 use rand::{Rng, SeedableRng};
+
+mod bank;
 
 /// mimalloc (through melddb-alloc, which skips its aligned API for ordinary
 /// layouts): every transaction allocates its path copies on its own
@@ -41,6 +47,13 @@ struct Args {
     /// read back from the log on use (0: keep everything in memory).
     #[arg(long, env = "MELDDB_CACHE_BYTES", default_value_t = melddb_runtime::embedded::DEFAULT_CACHE_BYTES)]
     cache_bytes: u64,
+    /// A shared log on the log service, `melddb://HOST:PORT/LOG`, created
+    /// if empty: the node joins it instead of keeping a log in `--dir`.
+    #[arg(long, env = "MELDDB_LOG")]
+    log: Option<String>,
+    /// Bearer token for the log service.
+    #[arg(long, env = "MELDDB_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -109,6 +122,28 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// A closed economy: client threads move money between accounts in
+    /// serializable transactions; prints commits, aborts by reason, the
+    /// node's position and digest, and whether the total held (exit 1 if
+    /// not). Run it on several nodes of one shared log at once.
+    Bank {
+        /// Accounts (opened at 1,000 each if the database has none).
+        #[arg(long, default_value_t = 100)]
+        accounts: u64,
+        /// Client threads.
+        #[arg(long, default_value_t = 4)]
+        threads: usize,
+        /// Seconds to run.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Seed of the transfers' random choices.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Machine-readable output (no progress bar), with the log
+        /// positions of this node's commits.
+        #[arg(long)]
+        json: bool,
+    },
     /// Test support: run money transfers between accounts forever,
     /// printing `ack ID` after each commit is acknowledged (crash tests
     /// kill this process at random moments).
@@ -146,13 +181,15 @@ fn text(b: &[u8]) -> String {
 }
 
 fn run(args: Args) -> Result<ExitCode, String> {
-    let db = Database::open_with(
-        &args.dir,
-        DbOptions {
-            cache_bytes: args.cache_bytes,
-            ..DbOptions::default()
-        },
-    )
+    let opts = DbOptions {
+        cache_bytes: args.cache_bytes,
+        token: args.token.clone(),
+        ..DbOptions::default()
+    };
+    let db = match &args.log {
+        Some(url) => Database::connect(url, &args.dir, opts),
+        None => Database::open_with(&args.dir, opts),
+    }
     .map_err(|e| e.to_string())?;
     match args.cmd {
         Cmd::Put { key, value } => {
@@ -325,6 +362,22 @@ fn run(args: Args) -> Result<ExitCode, String> {
             keys,
             json,
         } => bench(db, &mix, threads, seconds, keys, json)?,
+        Cmd::Bank {
+            accounts,
+            threads,
+            seconds,
+            seed,
+            json,
+        } => bank::run(
+            db,
+            bank::BankArgs {
+                accounts,
+                threads,
+                seconds,
+                seed,
+                json,
+            },
+        )?,
         Cmd::CrashChild {
             accounts,
             first_id,

@@ -35,14 +35,18 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod database;
 pub mod embedded;
 pub mod filelog;
 pub mod nodestore;
+mod remote;
 
+pub use database::{CommitHandle, Database};
 pub use embedded::{
-    CheckpointInfo, Database, DbError, Durability, LogStats, Options as DbOptions, Recovery,
+    CheckpointInfo, DbError, Durability, LogStats, Options as DbOptions, Recovery,
     DEFAULT_CHECKPOINT_BYTES,
 };
+pub use remote::{is_log_url, SCHEME};
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};

@@ -12,7 +12,7 @@ use super::options::Durability;
 use super::writer::Msg;
 
 #[cfg(doc)]
-use super::Database;
+use crate::Database;
 
 /// How often the background thread checks the node cache's memory.
 pub(super) const CACHE_TICK: Duration = Duration::from_millis(20);

@@ -7,7 +7,7 @@ use melddb::{AbortReason, TxnError};
 use crate::filelog::FileLogError;
 
 #[cfg(doc)]
-use super::Database;
+use crate::Database;
 
 /// Errors of the embedded database.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +62,26 @@ pub enum DbError {
     /// Part of the tree could not be read back from the log (node cache).
     #[error(transparent)]
     Store(#[from] melddb::StoreError),
+    /// The log service could not be reached or refused a request (after
+    /// the client's retries); see the source for which.
+    #[error("log service at {url}: {source}")]
+    Service {
+        /// The log's address.
+        url: String,
+        /// What the client saw.
+        source: melddb_log::ClientError,
+    },
+    /// Not a log address: `melddb://host:port/LOG` expected.
+    #[error("bad log address {url:?}: {why}")]
+    BadUrl {
+        /// The address given.
+        url: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// This kind of node does not do that (yet); the message names what.
+    #[error("not supported: {0}")]
+    Unsupported(String),
     /// The database stopped taking commits (after an I/O error on its log,
     /// or because it was closed); reopen it.
     #[error("the database stopped: {0}")]

@@ -19,7 +19,7 @@ mod background;
 mod cache;
 mod checkpoint_state;
 mod checkpointing;
-mod dir_lock;
+pub(crate) mod dir_lock;
 mod error;
 mod group_commit;
 mod options;
@@ -31,15 +31,10 @@ use std::path::Path;
 use std::sync::mpsc::sync_channel;
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use melddb::checkpoint;
-use melddb::pipeline::trial_meld;
-use melddb::{
-    AbortReason, Bytes, Isolation, Log, LogPos, MeldState, Outcome, Settings, Snapshot,
-    Transaction, TxnError,
-};
-use rand::Rng;
+use melddb::{Log, LogPos, MeldState, Outcome, Settings};
 
 pub use self::dir_lock::LOCK_FILE;
 pub use self::error::DbError;
@@ -59,33 +54,31 @@ use self::writer::{Msg, Writer};
 use crate::filelog::{FileLog, OpenReport};
 use crate::nodestore::LogStore;
 
-/// An embedded MeldDB database in a directory. Cheap to share: wrap it in
-/// an `Arc` and call it from any number of threads.
-pub struct Database {
+/// A database on a local log in a directory: the backend of
+/// [`Database::open`](crate::Database::open).
+pub(crate) struct Local {
     shared: Arc<Shared>,
     engine: Arc<Engine>,
     background: Option<JoinHandle<()>>,
     syncer: Option<JoinHandle<()>>,
-    max_attempts: u32,
-    trial_meld: bool,
     recovery: Recovery,
     /// Held for the database's life; released after the shutdown in
     /// `drop` has stopped every thread that writes.
     _lock: DirLock,
 }
 
-impl std::fmt::Debug for Database {
+impl std::fmt::Debug for Local {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Database")
+        f.debug_struct("Local")
             .field("dir", &self.shared.dir)
             .finish()
     }
 }
 
-/// A commit appended and melded; [`CommitHandle::wait`] gives its outcome
+/// A commit appended and melded; [`LocalHandle::wait`] gives its outcome
 /// once it is durable. Dropping the handle without waiting leaves the
 /// commit to be flushed by the background thread.
-pub struct CommitHandle {
+pub(crate) struct LocalHandle {
     state: HandleState,
 }
 
@@ -105,26 +98,26 @@ enum HandleState {
     Taken,
 }
 
-impl std::fmt::Debug for CommitHandle {
+impl std::fmt::Debug for LocalHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.state {
-            HandleState::Ready(o) => write!(f, "CommitHandle(ready: {o:?})"),
-            HandleState::Pending { pos, .. } => write!(f, "CommitHandle(pending at {pos})"),
-            HandleState::Taken => write!(f, "CommitHandle(taken)"),
+            HandleState::Ready(o) => write!(f, "LocalHandle(ready: {o:?})"),
+            HandleState::Pending { pos, .. } => write!(f, "LocalHandle(pending at {pos})"),
+            HandleState::Taken => write!(f, "LocalHandle(taken)"),
         }
     }
 }
 
-impl CommitHandle {
-    fn ready(o: Result<Outcome, DbError>) -> CommitHandle {
-        CommitHandle {
+impl LocalHandle {
+    fn ready(o: Result<Outcome, DbError>) -> LocalHandle {
+        LocalHandle {
             state: HandleState::Ready(o),
         }
     }
 
     /// Blocks until the outcome is known and, with [`Durability::Sync`],
     /// the sync thread's flush made the commit durable.
-    pub fn wait(mut self) -> Result<Outcome, DbError> {
+    pub(crate) fn wait(mut self) -> Result<Outcome, DbError> {
         match std::mem::replace(&mut self.state, HandleState::Taken) {
             HandleState::Ready(o) => o,
             HandleState::Taken => Err(DbError::Stopped("the outcome was already taken".into())),
@@ -143,7 +136,7 @@ impl CommitHandle {
     }
 }
 
-impl Drop for CommitHandle {
+impl Drop for LocalHandle {
     fn drop(&mut self) {
         if let HandleState::Pending { pos, engine, .. } = &self.state {
             // Nobody waits: the background thread flushes the commit (so
@@ -153,21 +146,11 @@ impl Drop for CommitHandle {
     }
 }
 
-impl Database {
-    /// Opens the database in `dir`, creating it with default settings if
-    /// the directory is empty or missing.
-    pub fn open(dir: impl AsRef<Path>) -> Result<Database, DbError> {
-        Database::open_with(dir, Options::default())
-    }
-
-    /// Opens (or creates) the database in `dir` with `opts`.
-    ///
-    /// The directory is locked until the database is dropped (the `lock`
-    /// file in it, [`LOCK_FILE`]): while it is open, another open of `dir`,
-    /// in this process or another, fails with [`DbError::Locked`] and
-    /// changes nothing.
-    pub fn open_with(dir: impl AsRef<Path>, opts: Options) -> Result<Database, DbError> {
-        let dir = dir.as_ref().to_path_buf();
+impl Local {
+    /// Opens (or creates) the database in `dir` with `opts`, the directory
+    /// locked until it is dropped.
+    pub(crate) fn open_with(dir: &Path, opts: &Options) -> Result<Local, DbError> {
+        let dir = dir.to_path_buf();
         if opts.max_in_flight == 0 {
             return Err(DbError::Options("max_in_flight must be at least 1".into()));
         }
@@ -315,13 +298,11 @@ impl Database {
             .name("melddb-background".into())
             .spawn(move || background_loop(&bg_engine, rx))
             .map_err(|e| DbError::Stopped(format!("cannot start the background thread: {e}")))?;
-        Ok(Database {
+        Ok(Local {
             shared,
             engine,
             background: Some(background),
             syncer,
-            max_attempts: opts.max_attempts.max(1),
-            trial_meld: opts.trial_meld,
             recovery: Recovery {
                 records: report.records,
                 torn_bytes: report.torn_bytes,
@@ -335,71 +316,41 @@ impl Database {
     }
 
     /// What recovery found when the database was opened.
-    pub fn recovery(&self) -> &Recovery {
+    pub(crate) fn recovery(&self) -> &Recovery {
         &self.recovery
     }
 
     /// The database settings (from its genesis record).
-    pub fn settings(&self) -> Settings {
+    pub(crate) fn settings(&self) -> Settings {
         self.shared.settings
     }
 
     /// The latest committed state.
-    pub fn snapshot(&self) -> Snapshot {
-        self.shared
-            .latest
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .snapshot()
-            .clone()
-    }
-
-    fn latest(&self) -> MeldState {
+    pub(crate) fn latest(&self) -> MeldState {
         self.shared
             .latest
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
-    }
-
-    /// Reads one key of the latest committed state.
-    pub fn get(&self, key: &[u8]) -> Result<Option<Bytes>, DbError> {
-        Ok(self.snapshot().try_get(key)?)
     }
 
     /// The node cache's figures, as of the last measurement.
-    pub fn cache_stats(&self) -> CacheStats {
+    pub(crate) fn cache_stats(&self) -> CacheStats {
         let mut c = self.shared.cache_stats().clone();
         c.store = self.shared.store.stats();
         c
     }
 
-    /// Begins a transaction on the latest committed state.
-    pub fn begin(&self, isolation: Isolation) -> Transaction {
-        Transaction::begin(&self.snapshot(), isolation)
-    }
-
-    /// Finishes `tx`, appends its intention and melds it on this thread,
-    /// and returns without waiting for the flush that makes it durable
-    /// ([`CommitHandle::wait`] waits for it). Once
+    /// Appends an intention and melds it on this thread, and returns
+    /// without waiting for the flush that makes it durable
+    /// ([`LocalHandle::wait`] waits for it). Once
     /// [`Options::max_in_flight`] commits wait for a flush, this call waits
     /// for one before it appends.
-    pub fn submit(&self, tx: Transaction) -> Result<CommitHandle, DbError> {
-        let Some((bytes, local)) = tx.finish_local()? else {
-            return Ok(CommitHandle::ready(Ok(Outcome::ReadOnly)));
-        };
-        if self.trial_meld {
-            let mut stats = melddb::MeldStats::default();
-            let latest = self.latest();
-            let _ = melddb::take_store_error();
-            let trial = trial_meld(&self.shared.settings, &local, &latest, &mut stats);
-            // A failed read back makes the trial say nothing: let meld
-            // decide.
-            let unsure = melddb::take_store_error().is_some();
-            if let (Err(reason), false) = (trial, unsure) {
-                return Ok(CommitHandle::ready(Ok(Outcome::Rejected { reason })));
-            }
-        }
+    pub(crate) fn submit(
+        &self,
+        bytes: &[u8],
+        local: melddb::LocalIntention,
+    ) -> Result<LocalHandle, DbError> {
         let engine = &self.engine;
         let mut w = loop {
             let w = engine.lock();
@@ -414,7 +365,7 @@ impl Database {
             }
             break w;
         };
-        let (pos, decided) = match w.commit(&bytes, local).and_then(|c| {
+        let (pos, decided) = match w.commit(bytes, local).and_then(|c| {
             w.after_commit()?;
             Ok(c)
         }) {
@@ -446,9 +397,9 @@ impl Database {
         })?;
         if engine.durability == Durability::Buffered {
             drop(garbage);
-            return Ok(CommitHandle::ready(Ok(outcome)));
+            return Ok(LocalHandle::ready(Ok(outcome)));
         }
-        Ok(CommitHandle {
+        Ok(LocalHandle {
             state: HandleState::Pending {
                 pos,
                 engine: engine.clone(),
@@ -458,47 +409,11 @@ impl Database {
         })
     }
 
-    /// Commits `tx` and waits for its outcome.
-    pub fn commit(&self, tx: Transaction) -> Result<Outcome, DbError> {
-        self.submit(tx)?.wait()
-    }
-
-    /// Runs `f` in a transaction and commits it, retrying on conflicts with
-    /// exponential backoff (50 µs doubling to 10 ms, with jitter) up to
-    /// `max_attempts` times. Returns `f`'s result from the attempt that
-    /// committed (or was read-only).
-    pub fn transact<T>(
-        &self,
-        isolation: Isolation,
-        mut f: impl FnMut(&mut Transaction) -> Result<T, TxnError>,
-    ) -> Result<T, DbError> {
-        let mut delay = Duration::from_micros(50);
-        let mut last = None;
-        for attempt in 1..=self.max_attempts {
-            let mut tx = self.begin(isolation);
-            let value = f(&mut tx)?;
-            match self.commit(tx)? {
-                Outcome::Aborted { reason, .. } | Outcome::Rejected { reason } => {
-                    last = Some(reason);
-                    if attempt < self.max_attempts {
-                        thread::sleep(delay.mul_f64(rand::rng().random_range(0.5..1.5)));
-                        delay = (delay * 2).min(Duration::from_millis(10));
-                    }
-                }
-                _ => return Ok(value),
-            }
-        }
-        Err(DbError::Conflict {
-            attempts: self.max_attempts,
-            last: last.unwrap_or(AbortReason::SnapshotUnavailable { snapshot_pos: 0 }),
-        })
-    }
-
     /// Writes a checkpoint of the latest state now (after every commit
     /// queued before this call) and waits until it is durable. Recovery
     /// then starts from it, and with [`Options::trim_log`] the log below
     /// the previous checkpoint is deleted.
-    pub fn checkpoint(&self) -> Result<CheckpointInfo, DbError> {
+    pub(crate) fn checkpoint(&self) -> Result<CheckpointInfo, DbError> {
         if self.background.is_none() {
             return Err(DbError::Stopped("database is closed".into()));
         }
@@ -518,27 +433,27 @@ impl Database {
 
     /// The log's extent, the latest checkpoint and garbage collection
     /// counters, as of the last commit or background step.
-    pub fn log_stats(&self) -> LogStats {
+    pub(crate) fn log_stats(&self) -> LogStats {
         self.shared.log_stats().clone()
     }
 
     /// Reachable ephemeral nodes of the latest state created since the
     /// latest checkpoint: the state only memory holds (a crash recomputes
     /// it by replaying the log after the checkpoint). Checkpoints bound it.
-    pub fn unpersisted_nodes(&self) -> u64 {
+    pub(crate) fn unpersisted_nodes(&self) -> u64 {
         let since = self
             .shared
             .log_stats()
             .last_checkpoint
             .as_ref()
             .map_or(0, |c| c.csn);
-        checkpoint::unpersisted_nodes(&self.snapshot(), since)
+        checkpoint::unpersisted_nodes(self.latest().snapshot(), since)
     }
 
     /// Flushes every commit, finishes a checkpoint whose parts are all
     /// encoded, and stops the background thread. Commits submitted and not
     /// waited for are durable afterwards.
-    pub fn close(mut self) -> Result<(), DbError> {
+    pub(crate) fn close(&mut self) -> Result<(), DbError> {
         self.shutdown()
     }
 
@@ -557,7 +472,7 @@ impl Database {
     }
 }
 
-impl Drop for Database {
+impl Drop for Local {
     fn drop(&mut self) {
         let _ = self.shutdown();
     }

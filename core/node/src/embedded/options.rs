@@ -7,7 +7,7 @@ use melddb::{checkpoint, Settings};
 use melddb::{Outcome, Snapshot};
 
 #[cfg(doc)]
-use super::Database;
+use crate::Database;
 
 /// Default of [`Options::checkpoint_part_bytes`]: 1 MiB, so appending one
 /// part at a time holds commits up only briefly.
@@ -79,6 +79,10 @@ pub struct Options {
     /// checkpoint: it verifies it and reads nodes back as they are used.
     /// Needs checkpoints (premeld and group meld off); otherwise ignored.
     pub cache_bytes: u64,
+    /// The bearer token [`Database::connect`] sends to the log service
+    /// (`None`: the service must allow anonymous access). Unused by
+    /// [`Database::open`].
+    pub token: Option<String>,
 }
 
 impl Default for Options {
@@ -94,6 +98,7 @@ impl Default for Options {
             checkpoint_part_bytes: DEFAULT_CHECKPOINT_PART_BYTES,
             trim_log: true,
             cache_bytes: DEFAULT_CACHE_BYTES,
+            token: None,
         }
     }
 }

@@ -11,7 +11,9 @@ use melddb::{LogPos, MeldState, Settings};
 use crate::nodestore::{LogStore, StoreStats};
 
 #[cfg(doc)]
-use super::{Database, Durability, Options};
+use super::{Durability, Options};
+#[cfg(doc)]
+use crate::Database;
 
 /// The latest state and the published figures, shared by the database,
 /// the committing threads and the background threads.

@@ -15,7 +15,7 @@ use crate::filelog::FileLog;
 use crate::nodestore::LogStore;
 
 #[cfg(doc)]
-use super::Database;
+use crate::Database;
 
 /// Fails if a node could not be read back from the log during the last
 /// meld: its decisions are then meaningless, so the database stops (a

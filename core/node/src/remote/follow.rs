@@ -1,0 +1,256 @@
+//! The roll-forward thread of a node on a shared log, and the state it
+//! shares with the committing threads.
+//!
+//! The thread owns the melder. It consumes the service's subscription in
+//! log order, melds every entry (its own commits with the intention the
+//! committing thread already built, everyone else's from their bytes),
+//! publishes each new committed state for transactions to begin on, and
+//! hands the outcomes of this node's commits to the threads waiting for
+//! them. Meld is deterministic, so every node that follows the log reaches
+//! the same states whatever the timing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
+use std::time::Duration;
+
+use melddb::{LocalIntention, LogPos, MeldState, Melder, Outcome};
+use melddb_log::{Client, ClientError, Subscription};
+
+/// How long one wait for the next entry lasts before the thread looks at
+/// its stop flag again.
+const POLL: Duration = Duration::from_millis(100);
+
+/// First pause before subscribing again after the service went away;
+/// doubles up to [`MAX_BACKOFF`].
+const BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// What the committing threads and the roll-forward thread share.
+pub(crate) struct Follow {
+    /// The latest committed state: what transactions begin on.
+    pub latest: RwLock<MeldState>,
+    st: Mutex<FollowState>,
+    /// Signalled whenever entries were melded or the thread stopped.
+    pub melded: Condvar,
+}
+
+/// The roll-forward thread's progress, under [`Follow`]'s lock.
+#[derive(Default)]
+pub(crate) struct FollowState {
+    /// The next position to meld.
+    pub next: LogPos,
+    /// The position of the latest committed state (behind `next - 1`
+    /// while a group-meld pair waits for its second entry).
+    pub lcs: LogPos,
+    /// Intentions of this node's commits, by position, not melded yet.
+    own: HashMap<LogPos, LocalIntention>,
+    /// The lowest position each commit in flight can land at (the `next`
+    /// when it was sent), counted: outcomes at or past the lowest are
+    /// kept until their committer takes them.
+    floors: BTreeMap<LogPos, usize>,
+    /// Outcomes kept for committers (see `floors`).
+    outcomes: BTreeMap<LogPos, Outcome>,
+    /// Entries and bytes melded since the node started.
+    pub entries: u64,
+    pub bytes: u64,
+    /// Times the subscription was opened again after the service went
+    /// away.
+    pub resubscribed: u64,
+    /// Whether the subscription is up.
+    pub connected: bool,
+    /// Why the thread stopped for good, if it did.
+    pub failed: Option<String>,
+    stop: bool,
+}
+
+impl Follow {
+    pub fn new(latest: MeldState, next: LogPos) -> Follow {
+        let lcs = latest.snapshot().pos();
+        Follow {
+            latest: RwLock::new(latest),
+            st: Mutex::new(FollowState {
+                next,
+                lcs,
+                connected: true,
+                ..FollowState::default()
+            }),
+            melded: Condvar::new(),
+        }
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, FollowState> {
+        self.st.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The latest committed state.
+    pub fn latest(&self) -> MeldState {
+        self.latest
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Asks the thread to stop.
+    pub fn stop(&self) {
+        self.lock().stop = true;
+        self.melded.notify_all();
+    }
+}
+
+impl FollowState {
+    /// A commit is about to be sent: its entry lands at `next` or later,
+    /// so outcomes from there on are kept until it is answered. Returns
+    /// the floor to give back with [`FollowState::settle`].
+    pub fn enter(&mut self) -> LogPos {
+        *self.floors.entry(self.next).or_default() += 1;
+        self.next
+    }
+
+    /// The commit that entered at `floor` landed at `pos` with `local`:
+    /// the roll-forward thread uses it if it has not melded `pos` yet.
+    pub fn landed(&mut self, pos: LogPos, local: LocalIntention) {
+        if pos >= self.next {
+            self.own.insert(pos, local);
+        }
+    }
+
+    /// The outcome of `pos`, once melded.
+    pub fn take_outcome(&mut self, pos: LogPos) -> Option<Outcome> {
+        self.outcomes.remove(&pos)
+    }
+
+    /// The commit that entered at `floor` is done (answered or failed):
+    /// outcomes no commit in flight can need any more are dropped.
+    pub fn settle(&mut self, floor: LogPos, pos: Option<LogPos>) {
+        if let Some(pos) = pos {
+            self.own.remove(&pos);
+            self.outcomes.remove(&pos);
+        }
+        if let Some(n) = self.floors.get_mut(&floor) {
+            *n -= 1;
+            if *n == 0 {
+                self.floors.remove(&floor);
+            }
+        }
+        match self.floors.keys().next() {
+            Some(&low) => {
+                let keep = self.outcomes.split_off(&low);
+                self.outcomes = keep;
+            }
+            None => self.outcomes.clear(),
+        }
+    }
+
+    /// Commits sent and not answered yet.
+    pub fn in_flight(&self) -> usize {
+        self.floors.values().sum()
+    }
+
+    /// Whether the thread stopped (asked to, or failed).
+    pub fn stopped(&self) -> Option<String> {
+        if let Some(why) = &self.failed {
+            return Some(why.clone());
+        }
+        self.stop.then(|| "the database is closed".to_string())
+    }
+}
+
+/// The roll-forward thread: melds the log from `melder.next_pos()` on,
+/// subscribing again whenever the service goes away, until asked to stop
+/// or the log cannot be followed (trimmed past this node's position).
+pub(crate) fn follow(
+    rt: &tokio::runtime::Runtime,
+    client: &Client,
+    log: &str,
+    mut melder: Melder,
+    shared: &Arc<Follow>,
+) {
+    let mut backoff = BACKOFF;
+    'subscribe: loop {
+        let mut sub: Subscription = client.subscribe(log, melder.next_pos());
+        loop {
+            if shared.lock().stop {
+                return;
+            }
+            let next = rt.block_on(async { tokio::time::timeout(POLL, sub.next()).await });
+            let (pos, bytes) = match next {
+                Err(_elapsed) => continue,
+                Ok(Ok(entry)) => entry,
+                Ok(Err(e)) => {
+                    if let Some(why) = fatal(&e, log, melder.next_pos()) {
+                        let mut st = shared.lock();
+                        st.failed = Some(why);
+                        st.connected = false;
+                        drop(st);
+                        shared.melded.notify_all();
+                        return;
+                    }
+                    {
+                        let mut st = shared.lock();
+                        st.connected = false;
+                        st.resubscribed += 1;
+                    }
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    continue 'subscribe;
+                }
+            };
+            backoff = BACKOFF;
+            if pos != melder.next_pos() {
+                // The subscription guarantees order; anything else is a
+                // broken stream: start it again where meld stands.
+                continue 'subscribe;
+            }
+            let local = shared.lock().own.remove(&pos);
+            let outcomes = match local {
+                Some(local) => melder.apply_local(&bytes, local),
+                None => melder.apply(&bytes),
+            };
+            let lcs = melder.lcs().pos();
+            if let Some(state) = melder.meld_state(lcs) {
+                *shared
+                    .latest
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner) = state.clone();
+            }
+            let mut st = shared.lock();
+            st.next = melder.next_pos();
+            st.lcs = lcs;
+            st.entries += 1;
+            st.bytes += bytes.len() as u64;
+            st.connected = true;
+            if let Some(&low) = st.floors.keys().next() {
+                for o in outcomes {
+                    if let Some(p) = o.pos().filter(|&p| p >= low) {
+                        st.outcomes.insert(p, o);
+                    }
+                }
+            }
+            drop(st);
+            shared.melded.notify_all();
+        }
+    }
+}
+
+/// An error that ends following for good, with what to do; `None` for
+/// one worth subscribing again after (the service restarting).
+fn fatal(e: &ClientError, log: &str, next: LogPos) -> Option<String> {
+    match e {
+        ClientError::Server {
+            code: melddb_log::protocol::Code::Trimmed,
+            a,
+            ..
+        } => Some(format!(
+            "log {log} was trimmed to position {a}, past this node's position {next}; \
+                 open a new node directory to join the log again"
+        )),
+        ClientError::Server {
+            code: melddb_log::protocol::Code::Forbidden | melddb_log::protocol::Code::Unauthorized,
+            message,
+            ..
+        } => Some(format!(
+            "the service refused to stream log {log}: {message}; give a token with read rights"
+        )),
+        _ => None,
+    }
+}

@@ -1,0 +1,379 @@
+//! A node on a log of the log service: `Database::connect`.
+//!
+//! Every node is a full database: it begins transactions on its own copy
+//! of the latest committed state, appends their intentions to the shared
+//! log on the service (the only arbitration: the service orders the
+//! appends of every node), and rolls the log forward from the service's
+//! subscription with meld, which decides each intention's fate the same
+//! way on every node ([`follow`]). A commit is answered once this node has
+//! melded its entry; the service acknowledges an append only once it is
+//! durable, so an answered commit survives the service's crash too.
+//!
+//! With group meld on, an entry that lands first in a pair is decided with
+//! the next one. When no other commit follows within [`PAIR_WAIT`], the
+//! waiting committer appends an empty entry (every node rejects it as
+//! malformed) to close the pair.
+//!
+//! The node directory is locked for the node's life, like an embedded
+//! database's. Connecting melds the log from its genesis record up to the
+//! tail it finds, then follows it.
+
+mod follow;
+mod url;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use melddb::{LocalIntention, LogPos, MeldState, Melder, Outcome, Settings};
+use melddb_log::{Client, ClientOptions};
+
+use self::follow::Follow;
+use self::url::LogUrl;
+pub use self::url::SCHEME;
+use crate::embedded::dir_lock::DirLock;
+use crate::embedded::{DbError, LogStats, Options, Recovery};
+
+/// How long a committer whose entry opened a group-meld pair waits for
+/// another entry before it closes the pair with an empty one.
+pub(crate) const PAIR_WAIT: Duration = Duration::from_millis(2);
+
+/// A node on a shared log.
+pub(crate) struct Remote {
+    url: String,
+    log: String,
+    settings: Settings,
+    rt: Arc<tokio::runtime::Runtime>,
+    client: Client,
+    follow: Arc<Follow>,
+    follower: Option<JoinHandle<()>>,
+    recovery: Recovery,
+    max_in_flight: usize,
+    _lock: DirLock,
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote").field("url", &self.url).finish()
+    }
+}
+
+/// A commit appended to the shared log and waiting to be melded.
+pub(crate) struct RemoteHandle {
+    pos: LogPos,
+    floor: LogPos,
+    follow: Arc<Follow>,
+    rt: Arc<tokio::runtime::Runtime>,
+    client: Client,
+    log: String,
+    group_meld: bool,
+    done: bool,
+}
+
+impl Remote {
+    /// Connects to the log at `url` (`melddb://host:port/LOG`), creating it
+    /// with `opts.settings` if it is empty, melds it up to its tail and
+    /// starts following it. `dir` is locked for the node's life.
+    pub(crate) fn connect(
+        url: &str,
+        dir: &Path,
+        opts: &Options,
+        token: Option<String>,
+    ) -> Result<Remote, DbError> {
+        let started = Instant::now();
+        let parsed = LogUrl::parse(url)?;
+        let lock = DirLock::take(dir)?;
+        let service = |e: melddb_log::ClientError| DbError::Service {
+            url: url.to_string(),
+            source: e,
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("melddb-node-io")
+            .enable_all()
+            .build()
+            .map_err(|e| DbError::Stopped(format!("cannot start the node's I/O thread: {e}")))?;
+        let copts = ClientOptions {
+            token,
+            ..ClientOptions::default()
+        };
+        // Appends and the subscription on two connections, so a long
+        // catch-up stream never queues ahead of a commit's answer.
+        let client = rt
+            .block_on(Client::connect_with(&parsed.addr, copts.clone()))
+            .map_err(service)?;
+        let stream = rt
+            .block_on(Client::connect_with(&parsed.addr, copts))
+            .map_err(service)?;
+        let log = parsed.log.clone();
+        let (first, tail) = rt.block_on(client.bounds(&log)).map_err(service)?;
+        if tail == 0 {
+            opts.settings
+                .validate()
+                .map_err(|e| DbError::Options(e.to_string()))?;
+            // Two nodes creating the log at once both append a genesis
+            // record; the first wins and the second is an entry every
+            // node rejects as malformed.
+            rt.block_on(client.append(&log, opts.settings.encode()))
+                .map_err(service)?;
+        } else if first > 0 {
+            return Err(DbError::Unrecoverable {
+                path: dir.to_path_buf(),
+                why: format!(
+                    "log {log} starts at position {first} (trimmed): a node cannot join it \
+                     without a published checkpoint"
+                ),
+            });
+        }
+        let genesis = rt.block_on(client.read(&log, 0)).map_err(service)?;
+        let melder = Melder::from_genesis(&genesis).map_err(|e| DbError::NotADatabase {
+            path: dir.to_path_buf(),
+            why: format!("log {log} position 0: {e}"),
+        })?;
+        let settings = *melder.settings();
+        let state = initial_state(&melder, dir)?;
+        let follow = Arc::new(Follow::new(state, melder.next_pos()));
+        let rt = Arc::new(rt);
+        let follower = {
+            let (rt, follow, log) = (rt.clone(), follow.clone(), log.clone());
+            std::thread::Builder::new()
+                .name("melddb-follow".into())
+                .spawn(move || self::follow::follow(&rt, &stream, &log, melder, &follow))
+                .map_err(|e| {
+                    DbError::Stopped(format!("cannot start the roll-forward thread: {e}"))
+                })?
+        };
+        let node = Remote {
+            url: url.to_string(),
+            log,
+            settings,
+            rt,
+            client,
+            follow,
+            follower: Some(follower),
+            recovery: Recovery {
+                records: 0,
+                torn_bytes: 0,
+                elapsed: Duration::ZERO,
+                checkpoint: None,
+                replayed: 0,
+                skipped_checkpoints: Vec::new(),
+            },
+            max_in_flight: opts.max_in_flight.max(1),
+            _lock: lock,
+        };
+        // Up to date before the first transaction: every entry the log
+        // held when the node connected is melded.
+        let (_, tail) = node
+            .rt
+            .block_on(node.client.bounds(&node.log))
+            .map_err(service)?;
+        node.wait_melded(tail)?;
+        let mut node = node;
+        let st = node.follow.lock();
+        node.recovery.records = st.entries;
+        node.recovery.replayed = st.entries;
+        drop(st);
+        node.recovery.elapsed = started.elapsed();
+        Ok(node)
+    }
+
+    /// The log's settings (its genesis record).
+    pub(crate) fn settings(&self) -> Settings {
+        self.settings
+    }
+
+    /// What connecting did.
+    pub(crate) fn recovery(&self) -> &Recovery {
+        &self.recovery
+    }
+
+    /// The latest state this node has melded.
+    pub(crate) fn latest(&self) -> MeldState {
+        self.follow.latest()
+    }
+
+    /// Waits until this node has melded every entry before `tail`.
+    pub(crate) fn wait_melded(&self, tail: LogPos) -> Result<(), DbError> {
+        let mut st = self.follow.lock();
+        while st.next < tail {
+            if let Some(why) = st.stopped() {
+                return Err(DbError::Stopped(why));
+            }
+            st = self
+                .follow
+                .melded
+                .wait(st)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        Ok(())
+    }
+
+    /// Waits until this node has melded everything the service had
+    /// acknowledged when this call began (an up-to-date read: it sees every
+    /// commit answered anywhere before it).
+    pub(crate) fn sync_with_log(&self) -> Result<(), DbError> {
+        let (_, tail) = self
+            .rt
+            .block_on(self.client.bounds(&self.log))
+            .map_err(|e| self.service(e))?;
+        self.wait_melded(tail)
+    }
+
+    fn service(&self, e: melddb_log::ClientError) -> DbError {
+        DbError::Service {
+            url: self.url.clone(),
+            source: e,
+        }
+    }
+
+    /// Appends an intention; the handle waits for its outcome.
+    pub(crate) fn submit(
+        &self,
+        bytes: Vec<u8>,
+        local: LocalIntention,
+    ) -> Result<RemoteHandle, DbError> {
+        let floor = {
+            let mut st = self.follow.lock();
+            // Back-pressure: at most `max_in_flight` commits appended and
+            // not melded by this node.
+            while st.in_flight() >= self.max_in_flight {
+                if let Some(why) = st.stopped() {
+                    return Err(DbError::Stopped(why));
+                }
+                st = self
+                    .follow
+                    .melded
+                    .wait_timeout(st, Duration::from_millis(10))
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .0;
+            }
+            if let Some(why) = st.stopped() {
+                return Err(DbError::Stopped(why));
+            }
+            st.enter()
+        };
+        match self.rt.block_on(self.client.append(&self.log, bytes)) {
+            Ok(pos) => {
+                self.follow.lock().landed(pos, local);
+                Ok(RemoteHandle {
+                    pos,
+                    floor,
+                    follow: self.follow.clone(),
+                    rt: self.rt.clone(),
+                    client: self.client.clone(),
+                    log: self.log.clone(),
+                    group_meld: self.settings.group_meld,
+                    done: false,
+                })
+            }
+            Err(e) => {
+                self.follow.lock().settle(floor, None);
+                Err(self.service(e))
+            }
+        }
+    }
+
+    /// The log as this node sees it.
+    pub(crate) fn log_stats(&self) -> LogStats {
+        let st = self.follow.lock();
+        LogStats {
+            first: 0,
+            tail: st.next,
+            synced: st.next,
+            bytes: st.bytes,
+            ..LogStats::default()
+        }
+    }
+
+    /// Stops following the log (commits in flight fail with
+    /// [`DbError::Stopped`]).
+    pub(crate) fn close(&mut self) -> Result<(), DbError> {
+        self.follow.stop();
+        if let Some(t) = self.follower.take() {
+            t.join()
+                .map_err(|_| DbError::Stopped("the roll-forward thread panicked".into()))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
+impl RemoteHandle {
+    /// The entry's position in the log.
+    pub(crate) fn pos(&self) -> LogPos {
+        self.pos
+    }
+
+    /// Waits until this node has melded the entry and returns its outcome.
+    pub(crate) fn wait(mut self) -> Result<Outcome, DbError> {
+        let result = self.wait_inner();
+        self.follow.lock().settle(self.floor, Some(self.pos));
+        self.done = true;
+        result
+    }
+
+    fn wait_inner(&self) -> Result<Outcome, DbError> {
+        let mut closed_pair = false;
+        let mut since = Instant::now();
+        let mut st = self.follow.lock();
+        loop {
+            if let Some(o) = st.take_outcome(self.pos) {
+                return Ok(o);
+            }
+            if let Some(why) = st.stopped() {
+                return Err(DbError::Stopped(why));
+            }
+            let pair_open = self.group_meld && st.next == self.pos + 1 && st.lcs < self.pos;
+            if pair_open && !closed_pair && since.elapsed() >= PAIR_WAIT {
+                drop(st);
+                // A failed filler is not this commit's failure: another
+                // entry may still close the pair; try again later.
+                closed_pair = self
+                    .rt
+                    .block_on(self.client.append(&self.log, Vec::new()))
+                    .is_ok();
+                since = Instant::now();
+                st = self.follow.lock();
+                continue;
+            }
+            st = self
+                .follow
+                .melded
+                .wait_timeout(st, PAIR_WAIT)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+impl Drop for RemoteHandle {
+    fn drop(&mut self) {
+        if !self.done {
+            self.follow.lock().settle(self.floor, Some(self.pos));
+        }
+    }
+}
+
+/// The state after the genesis record.
+fn initial_state(melder: &Melder, dir: &Path) -> Result<MeldState, DbError> {
+    melder
+        .meld_state(melder.lcs().pos())
+        .cloned()
+        .ok_or_else(|| DbError::NotADatabase {
+            path: dir.to_path_buf(),
+            why: "no state after the genesis record".into(),
+        })
+}
+
+/// Whether `s` names a log on the service (`melddb://…`) rather than a
+/// directory.
+pub fn is_log_url(s: &str) -> bool {
+    s.starts_with(SCHEME)
+}
