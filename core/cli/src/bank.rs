@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use melddb::{Isolation, Order, Outcome};
-use melddb_runtime::Database;
+use melddb_runtime::{Database, DbError};
 use rand::{Rng, SeedableRng};
 
 /// The starting balance of every account.
@@ -50,6 +50,10 @@ struct Tally {
     committed: Vec<u64>,
     /// Aborted attempts by reason kind.
     aborts: BTreeMap<&'static str, u64>,
+    /// Commits whose outcome never came back (the log service went away
+    /// while they were sent); the log decided them, the node does not
+    /// know how.
+    unknown: u64,
 }
 
 fn reason_kind(o: &Outcome) -> &'static str {
@@ -212,6 +216,7 @@ pub fn run(db: Database, a: BankArgs) -> Result<(), String> {
             "committed": t.committed.len(),
             "aborted": aborts,
             "aborts_by_reason": t.aborts,
+            "unknown_outcomes": t.unknown,
             "tps": t.committed.len() as f64 / elapsed,
             "seconds": elapsed,
             "position": snap.pos(),
@@ -235,6 +240,13 @@ pub fn run(db: Database, a: BankArgs) -> Result<(), String> {
         );
         for (why, n) in &t.aborts {
             let _ = writeln!(out, "  aborted, {why}: {n}");
+        }
+        if t.unknown > 0 {
+            let _ = writeln!(
+                out,
+                "  {} outcomes unknown (the log service was unreachable)",
+                t.unknown
+            );
         }
         let _ = writeln!(
             out,
