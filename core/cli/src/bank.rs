@@ -145,7 +145,21 @@ pub fn run(db: Database, a: BankArgs) -> Result<(), String> {
                         .map_err(|e| e.to_string())?;
                     tx.put(&key(to), (y + amount).to_string().as_bytes())
                         .map_err(|e| e.to_string())?;
-                    let outcome = db.commit(tx).map_err(|e| e.to_string())?;
+                    let outcome = match db.commit(tx) {
+                        Ok(o) => o,
+                        // The service is away: the transfer may or may not
+                        // be in the log. Count it and go on; the node
+                        // follows the log again once the service is back.
+                        Err(DbError::Service { .. }) => {
+                            tally
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .unknown += 1;
+                            std::thread::sleep(Duration::from_millis(50));
+                            continue;
+                        }
+                        Err(e) => return Err(e.to_string()),
+                    };
                     let mut t = tally
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
