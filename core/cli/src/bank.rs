@@ -24,6 +24,8 @@ pub struct BankArgs {
     pub seconds: f64,
     pub seed: u64,
     pub json: bool,
+    /// Print a JSON progress line four times a second (for `melddb demo`).
+    pub progress: bool,
 }
 
 fn key(i: u64) -> Vec<u8> {
@@ -188,8 +190,20 @@ pub fn run(db: Database, a: BankArgs) -> Result<(), String> {
         );
         b
     });
+    let mut ticks = 0u64;
     while start.elapsed() < total_time && !threads.iter().all(|t| t.is_finished()) {
         std::thread::sleep(Duration::from_millis(100));
+        ticks += 1;
+        if a.progress && ticks % 2 == 0 {
+            let v = serde_json::json!({"progress": {
+                "committed": done.load(Ordering::Relaxed),
+                "aborted": aborted.load(Ordering::Relaxed),
+                "position": db.snapshot().pos(),
+            }});
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{v}");
+            let _ = out.flush();
+        }
         if let Some(b) = &bar {
             b.set_position(start.elapsed().as_millis() as u64);
             b.set_message(format!(

@@ -28,6 +28,7 @@ use melddb_runtime::{Database, DbOptions, Durability};
 use rand::{Rng, SeedableRng};
 
 mod bank;
+mod demo;
 
 /// mimalloc (through melddb-alloc, which skips its aligned API for ordinary
 /// layouts): every transaction allocates its path copies on its own
@@ -143,6 +144,29 @@ enum Cmd {
         /// positions of this node's commits.
         #[arg(long)]
         json: bool,
+        /// Print a JSON progress line four times a second.
+        #[arg(long, hide = true)]
+        progress: bool,
+    },
+    /// Every client a full node: starts a log service on loopback over a
+    /// temporary directory and runs `bank` in several node processes on
+    /// one shared log, with a live display; then prints per node its
+    /// commits, aborts by reason, position and digest, checks each node
+    /// against a replay of the log, and whether the total held. Exits 1 if
+    /// anything disagreed. Ignores --dir and --log.
+    Demo {
+        /// Node processes.
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// Seconds of transfers.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Accounts.
+        #[arg(long, default_value_t = 100)]
+        accounts: u64,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
     },
     /// Test support: run money transfers between accounts forever,
     /// printing `ack ID` after each commit is acknowledged (crash tests
@@ -181,6 +205,21 @@ fn text(b: &[u8]) -> String {
 }
 
 fn run(args: Args) -> Result<ExitCode, String> {
+    if let Cmd::Demo {
+        nodes,
+        seconds,
+        accounts,
+        json,
+    } = args.cmd
+    {
+        demo::run(demo::DemoArgs {
+            nodes,
+            seconds,
+            accounts,
+            json,
+        })?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let opts = DbOptions {
         cache_bytes: args.cache_bytes,
         token: args.token.clone(),
@@ -368,6 +407,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
             seconds,
             seed,
             json,
+            progress,
         } => bank::run(
             db,
             bank::BankArgs {
@@ -376,8 +416,10 @@ fn run(args: Args) -> Result<ExitCode, String> {
                 seconds,
                 seed,
                 json,
+                progress,
             },
         )?,
+        Cmd::Demo { .. } => unreachable!("handled before the database opens"),
         Cmd::CrashChild {
             accounts,
             first_id,

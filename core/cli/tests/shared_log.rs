@@ -77,3 +77,37 @@ fn three_nodes_agree(settings: Option<Settings>) {
         "the nodes' commits are not the log's committed entries"
     );
 }
+
+/// `melddb demo` starts its own service and node processes, checks them
+/// against a replay, and says so; every process it started is gone after.
+#[test]
+fn the_demo_runs_nodes_on_its_own_service_and_checks_them() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_melddb"))
+        .args([
+            "demo",
+            "--nodes",
+            "2",
+            "--seconds",
+            "1.5",
+            "--accounts",
+            "20",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    let nodes = v["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 2);
+    for n in nodes {
+        assert_eq!(n["digest_matches_log_replay"], true, "{n}");
+        assert_eq!(n["total"], 20 * 1000, "{n}");
+        assert!(n["committed"].as_u64().unwrap() > 0, "{n}");
+    }
+}
