@@ -255,6 +255,8 @@ pub fn run(db: Database, a: BankArgs) -> Result<(), String> {
             "total_held": held,
             "committed_positions": t.committed,
             "opened_accounts_at": opened_at,
+            "checkpoints_published": db.log_stats().checkpoints_written,
+            "joined_from_checkpoint": db.recovery().checkpoint,
         });
         println!("{v}");
     } else {

@@ -76,7 +76,18 @@ fn run_nodes(
     let multi = (!a.json).then(indicatif::MultiProgress::new);
     let mut children = Vec::new();
     for i in 0..a.nodes {
-        let mut child = Command::new(&exe)
+        let mut cmd = Command::new(&exe);
+        if i == 0 {
+            // One node publishes checkpoints, as a trusted node would; the
+            // log stays whole for the replay that checks every node.
+            cmd.args([
+                "--publish-checkpoints",
+                "--no-trim",
+                "--checkpoint-bytes",
+                "1048576",
+            ]);
+        }
+        let mut child = cmd
             .arg("--dir")
             .arg(tmp.join(format!("node{i}")))
             .args([
@@ -202,6 +213,7 @@ fn report(
                     "digest_matches_log_replay": agrees,
                     "total": r["total"],
                     "total_held": held,
+                    "checkpoints_published": r["checkpoints_published"],
                 }));
             }
             Err(e) => {
@@ -255,6 +267,15 @@ fn report(
                 },
                 reasons
             );
+        }
+        for r in &rows {
+            let n = r["checkpoints_published"].as_u64().unwrap_or(0);
+            if n > 0 {
+                println!(
+                    "node {} published {n} checkpoints of the shared state (nodes joining later load the latest)",
+                    r["node"]
+                );
+            }
         }
         println!(
             "{}",

@@ -55,6 +55,17 @@ struct Args {
     /// Bearer token for the log service.
     #[arg(long, env = "MELDDB_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// With --log: this node writes checkpoints into the shared log and
+    /// publishes them for nodes that join later (and trims the log below
+    /// the one before).
+    #[arg(long)]
+    publish_checkpoints: bool,
+    /// Keep the whole log: checkpoints never trim it.
+    #[arg(long)]
+    no_trim: bool,
+    /// Log bytes between checkpoints.
+    #[arg(long, env = "MELDDB_CHECKPOINT_BYTES", default_value_t = melddb_runtime::DEFAULT_CHECKPOINT_BYTES)]
+    checkpoint_bytes: u64,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -223,6 +234,9 @@ fn run(args: Args) -> Result<ExitCode, String> {
     let opts = DbOptions {
         cache_bytes: args.cache_bytes,
         token: args.token.clone(),
+        publish_checkpoints: args.publish_checkpoints,
+        checkpoint_bytes: args.checkpoint_bytes,
+        trim_log: !args.no_trim,
         ..DbOptions::default()
     };
     let db = match &args.log {

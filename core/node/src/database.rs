@@ -242,14 +242,13 @@ impl Database {
     /// Writes a checkpoint of the latest state now (after every commit
     /// queued before this call) and waits until it is durable. Recovery
     /// then starts from it, and with [`Options::trim_log`] the log below
-    /// the previous checkpoint is deleted. A node on the log service
+    /// the previous checkpoint is deleted. On the log service, a node with
+    /// [`Options::publish_checkpoints`] publishes one now; any other
     /// answers [`DbError::Unsupported`].
     pub fn checkpoint(&self) -> Result<CheckpointInfo, DbError> {
         match &self.backend {
             Backend::Local(l) => l.checkpoint(),
-            Backend::Remote(_) => Err(DbError::Unsupported(
-                "checkpoints of a node on the log service".into(),
-            )),
+            Backend::Remote(r) => r.checkpoint(),
         }
     }
 

@@ -48,6 +48,14 @@ impl Peek {
         });
     }
 
+    /// Trims `log` below `pos`.
+    pub fn trim(&self, log: &str, pos: u64) {
+        self.rt.block_on(async {
+            let c = Client::connect(&self.addr).await.unwrap();
+            c.trim(log, pos).await.unwrap();
+        });
+    }
+
     /// Every entry of `log`, position 0 on.
     pub fn entries(&self, log: &str) -> Vec<Vec<u8>> {
         self.rt.block_on(async {

@@ -48,7 +48,7 @@ impl InProgress {
 }
 
 /// Whether the database's settings allow checkpoints.
-pub(super) fn checkpoints_supported(settings: &Settings) -> bool {
+pub(crate) fn checkpoints_supported(settings: &Settings) -> bool {
     !settings.premeld() && !settings.group_meld
 }
 

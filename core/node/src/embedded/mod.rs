@@ -17,7 +17,7 @@
 
 mod background;
 mod cache;
-mod checkpoint_state;
+pub(crate) mod checkpoint_state;
 mod checkpointing;
 pub(crate) mod dir_lock;
 mod error;

@@ -83,6 +83,15 @@ pub struct Options {
     /// (`None`: the service must allow anonymous access). Unused by
     /// [`Database::open`].
     pub token: Option<String>,
+    /// On a shared log ([`Database::connect`]): this node writes
+    /// checkpoints into the log every `checkpoint_bytes` of log melded
+    /// and points the companion log `LOG.ckpt` at each, so nodes that
+    /// join (or restart) load the latest one instead of replaying from
+    /// genesis; with `trim_log` it then trims the log below the
+    /// checkpoint before. Needs append (and trim) rights on both logs, and
+    /// premeld and group meld off. One or a few trusted nodes publish;
+    /// off by default.
+    pub publish_checkpoints: bool,
 }
 
 impl Default for Options {
@@ -99,6 +108,7 @@ impl Default for Options {
             trim_log: true,
             cache_bytes: DEFAULT_CACHE_BYTES,
             token: None,
+            publish_checkpoints: false,
         }
     }
 }

@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
+use melddb::checkpoint::{TrackEvent, Tracker};
 use melddb::{LocalIntention, LogPos, MeldState, Melder, Outcome};
 use melddb_log::{Client, ClientError, Subscription};
 
@@ -32,6 +33,9 @@ pub(crate) struct Follow {
     st: Mutex<FollowState>,
     /// Signalled whenever entries were melded or the thread stopped.
     pub melded: Condvar,
+    /// This node publishes a checkpoint once this many entry bytes were
+    /// melded since the latest begin record (`None`: it does not publish).
+    publish_every: Option<u64>,
 }
 
 /// The roll-forward thread's progress, under [`Follow`]'s lock.
@@ -61,12 +65,40 @@ pub(crate) struct FollowState {
     /// Why the thread stopped for good, if it did.
     pub failed: Option<String>,
     stop: bool,
+    /// The latest checkpoint begin record melded, with the state there
+    /// (what that checkpoint encodes).
+    pub last_begin: Option<(LogPos, MeldState)>,
+    /// The latest complete checkpoint melded: its begin and its parts.
+    pub last_complete: Option<(LogPos, Vec<LogPos>)>,
+    /// Bytes of the entries other than checkpoint records melded since
+    /// the latest begin record (or the start).
+    pub since_begin: u64,
+    /// Bytes of the latest complete checkpoint's parts.
+    pub last_size: u64,
+    /// Set when this node publishes checkpoints and one is due (see
+    /// `publish`); cleared by the publishing thread when it starts one.
+    pub due: bool,
+    /// The publishing thread is writing a checkpoint.
+    pub publishing: bool,
+    /// Figures of the checkpoints this node published.
+    pub published: Published,
+}
+
+/// What the publishing thread did, for `Database::log_stats`.
+#[derive(Default, Clone)]
+pub(crate) struct Published {
+    pub last: Option<crate::CheckpointInfo>,
+    pub written: u64,
+    pub trims: u64,
+    pub first: LogPos,
+    pub error: Option<String>,
 }
 
 impl Follow {
-    pub fn new(latest: MeldState, next: LogPos) -> Follow {
+    pub fn new(latest: MeldState, next: LogPos, publish_every: Option<u64>) -> Follow {
         let lcs = latest.snapshot().pos();
         Follow {
+            publish_every,
             latest: RwLock::new(latest),
             st: Mutex::new(FollowState {
                 next,
@@ -165,6 +197,12 @@ pub(crate) fn follow(
     mut melder: Melder,
     shared: &Arc<Follow>,
 ) {
+    let settings = *melder.settings();
+    // The checkpoint records as the melder sees them, for publishing and
+    // for the pointers a joining node reads.
+    let mut tracker: Tracker = melder.tracker().clone();
+    let mut parts: Vec<LogPos> = Vec::new();
+    let mut part_bytes = 0u64;
     let mut backoff = BACKOFF;
     'subscribe: loop {
         let mut sub: Subscription = client.subscribe(log, melder.next_pos());
@@ -201,6 +239,7 @@ pub(crate) fn follow(
                 // broken stream: start it again where meld stands.
                 continue 'subscribe;
             }
+            let event = tracker.feed(&settings, pos, &bytes);
             let local = shared.lock().own.remove(&pos);
             let outcomes = match local {
                 Some(local) => melder.apply_local(&bytes, local),
@@ -219,6 +258,35 @@ pub(crate) fn follow(
             st.entries += 1;
             st.bytes += bytes.len() as u64;
             st.connected = true;
+            match event {
+                TrackEvent::Begin => {
+                    parts.clear();
+                    part_bytes = 0;
+                    st.since_begin = 0;
+                    st.last_begin = melder.meld_state(pos).map(|s| (pos, s.clone()));
+                }
+                TrackEvent::Part => {
+                    parts.push(pos);
+                    part_bytes += bytes.len() as u64;
+                }
+                TrackEvent::Complete { begin } => {
+                    parts.push(pos);
+                    st.last_size = part_bytes + bytes.len() as u64;
+                    st.last_complete = Some((begin, std::mem::take(&mut parts)));
+                }
+                // Only the log's own work counts toward the next
+                // checkpoint, not the checkpoints written into it.
+                TrackEvent::NotCheckpoint | TrackEvent::Invalid(_) => {
+                    st.since_begin += bytes.len() as u64;
+                }
+            }
+            if let Some(every) = shared.publish_every {
+                // At least twice the latest checkpoint's size, so a large
+                // database does not spend its log on checkpoints.
+                if st.since_begin >= every.max(2 * st.last_size) && !st.publishing {
+                    st.due = true;
+                }
+            }
             if let Some(&low) = st.floors.keys().next() {
                 for o in outcomes {
                     if let Some(p) = o.pos().filter(|&p| p >= low) {

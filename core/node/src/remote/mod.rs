@@ -19,6 +19,8 @@
 //! tail it finds, then follows it.
 
 mod follow;
+mod publish;
+mod published;
 mod url;
 
 use std::path::Path;
@@ -33,7 +35,7 @@ use self::follow::Follow;
 use self::url::LogUrl;
 pub use self::url::SCHEME;
 use crate::embedded::dir_lock::DirLock;
-use crate::embedded::{DbError, LogStats, Options, Recovery};
+use crate::embedded::{CheckpointInfo, DbError, LogStats, Options, Recovery};
 
 /// How long a committer whose entry opened a group-meld pair waits for
 /// another entry before it closes the pair with an empty one.
@@ -48,6 +50,7 @@ pub(crate) struct Remote {
     client: Client,
     follow: Arc<Follow>,
     follower: Option<JoinHandle<()>>,
+    publisher: Option<JoinHandle<()>>,
     recovery: Recovery,
     max_in_flight: usize,
     _lock: DirLock,
@@ -117,23 +120,58 @@ impl Remote {
             // node rejects as malformed.
             rt.block_on(client.append(&log, opts.settings.encode()))
                 .map_err(service)?;
-        } else if first > 0 {
-            return Err(DbError::Unrecoverable {
-                path: dir.to_path_buf(),
-                why: format!(
-                    "log {log} starts at position {first} (trimmed): a node cannot join it \
-                     without a published checkpoint"
-                ),
-            });
         }
-        let genesis = rt.block_on(client.read(&log, 0)).map_err(service)?;
-        let melder = Melder::from_genesis(&genesis).map_err(|e| DbError::NotADatabase {
-            path: dir.to_path_buf(),
-            why: format!("log {log} position 0: {e}"),
-        })?;
+        // The latest published checkpoint, if any: the node melds the log
+        // from the entry after its begin record instead of from genesis.
+        let (published, skipped) = rt
+            .block_on(self::published::latest(&client, &log))
+            .map_err(service)?;
+        let joined = published.as_ref().map(|(p, _)| p.begin);
+        let melder = match published {
+            Some((_, loaded)) => Melder::from_checkpoint(loaded),
+            None if first > 0 => {
+                return Err(DbError::Unrecoverable {
+                    path: dir.to_path_buf(),
+                    why: format!(
+                        "log {log} starts at position {first} (trimmed) and no published \
+                         checkpoint of it loads: {}",
+                        if skipped.is_empty() {
+                            "none was published".to_string()
+                        } else {
+                            skipped.join("; ")
+                        }
+                    ),
+                });
+            }
+            None => {
+                let genesis = rt.block_on(client.read(&log, 0)).map_err(service)?;
+                Melder::from_genesis(&genesis).map_err(|e| DbError::NotADatabase {
+                    path: dir.to_path_buf(),
+                    why: format!("log {log} position 0: {e}"),
+                })?
+            }
+        };
         let settings = *melder.settings();
+        let publish_every = if opts.publish_checkpoints {
+            if !crate::embedded::checkpoint_state::checkpoints_supported(&settings) {
+                return Err(DbError::Options(
+                    "publish_checkpoints: this log's genesis turns premeld or group meld on, \
+                     which checkpoints do not support yet"
+                        .into(),
+                ));
+            }
+            if self::published::companion(&log).is_none() {
+                return Err(DbError::Options(format!(
+                    "publish_checkpoints: the log name {log:?} is too long for its companion \
+                     log {log:?}.ckpt (at most 59 characters)"
+                )));
+            }
+            Some(opts.checkpoint_bytes.max(1))
+        } else {
+            None
+        };
         let state = initial_state(&melder, dir)?;
-        let follow = Arc::new(Follow::new(state, melder.next_pos()));
+        let follow = Arc::new(Follow::new(state, melder.next_pos(), publish_every));
         let rt = Arc::new(rt);
         let follower = {
             let (rt, follow, log) = (rt.clone(), follow.clone(), log.clone());
@@ -144,6 +182,29 @@ impl Remote {
                     DbError::Stopped(format!("cannot start the roll-forward thread: {e}"))
                 })?
         };
+        let publisher = match publish_every {
+            Some(_) => {
+                let p = self::publish::Publisher {
+                    rt: rt.clone(),
+                    client: client.clone(),
+                    log: log.clone(),
+                    settings,
+                    follow: follow.clone(),
+                    part_bytes: opts.checkpoint_part_bytes,
+                    trim: opts.trim_log,
+                    previous: joined,
+                };
+                Some(
+                    std::thread::Builder::new()
+                        .name("melddb-publish".into())
+                        .spawn(move || p.run())
+                        .map_err(|e| {
+                            DbError::Stopped(format!("cannot start the publishing thread: {e}"))
+                        })?,
+                )
+            }
+            None => None,
+        };
         let node = Remote {
             url: url.to_string(),
             log,
@@ -152,13 +213,14 @@ impl Remote {
             client,
             follow,
             follower: Some(follower),
+            publisher,
             recovery: Recovery {
                 records: 0,
                 torn_bytes: 0,
                 elapsed: Duration::ZERO,
-                checkpoint: None,
+                checkpoint: joined,
                 replayed: 0,
-                skipped_checkpoints: Vec::new(),
+                skipped_checkpoints: skipped,
             },
             max_in_flight: opts.max_in_flight.max(1),
             _lock: lock,
@@ -275,15 +337,60 @@ impl Remote {
         }
     }
 
-    /// The log as this node sees it.
+    /// The log as this node sees it, and the checkpoints it published.
     pub(crate) fn log_stats(&self) -> LogStats {
         let st = self.follow.lock();
+        let p = &st.published;
         LogStats {
-            first: 0,
+            first: p.first,
             tail: st.next,
             synced: st.next,
             bytes: st.bytes,
-            ..LogStats::default()
+            last_checkpoint: p.last.clone(),
+            checkpoints_written: p.written,
+            trims: p.trims,
+            checkpoint_error: p.error.clone(),
+            bytes_appended: 0,
+        }
+    }
+
+    /// Publishes a checkpoint of the latest state now and waits for it (a
+    /// node with `publish_checkpoints` only).
+    pub(crate) fn checkpoint(&self) -> Result<CheckpointInfo, DbError> {
+        if self.publisher.is_none() {
+            return Err(DbError::Unsupported(
+                "checkpoints from a node without publish_checkpoints".into(),
+            ));
+        }
+        let deadline = Instant::now() + self::publish::CHECKPOINT_WAIT;
+        let mut st = self.follow.lock();
+        let before = st.published.written;
+        st.published.error = None;
+        st.due = true;
+        self.follow.melded.notify_all();
+        loop {
+            if st.published.written > before {
+                if let Some(info) = &st.published.last {
+                    return Ok(info.clone());
+                }
+            }
+            if let Some(e) = &st.published.error {
+                return Err(DbError::Checkpoint(e.clone()));
+            }
+            if let Some(why) = st.stopped() {
+                return Err(DbError::Stopped(why));
+            }
+            if Instant::now() >= deadline {
+                return Err(DbError::Checkpoint(
+                    "timed out waiting for the checkpoint".into(),
+                ));
+            }
+            st = self
+                .follow
+                .melded
+                .wait_timeout(st, Duration::from_millis(50))
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
         }
     }
 
@@ -291,6 +398,10 @@ impl Remote {
     /// [`DbError::Stopped`]).
     pub(crate) fn close(&mut self) -> Result<(), DbError> {
         self.follow.stop();
+        if let Some(t) = self.publisher.take() {
+            t.join()
+                .map_err(|_| DbError::Stopped("the publishing thread panicked".into()))?;
+        }
         if let Some(t) = self.follower.take() {
             t.join()
                 .map_err(|_| DbError::Stopped("the roll-forward thread panicked".into()))?;

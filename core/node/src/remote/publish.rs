@@ -1,0 +1,191 @@
+//! The publishing thread of a node with `Options::publish_checkpoints`:
+//! writes a checkpoint into the shared log whenever enough of it was
+//! melded since the latest one, points the companion log at it once it
+//! is complete, and trims the log below the checkpoint before it.
+//!
+//! Any node may publish, and two may at once: the engine decides from the
+//! records alone which checkpoint completes (a later begin record ends an
+//! earlier checkpoint in progress, on every node alike), so a publisher
+//! whose checkpoint lost gives it up and tries again when the next one is
+//! due. Only a complete checkpoint that this node melded itself is ever
+//! pointed at.
+
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
+
+use melddb::checkpoint;
+use melddb::{LogPos, Settings};
+use melddb_log::Client;
+
+use super::follow::Follow;
+use super::published::{companion, Pointer};
+use crate::CheckpointInfo;
+
+/// What the publishing thread needs.
+pub(crate) struct Publisher {
+    pub rt: Arc<tokio::runtime::Runtime>,
+    pub client: Client,
+    pub log: String,
+    pub settings: Settings,
+    pub follow: Arc<Follow>,
+    pub part_bytes: usize,
+    pub trim: bool,
+    /// The begin of the latest published checkpoint when the node
+    /// started (the next trim goes below it).
+    pub previous: Option<LogPos>,
+}
+
+impl Publisher {
+    /// Runs until the node closes.
+    pub fn run(mut self) {
+        loop {
+            {
+                let mut st = self.follow.lock();
+                while !st.due {
+                    if st.stopped().is_some() {
+                        return;
+                    }
+                    st = self
+                        .follow
+                        .melded
+                        .wait(st)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                st.due = false;
+                st.publishing = true;
+            }
+            let result = self.publish_one();
+            let mut st = self.follow.lock();
+            st.publishing = false;
+            match result {
+                Ok((info, trimmed_to)) => {
+                    st.published.written += 1;
+                    st.published.last = Some(info);
+                    st.published.error = None;
+                    if let Some(t) = trimmed_to {
+                        st.published.trims += 1;
+                        st.published.first = t;
+                    }
+                }
+                Err(why) => st.published.error = Some(why),
+            }
+        }
+    }
+
+    /// Waits until the node has melded `pos`; false if it stopped.
+    fn wait_melded(&self, pos: LogPos) -> bool {
+        let mut st = self.follow.lock();
+        while st.next <= pos {
+            if st.stopped().is_some() {
+                return false;
+            }
+            st = self
+                .follow
+                .melded
+                .wait(st)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        true
+    }
+
+    /// One checkpoint: the begin record, the parts encoding the state
+    /// there, and once melded complete, its pointer; then the trim.
+    fn publish_one(&mut self) -> Result<(CheckpointInfo, Option<LogPos>), String> {
+        let started = Instant::now();
+        let comp = companion(&self.log).ok_or("the log's name leaves no room for `.ckpt`")?;
+        let append = |bytes: Vec<u8>| {
+            self.rt
+                .block_on(self.client.append(&self.log, bytes))
+                .map_err(|e| format!("appending to {}: {e}", self.log))
+        };
+        let begin = append(checkpoint::begin_record(self.settings.db_id))?;
+        if !self.wait_melded(begin) {
+            return Err("the node closed".into());
+        }
+        let state = match &self.follow.lock().last_begin {
+            Some((p, s)) if *p == begin => s.snapshot().clone(),
+            _ => {
+                return Err(format!(
+                    "a later begin record superseded the one at {begin}"
+                ))
+            }
+        };
+        let mut parts = Vec::new();
+        let mut bytes = 0u64;
+        let mut failed = None;
+        let encoded =
+            checkpoint::encode_streaming(&self.settings, &state, self.part_bytes, None, |part| {
+                // Another begin record ends this checkpoint on every node:
+                // stop writing parts nobody will take.
+                if self
+                    .follow
+                    .lock()
+                    .last_begin
+                    .as_ref()
+                    .is_some_and(|(p, _)| *p != begin)
+                {
+                    failed = Some(format!(
+                        "a later begin record superseded the one at {begin}"
+                    ));
+                    return false;
+                }
+                bytes += part.len() as u64;
+                match append(part) {
+                    Ok(p) => {
+                        parts.push(p);
+                        true
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        false
+                    }
+                }
+            })
+            .map_err(|e| format!("encoding the state at {begin}: {e}"))?;
+        if let Some(why) = failed {
+            return Err(why);
+        }
+        let last = *parts.last().ok_or("a checkpoint without parts")?;
+        if !self.wait_melded(last) {
+            return Err("the node closed".into());
+        }
+        if self.follow.lock().last_complete.as_ref() != Some(&(begin, parts.clone())) {
+            return Err(format!(
+                "the checkpoint begun at {begin} did not complete (another began meanwhile)"
+            ));
+        }
+        let ptr = Pointer {
+            db_id: self.settings.db_id,
+            begin,
+            parts,
+        };
+        self.rt
+            .block_on(self.client.append(&comp, ptr.encode()))
+            .map_err(|e| format!("appending to {comp}: {e}"))?;
+        // Two checkpoints stay readable: a joiner that read the previous
+        // pointer a moment ago still finds its parts.
+        let mut trimmed = None;
+        if let Some(prev) = self.previous.filter(|_| self.trim) {
+            self.rt
+                .block_on(self.client.trim(&self.log, prev))
+                .map_err(|e| format!("trimming {} below {prev}: {e}", self.log))?;
+            trimmed = Some(prev);
+        }
+        self.previous = Some(begin);
+        Ok((
+            CheckpointInfo {
+                first: begin,
+                pos: last,
+                csn: state.csn(),
+                nodes: encoded.nodes,
+                bytes,
+                flushed_ephemeral: 0,
+                micros: started.elapsed().as_micros() as u64,
+            },
+            trimmed,
+        ))
+    }
+}
+
+/// How long `Database::checkpoint` on a publishing node waits at most.
+pub(crate) const CHECKPOINT_WAIT: Duration = Duration::from_secs(600);
