@@ -2,6 +2,7 @@
 
 pub mod embedded;
 pub mod logsvc;
+pub mod nodes;
 pub mod pipeline;
 pub mod rawlog;
 pub mod wasm;

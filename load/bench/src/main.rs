@@ -16,6 +16,7 @@ use clap::{Parser, Subcommand};
 use suites::embedded::EmbeddedArgs;
 use suites::log::LogArgs;
 use suites::meld::MeldArgs;
+use suites::nodes::{NodesArgs, WorkerArgs};
 use suites::pipeline::PipelineArgs;
 use suites::ReplotArgs;
 
@@ -45,6 +46,12 @@ enum Suite {
     /// The log service on loopback against the raw disk; `--point` probes
     /// one load point on its own.
     Log(LogArgs),
+    /// Node processes on one log of the log service against a node on a
+    /// file log; joining a long log from a checkpoint against replaying it.
+    Nodes(NodesArgs),
+    /// One node process of the `nodes` suite (started by it).
+    #[command(hide = true)]
+    NodesWorker(WorkerArgs),
     /// Redraw the embedded suite's plots from its JSON, running nothing.
     EmbeddedPlots(ReplotArgs),
     /// Redraw the pipeline suite's plots from its JSON, running nothing.
@@ -58,6 +65,8 @@ fn main() {
         Suite::Pipeline(args) => suites::pipeline::run_suite(&args),
         Suite::Embedded(args) => suites::embedded::run_suite(&args),
         Suite::Log(args) => suites::log::run_suite(&args),
+        Suite::Nodes(args) => suites::nodes::run_suite(&args),
+        Suite::NodesWorker(args) => suites::nodes::worker(&args),
         Suite::EmbeddedPlots(args) => suites::embedded::replot(&args),
         Suite::PipelinePlots(args) => suites::pipeline::replot(&args),
     };

@@ -27,6 +27,14 @@ fn every_suites_documented_commands_parse() {
     ] {
         assert!(matches!(parse(line), Ok(Suite::Meld(_))), "{line}");
     }
+    for line in ["nodes --quick", "nodes --quick --json n.json", "nodes"] {
+        assert!(matches!(parse(line), Ok(Suite::Nodes(_))), "{line}");
+    }
+    assert!(matches!(
+        parse("nodes-worker --dir d --log melddb://127.0.0.1:1/x --keys 10 --seconds 1 --mix ro"),
+        Ok(Suite::NodesWorker(_))
+    ));
+    assert!(parse("nodes --point 1x1").is_err());
     for line in [
         "pipeline --quick",
         "pipeline --quick --json p.json --plots img",

@@ -5,6 +5,7 @@ pub mod embedded;
 pub mod log;
 mod log_point;
 pub mod meld;
+pub mod nodes;
 pub mod pipeline;
 
 use std::path::{Path, PathBuf};
