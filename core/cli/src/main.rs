@@ -46,7 +46,7 @@ struct Args {
     dir: PathBuf,
     /// Node cache budget in bytes: tree memory beyond it is evicted and
     /// read back from the log on use (0: keep everything in memory).
-    #[arg(long, env = "MELDDB_CACHE_BYTES", default_value_t = melddb_runtime::embedded::DEFAULT_CACHE_BYTES)]
+    #[arg(long, env = "MELDDB_CACHE_BYTES", default_value_t = melddb_runtime::DEFAULT_CACHE_BYTES)]
     cache_bytes: u64,
     /// A shared log on the log service, `melddb://HOST:PORT/LOG`, created
     /// if empty: the node joins it instead of keeping a log in `--dir`.

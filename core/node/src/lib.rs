@@ -36,16 +36,18 @@
 #![deny(missing_docs)]
 
 mod database;
-pub mod embedded;
-pub mod filelog;
-pub mod nodestore;
+mod embedded;
+mod filelog;
+mod nodestore;
 mod remote;
 
 pub use database::{CommitHandle, Database};
 pub use embedded::{
-    CheckpointInfo, DbError, Durability, LogStats, Options as DbOptions, Recovery,
-    DEFAULT_CHECKPOINT_BYTES,
+    CacheStats, CheckpointInfo, DbError, Durability, LogStats, Options as DbOptions, Recovery,
+    DEFAULT_CACHE_BYTES, DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_PART_BYTES, LOCK_FILE,
 };
+pub use filelog::{FileLogError, DEFAULT_SEGMENT_BYTES};
+pub use nodestore::StoreStats;
 pub use remote::{is_log_url, SCHEME};
 
 use std::collections::BTreeMap;

@@ -155,15 +155,6 @@ impl LogStore {
         }
     }
 
-    /// Whether `generation` is a complete checkpoint still registered.
-    pub fn is_complete(&self, generation: u16) -> bool {
-        self.generations
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&generation)
-            .is_some_and(|g| g.complete)
-    }
-
     /// Forgets checkpoint `generation` (its log was trimmed, or it was
     /// abandoned).
     pub fn remove(&self, generation: u16) {

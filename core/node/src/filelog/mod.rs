@@ -118,6 +118,7 @@ fn segment_name(first: LogPos) -> String {
 impl FileLog {
     /// Opens (or creates) the log in `dir`, verifying every record and
     /// cutting off a torn tail.
+    #[cfg(test)]
     pub fn open(dir: &Path) -> Result<(FileLog, OpenReport), FileLogError> {
         Self::open_with(dir, DEFAULT_SEGMENT_BYTES)
     }
@@ -216,11 +217,6 @@ impl FileLog {
     /// Position up to which every record is durable.
     pub fn synced(&self) -> LogPos {
         self.synced
-    }
-
-    /// The directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     /// Bytes in all segment files.
@@ -633,3 +629,6 @@ fn write_trim_point(dir: &Path, pos: LogPos) -> Result<(), FileLogError> {
     fs::rename(&tmp, dir.join(TRIM_FILE)).map_err(io_err(dir))?;
     sync_dir(dir)
 }
+
+#[cfg(test)]
+mod tests;

@@ -4,8 +4,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use super::{FileLog, FileLogError};
 use melddb::{Log, LogError};
-use melddb_runtime::filelog::{FileLog, FileLogError};
 
 fn entry(i: u64) -> Vec<u8> {
     format!("entry-{i}-{}", "x".repeat((i % 50) as usize)).into_bytes()
