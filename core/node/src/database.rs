@@ -157,6 +157,18 @@ impl Database {
         }
     }
 
+    /// Makes every commit answered so far durable: with
+    /// [`Durability::Buffered`](crate::Durability::Buffered), one flush of
+    /// the log (`fdatasync`); with the default `Sync`, and on the log
+    /// service (which acknowledges only durable appends), they already are
+    /// and this returns at once.
+    pub fn sync(&self) -> Result<(), DbError> {
+        match &self.backend {
+            Backend::Local(l) => l.sync(),
+            Backend::Remote(_) => Ok(()),
+        }
+    }
+
     /// The node cache's figures, as of the last measurement (a node on the
     /// log service keeps its whole tree in memory).
     pub fn cache_stats(&self) -> CacheStats {

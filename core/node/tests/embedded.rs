@@ -325,3 +325,27 @@ fn a_second_open_of_a_directory_is_refused_until_the_first_is_dropped() {
     db.close().unwrap();
     Database::open(&dir).unwrap();
 }
+
+/// With buffered durability commits are answered before a flush;
+/// `sync()` flushes everything answered so far.
+#[test]
+fn sync_makes_buffered_commits_durable() {
+    let d = tempfile::tempdir().unwrap();
+    let db = Database::open_with(
+        d.path(),
+        DbOptions {
+            durability: Durability::Buffered,
+            ..DbOptions::default()
+        },
+    )
+    .unwrap();
+    for i in 0..10u32 {
+        db.transact(Isolation::Serializable, |tx| tx.put(&i.to_be_bytes(), b"v"))
+            .unwrap();
+    }
+    let before = db.log_stats();
+    assert!(before.synced < before.tail, "{before:?}");
+    db.sync().unwrap();
+    let after = db.log_stats();
+    assert_eq!(after.synced, after.tail, "{after:?}");
+}

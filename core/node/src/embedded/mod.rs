@@ -334,6 +334,11 @@ impl Local {
             .clone()
     }
 
+    /// Makes every commit appended so far durable (one flush of the log).
+    pub(crate) fn sync(&self) -> Result<(), DbError> {
+        self.engine.flush_once().map(|_| ())
+    }
+
     /// The node cache's figures, as of the last measurement.
     pub(crate) fn cache_stats(&self) -> CacheStats {
         let mut c = self.shared.cache_stats().clone();
