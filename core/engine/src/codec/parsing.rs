@@ -59,6 +59,20 @@ impl ParsedIntention<'_> {
     pub fn delete_count(&self) -> usize {
         self.deletes.len()
     }
+    /// What the intention writes, in key order: `(key, Some(value))` for
+    /// a key it puts, `(key, None)` for one it deletes. If it commits,
+    /// these are its changes to the database; a deletion may name a key
+    /// that was absent (one the transaction put and deleted itself).
+    pub fn changes(&self) -> Vec<(&[u8], Option<&[u8]>)> {
+        let mut out: Vec<(&[u8], Option<&[u8]>)> = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.value.map(|v| (n.key, Some(v))))
+            .chain(self.deletes.iter().map(|&(k, _)| (k, None)))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(b.0));
+        out
+    }
     /// Average bytes per node that are not the node's own key or value:
     /// flags, versions, pointers, dependency ranges and the share of the
     /// header and delete list (the paper's "metadata per node", §4.3).
