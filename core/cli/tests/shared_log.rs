@@ -111,3 +111,56 @@ fn the_demo_runs_nodes_on_its_own_service_and_checks_them() {
         assert!(n["committed"].as_u64().unwrap() > 0, "{n}");
     }
 }
+
+/// `melddb watch PREFIX` on one node prints the commits another node
+/// process makes, in log order, only keys under the prefix.
+#[test]
+fn watch_prints_another_nodes_commits_as_they_arrive() {
+    let d = tempfile::tempdir().unwrap();
+    let svc = Service::start(&d.path().join("service"));
+    let url = format!("melddb://{}/bank", svc.addr);
+    let watcher = std::process::Command::new(env!("CARGO_BIN_EXE_melddb"))
+        .arg("--dir")
+        .arg(d.path().join("w"))
+        .args([
+            "--log",
+            &url,
+            "watch",
+            "acct/",
+            "--count",
+            "5",
+            "--seconds",
+            "60",
+            "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let watcher = common::Node(Some(watcher));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let report = finish(bank(&d.path().join("b"), &url, 1, 1.0));
+    let mut w = watcher;
+    let out = w.0.take().unwrap().wait_with_output().unwrap();
+    assert!(out.status.success());
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 5, "{lines:?}");
+    let committed: BTreeSet<u64> = report["committed_positions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_u64().unwrap())
+        .chain(report["opened_accounts_at"].as_u64())
+        .collect();
+    let mut last = 0;
+    for l in &lines {
+        let pos = l["pos"].as_u64().unwrap();
+        assert!(pos > last && committed.contains(&pos), "{l}");
+        last = pos;
+        for ch in l["changes"].as_array().unwrap() {
+            assert!(ch["key"].as_str().unwrap().starts_with("acct/"), "{ch}");
+        }
+    }
+}

@@ -1,7 +1,9 @@
 //! [`Database`]: one MeldDB node, on a local log or on a shared log of the
 //! log service, with one contract.
 
+use std::ops::Bound;
 use std::path::Path;
+use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
@@ -14,7 +16,21 @@ use rand::Rng;
 use crate::embedded::{
     CacheStats, CheckpointInfo, DbError, Local, LocalHandle, LogStats, Options, Recovery,
 };
+use crate::feed::{ChangeFeed, Feeds};
 use crate::remote::{Remote, RemoteHandle};
+
+/// The first key after every key that starts with `prefix` (`None`: no
+/// such key, the prefix is all 0xff).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
 
 /// A MeldDB node. Cheap to share: wrap it in an `Arc` and call it from
 /// any number of threads.
@@ -29,6 +45,7 @@ pub struct Database {
     backend: Backend,
     max_attempts: u32,
     trial_meld: bool,
+    feeds: Arc<Feeds>,
 }
 
 #[derive(Debug)]
@@ -85,10 +102,12 @@ impl Database {
     /// open, another open of `dir`, in this process or another, fails with
     /// [`DbError::Locked`] and changes nothing.
     pub fn open_with(dir: impl AsRef<Path>, opts: Options) -> Result<Database, DbError> {
+        let feeds = Arc::new(Feeds::default());
         Ok(Database {
-            backend: Backend::Local(Local::open_with(dir.as_ref(), &opts)?),
+            backend: Backend::Local(Local::open_with(dir.as_ref(), &opts, feeds.clone())?),
             max_attempts: opts.max_attempts.max(1),
             trial_meld: opts.trial_meld,
+            feeds,
         })
     }
 
@@ -102,16 +121,38 @@ impl Database {
     /// connected. It then follows the log as the service pushes entries;
     /// when the service goes away it subscribes again where it stopped.
     pub fn connect(url: &str, dir: impl AsRef<Path>, opts: Options) -> Result<Database, DbError> {
+        let feeds = Arc::new(Feeds::default());
         Ok(Database {
             backend: Backend::Remote(Remote::connect(
                 url,
                 dir.as_ref(),
                 &opts,
                 opts.token.clone(),
+                feeds.clone(),
             )?),
             max_attempts: opts.max_attempts.max(1),
             trial_meld: opts.trial_meld,
+            feeds,
         })
+    }
+
+    /// A change feed of the keys in `start..end`: every transaction this
+    /// node melds as committed from now on, with its changes in the range,
+    /// in log order (on the log service, every node's commits). Combine it
+    /// with [`Database::snapshot`] taken before the call to keep a view of
+    /// the range up to date.
+    pub fn watch(&self, start: Bound<&[u8]>, end: Bound<&[u8]>) -> ChangeFeed {
+        self.feeds.watch(start, end)
+    }
+
+    /// A change feed of the keys that start with `prefix`.
+    pub fn watch_prefix(&self, prefix: &[u8]) -> ChangeFeed {
+        match prefix_end(prefix) {
+            Some(end) => self
+                .feeds
+                .watch(Bound::Included(prefix), Bound::Excluded(&end)),
+            None => self.feeds.watch(Bound::Included(prefix), Bound::Unbounded),
+        }
     }
 
     /// What opening or connecting found and did.

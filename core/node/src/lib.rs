@@ -37,6 +37,7 @@
 
 mod database;
 mod embedded;
+mod feed;
 mod filelog;
 mod nodestore;
 mod remote;
@@ -46,6 +47,7 @@ pub use embedded::{
     CacheStats, CheckpointInfo, DbError, Durability, LogStats, Options as DbOptions, Recovery,
     DEFAULT_CACHE_BYTES, DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_PART_BYTES, LOCK_FILE,
 };
+pub use feed::{Change, ChangeFeed, Commit, FeedError, QUEUE as FEED_QUEUE};
 pub use filelog::{FileLogError, DEFAULT_SEGMENT_BYTES};
 pub use nodestore::StoreStats;
 pub use remote::{is_log_url, SCHEME};

@@ -62,6 +62,7 @@ pub(crate) struct Local {
     background: Option<JoinHandle<()>>,
     syncer: Option<JoinHandle<()>>,
     recovery: Recovery,
+    feeds: Arc<crate::feed::Feeds>,
     /// Held for the database's life; released after the shutdown in
     /// `drop` has stopped every thread that writes.
     _lock: DirLock,
@@ -149,7 +150,11 @@ impl Drop for LocalHandle {
 impl Local {
     /// Opens (or creates) the database in `dir` with `opts`, the directory
     /// locked until it is dropped.
-    pub(crate) fn open_with(dir: &Path, opts: &Options) -> Result<Local, DbError> {
+    pub(crate) fn open_with(
+        dir: &Path,
+        opts: &Options,
+        feeds: Arc<crate::feed::Feeds>,
+    ) -> Result<Local, DbError> {
         let dir = dir.to_path_buf();
         if opts.max_in_flight == 0 {
             return Err(DbError::Options("max_in_flight must be at least 1".into()));
@@ -311,6 +316,7 @@ impl Local {
                 replayed,
                 skipped_checkpoints: start.skipped,
             },
+            feeds,
             _lock: lock,
         })
     }
@@ -370,6 +376,8 @@ impl Local {
             }
             break w;
         };
+        // The state the commit is melded onto, for the change feed.
+        let before = self.feeds.any().then(|| w.melder.lcs().clone());
         let (pos, decided) = match w.commit(bytes, local).and_then(|c| {
             w.after_commit()?;
             Ok(c)
@@ -380,6 +388,11 @@ impl Local {
                 return Err(e);
             }
         };
+        if let (Some(before), Some(Outcome::Committed { .. })) = (&before, &decided) {
+            // Under the writer's lock: watchers get commits in log order.
+            self.feeds
+                .publish(pos, bytes, |k| before.try_get(k).ok().flatten().is_some());
+        }
         let garbage = w.melder.take_garbage();
         match engine.durability {
             Durability::Buffered => {

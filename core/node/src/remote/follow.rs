@@ -36,6 +36,8 @@ pub(crate) struct Follow {
     /// This node publishes a checkpoint once this many entry bytes were
     /// melded since the latest begin record (`None`: it does not publish).
     publish_every: Option<u64>,
+    /// The change feed's watchers.
+    feeds: Arc<crate::feed::Feeds>,
 }
 
 /// The roll-forward thread's progress, under [`Follow`]'s lock.
@@ -95,10 +97,16 @@ pub(crate) struct Published {
 }
 
 impl Follow {
-    pub fn new(latest: MeldState, next: LogPos, publish_every: Option<u64>) -> Follow {
+    pub fn new(
+        latest: MeldState,
+        next: LogPos,
+        publish_every: Option<u64>,
+        feeds: Arc<crate::feed::Feeds>,
+    ) -> Follow {
         let lcs = latest.snapshot().pos();
         Follow {
             publish_every,
+            feeds,
             latest: RwLock::new(latest),
             st: Mutex::new(FollowState {
                 next,
@@ -203,6 +211,10 @@ pub(crate) fn follow(
     let mut tracker: Tracker = melder.tracker().clone();
     let mut parts: Vec<LogPos> = Vec::new();
     let mut part_bytes = 0u64;
+    // Group meld: the first entry of a pair waiting for its second, and
+    // the state before the pair.
+    let mut pending: Option<(LogPos, bytes::Bytes)> = None;
+    let mut before: Option<melddb::Snapshot> = None;
     let mut backoff = BACKOFF;
     'subscribe: loop {
         let mut sub: Subscription = client.subscribe(log, melder.next_pos());
@@ -241,10 +253,32 @@ pub(crate) fn follow(
             }
             let event = tracker.feed(&settings, pos, &bytes);
             let local = shared.lock().own.remove(&pos);
+            // The state the entry (or its group-meld pair) is melded onto,
+            // for the change feed.
+            let watched = shared.feeds.any();
+            if watched && before.is_none() {
+                before = Some(melder.lcs().clone());
+            }
             let outcomes = match local {
                 Some(local) => melder.apply_local(&bytes, local),
                 None => melder.apply(&bytes),
             };
+            if watched {
+                publish_changes(
+                    &shared.feeds,
+                    &outcomes,
+                    (pos, &bytes),
+                    &pending,
+                    before.as_ref(),
+                );
+            }
+            if outcomes.is_empty() && settings.group_meld {
+                // The first of a pair: decided with the next entry.
+                pending = Some((pos, bytes.clone()));
+            } else {
+                pending = None;
+                before = None;
+            }
             let lcs = melder.lcs().pos();
             if let Some(state) = melder.meld_state(lcs) {
                 *shared
@@ -296,6 +330,43 @@ pub(crate) fn follow(
             }
             drop(st);
             shared.melded.notify_all();
+        }
+    }
+}
+
+/// Hands the committed ones among `outcomes` to the change feed: the
+/// entry just melded (`current`) and, under group meld, the first of its
+/// pair (`pending`), both melded onto `before`.
+fn publish_changes(
+    feeds: &crate::feed::Feeds,
+    outcomes: &[Outcome],
+    current: (LogPos, &[u8]),
+    pending: &Option<(LogPos, bytes::Bytes)>,
+    before: Option<&melddb::Snapshot>,
+) {
+    let Some(before) = before else { return };
+    // Keys the pair's first entry put, present for its second.
+    let mut put_first: Vec<Vec<u8>> = Vec::new();
+    for o in outcomes {
+        let Outcome::Committed { pos, .. } = o else {
+            continue;
+        };
+        let bytes: &[u8] = match pending {
+            Some((p, b)) if p == pos => b,
+            _ if *pos == current.0 => current.1,
+            _ => continue,
+        };
+        feeds.publish(*pos, bytes, |k| {
+            put_first.iter().any(|p| p[..] == *k) || before.try_get(k).ok().flatten().is_some()
+        });
+        if let Ok(parsed) = melddb::parse(bytes) {
+            put_first.extend(
+                parsed
+                    .changes()
+                    .into_iter()
+                    .filter(|(_, v)| v.is_some())
+                    .map(|(k, _)| k.to_vec()),
+            );
         }
     }
 }

@@ -83,6 +83,7 @@ impl Remote {
         dir: &Path,
         opts: &Options,
         token: Option<String>,
+        feeds: Arc<crate::feed::Feeds>,
     ) -> Result<Remote, DbError> {
         let started = Instant::now();
         let parsed = LogUrl::parse(url)?;
@@ -171,7 +172,7 @@ impl Remote {
             None
         };
         let state = initial_state(&melder, dir)?;
-        let follow = Arc::new(Follow::new(state, melder.next_pos(), publish_every));
+        let follow = Arc::new(Follow::new(state, melder.next_pos(), publish_every, feeds));
         let rt = Arc::new(rt);
         let follower = {
             let (rt, follow, log) = (rt.clone(), follow.clone(), log.clone());
