@@ -300,18 +300,24 @@ fn run(args: Args) -> Result<ExitCode, String> {
             } else {
                 Order::Forward
             };
-            let pairs = db.snapshot().scan(start, end, order, limit);
+            // Streamed: a scan of any size holds one pair at a time.
+            let snap = db.snapshot();
+            let mut out = std::io::stdout().lock();
             if json {
-                let v: Vec<_> = pairs
-                    .iter()
-                    .map(|(k, v)| serde_json::json!({"key": text(k), "value": text(v)}))
-                    .collect();
-                println!("{}", serde_json::Value::Array(v));
-            } else {
-                let mut out = std::io::stdout().lock();
-                for (k, v) in pairs {
+                let _ = write!(out, "[");
+            }
+            for (i, pair) in snap.range(start, end, order, limit).enumerate() {
+                let (k, v) = pair.map_err(|e| e.to_string())?;
+                if json {
+                    let sep = if i == 0 { "" } else { "," };
+                    let obj = serde_json::json!({"key": text(&k), "value": text(&v)});
+                    let _ = write!(out, "{sep}{obj}");
+                } else {
                     let _ = writeln!(out, "{}\t{}", text(&k), text(&v));
                 }
+            }
+            if json {
+                let _ = writeln!(out, "]");
             }
         }
         Cmd::Watch {

@@ -38,6 +38,7 @@ mod meld;
 mod node;
 pub mod pipeline;
 mod range;
+mod range_iter;
 mod snapshot;
 mod txn;
 pub mod validate;
@@ -55,5 +56,6 @@ pub use node::{
 };
 pub use pipeline::MeldState;
 pub use range::KeyRange;
+pub use range_iter::Range;
 pub use snapshot::{Digest, Order, Snapshot};
 pub use txn::{Finished, LocalIntention, Transaction};

@@ -86,6 +86,18 @@ impl Snapshot {
         );
         out
     }
+    /// The pairs between `start` and `end` in `order`, at most `limit`,
+    /// produced lazily: memory stays O(tree height) however long the
+    /// range, and the iterator keeps this snapshot's state alive.
+    pub fn range(
+        &self,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+        order: Order,
+        limit: Option<usize>,
+    ) -> crate::range_iter::Range {
+        crate::range_iter::Range::new(&self.root, start, end, order, limit)
+    }
     /// Number of keys (walks the whole tree).
     pub fn len(&self) -> usize {
         fn count(t: &Link) -> usize {
