@@ -26,6 +26,8 @@ pub struct BankArgs {
     pub json: bool,
     /// Print a JSON progress line four times a second (for `melddb demo`).
     pub progress: bool,
+    /// Isolation of the transfers.
+    pub isolation: Isolation,
 }
 
 fn key(i: u64) -> Vec<u8> {
@@ -133,14 +135,14 @@ pub fn run(db: Database, a: BankArgs) -> Result<(), String> {
                 aborted.clone(),
                 tally.clone(),
             );
-            let (accounts, seed) = (a.accounts, a.seed);
+            let (accounts, seed, isolation) = (a.accounts, a.seed, a.isolation);
             std::thread::spawn(move || -> Result<(), String> {
                 let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed.wrapping_mul(1_000) + t);
                 while !stop.load(Ordering::Relaxed) {
                     let from = rng.random_range(0..accounts);
                     let to = (from + rng.random_range(1..accounts)) % accounts;
                     let amount: i64 = rng.random_range(1..=100);
-                    let mut tx = db.begin(Isolation::Serializable);
+                    let mut tx = db.begin(isolation);
                     let x = balance(tx.get(&key(from)).map_err(|e| e.to_string())?)?;
                     let y = balance(tx.get(&key(to)).map_err(|e| e.to_string())?)?;
                     tx.put(&key(from), (x - amount).to_string().as_bytes())
@@ -253,6 +255,11 @@ pub fn run(db: Database, a: BankArgs) -> Result<(), String> {
             "total": total,
             "expected_total": expected,
             "total_held": held,
+            "isolation": match a.isolation {
+                Isolation::Serializable => "serializable",
+                Isolation::RepeatableRead => "repeatable-read",
+                Isolation::SnapshotIsolation => "snapshot",
+            },
             "committed_positions": t.committed,
             "opened_accounts_at": opened_at,
             "checkpoints_published": db.log_stats().checkpoints_written,

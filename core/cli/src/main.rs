@@ -60,6 +60,9 @@ struct Args {
     /// the one before).
     #[arg(long)]
     publish_checkpoints: bool,
+    /// Isolation of the transactions `put`, `del`, `bench` and `bank` run.
+    #[arg(long, value_enum, default_value_t = IsolationArg::Serializable)]
+    isolation: IsolationArg,
     /// Keep the whole log: checkpoints never trim it.
     #[arg(long)]
     no_trim: bool,
@@ -68,6 +71,27 @@ struct Args {
     checkpoint_bytes: u64,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// `--isolation`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum IsolationArg {
+    /// Reads, scanned ranges and writes validated.
+    Serializable,
+    /// Reads and writes validated, not scanned ranges.
+    RepeatableRead,
+    /// Written keys only (first committer wins).
+    Snapshot,
+}
+
+impl From<IsolationArg> for Isolation {
+    fn from(a: IsolationArg) -> Isolation {
+        match a {
+            IsolationArg::Serializable => Isolation::Serializable,
+            IsolationArg::RepeatableRead => Isolation::RepeatableRead,
+            IsolationArg::Snapshot => Isolation::SnapshotIsolation,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -260,12 +284,11 @@ fn run(args: Args) -> Result<ExitCode, String> {
         None => Database::open_with(&args.dir, opts),
     }
     .map_err(|e| e.to_string())?;
+    let isolation = Isolation::from(args.isolation);
     match args.cmd {
         Cmd::Put { key, value } => {
-            db.transact(Isolation::Serializable, |tx| {
-                tx.put(key.as_bytes(), value.as_bytes())
-            })
-            .map_err(|e| e.to_string())?;
+            db.transact(isolation, |tx| tx.put(key.as_bytes(), value.as_bytes()))
+                .map_err(|e| e.to_string())?;
         }
         Cmd::Get { key } => match db.get(key.as_bytes()).map_err(|e| e.to_string())? {
             Some(v) => println!("{}", text(&v)),
@@ -276,7 +299,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
         },
         Cmd::Del { key } => {
             let existed = db
-                .transact(Isolation::Serializable, |tx| tx.delete(key.as_bytes()))
+                .transact(isolation, |tx| tx.delete(key.as_bytes()))
                 .map_err(|e| e.to_string())?;
             if !existed {
                 eprintln!("melddb: key {key:?} was not present");
@@ -442,7 +465,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
             seconds,
             keys,
             json,
-        } => bench(db, &mix, threads, seconds, keys, json)?,
+        } => bench(db, &mix, threads, seconds, keys, json, isolation)?,
         Cmd::Bank {
             accounts,
             threads,
@@ -459,6 +482,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
                 seed,
                 json,
                 progress,
+                isolation,
             },
         )?,
         Cmd::Demo { .. } => unreachable!("handled before the database opens"),
@@ -544,6 +568,7 @@ fn bench(
     seconds: f64,
     keys: u64,
     json: bool,
+    isolation: Isolation,
 ) -> Result<(), String> {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
@@ -595,7 +620,7 @@ fn bench(
                 while !stop.load(Ordering::Relaxed) {
                     let t0 = Instant::now();
                     loop {
-                        let mut tx = db.begin(Isolation::Serializable);
+                        let mut tx = db.begin(isolation);
                         for _ in 0..reads {
                             tx.get(&bench_key(rng.random_range(0..keys)))
                                 .map_err(|e| e.to_string())?;

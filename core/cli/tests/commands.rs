@@ -96,3 +96,38 @@ fn commands_round_trip_and_report_for_tools() {
     assert_eq!(code, 1);
     assert!(err.contains("corrupt"), "{err}");
 }
+
+/// `bank` on an embedded directory at each isolation level: the total
+/// holds (a transfer writes both accounts it reads, so even snapshot
+/// isolation's write-write check keeps it), and the level is reported.
+#[test]
+fn bank_keeps_its_total_at_every_isolation_level() {
+    for level in ["serializable", "repeatable-read", "snapshot"] {
+        let d = tempfile::tempdir().unwrap();
+        let (code, out, err) = melddb(
+            &d.path().join("db"),
+            &[
+                "--isolation",
+                level,
+                "bank",
+                "--accounts",
+                "6",
+                "--threads",
+                "3",
+                "--seconds",
+                "0.5",
+                "--json",
+            ],
+        );
+        assert_eq!(code, 0, "{level}: {out} {err}");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(v["total_held"], true, "{v}");
+        assert_eq!(v["isolation"], level, "{v}");
+        assert!(v["committed"].as_u64().unwrap() > 0, "{v}");
+    }
+    let (code, _, err) = melddb(
+        tempfile::tempdir().unwrap().path(),
+        &["--isolation", "chaos", "scan"],
+    );
+    assert_eq!(code, 2, "{err}");
+}
