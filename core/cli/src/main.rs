@@ -97,11 +97,27 @@ impl From<IsolationArg> for Isolation {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Write KEY = VALUE (UTF-8).
-    Put { key: String, value: String },
+    Put {
+        key: String,
+        value: String,
+        /// Print `{"key", "value"}` once committed.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the value of KEY.
-    Get { key: String },
+    Get {
+        key: String,
+        /// Print `{"key", "value"}` (`value` null when absent, exit 3).
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete KEY.
-    Del { key: String },
+    Del {
+        key: String,
+        /// Print `{"key", "existed"}`.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print pairs in key order, one `key<TAB>value` per line.
     Scan {
         /// First key (inclusive).
@@ -286,22 +302,39 @@ fn run(args: Args) -> Result<ExitCode, String> {
     .map_err(|e| e.to_string())?;
     let isolation = Isolation::from(args.isolation);
     match args.cmd {
-        Cmd::Put { key, value } => {
+        Cmd::Put { key, value, json } => {
             db.transact(isolation, |tx| tx.put(key.as_bytes(), value.as_bytes()))
                 .map_err(|e| e.to_string())?;
-        }
-        Cmd::Get { key } => match db.get(key.as_bytes()).map_err(|e| e.to_string())? {
-            Some(v) => println!("{}", text(&v)),
-            None => {
-                eprintln!("melddb: key {key:?} not found");
-                return Ok(ExitCode::from(3));
+            if json {
+                println!("{}", serde_json::json!({"key": key, "value": value}));
             }
-        },
-        Cmd::Del { key } => {
+        }
+        Cmd::Get { key, json } => {
+            let v = db.get(key.as_bytes()).map_err(|e| e.to_string())?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"key": key, "value": v.as_deref().map(text)})
+                );
+            }
+            match v {
+                Some(v) if !json => println!("{}", text(&v)),
+                Some(_) => {}
+                None => {
+                    if !json {
+                        eprintln!("melddb: key {key:?} not found");
+                    }
+                    return Ok(ExitCode::from(3));
+                }
+            }
+        }
+        Cmd::Del { key, json } => {
             let existed = db
                 .transact(isolation, |tx| tx.delete(key.as_bytes()))
                 .map_err(|e| e.to_string())?;
-            if !existed {
+            if json {
+                println!("{}", serde_json::json!({"key": key, "existed": existed}));
+            } else if !existed {
                 eprintln!("melddb: key {key:?} was not present");
             }
         }

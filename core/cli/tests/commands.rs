@@ -131,3 +131,36 @@ fn bank_keeps_its_total_at_every_isolation_level() {
     );
     assert_eq!(code, 2, "{err}");
 }
+
+#[test]
+fn put_get_and_del_answer_json_for_tools() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("db");
+    let json = |args: &[&str]| -> (i32, serde_json::Value) {
+        let (code, out, err) = melddb(&dir, args);
+        (
+            code,
+            serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out} {err}")),
+        )
+    };
+    assert_eq!(
+        json(&["put", "k", "v", "--json"]),
+        (0, serde_json::json!({"key": "k", "value": "v"}))
+    );
+    assert_eq!(
+        json(&["get", "k", "--json"]),
+        (0, serde_json::json!({"key": "k", "value": "v"}))
+    );
+    assert_eq!(
+        json(&["del", "k", "--json"]),
+        (0, serde_json::json!({"key": "k", "existed": true}))
+    );
+    assert_eq!(
+        json(&["del", "k", "--json"]),
+        (0, serde_json::json!({"key": "k", "existed": false}))
+    );
+    assert_eq!(
+        json(&["get", "k", "--json"]),
+        (3, serde_json::json!({"key": "k", "value": null}))
+    );
+}
