@@ -529,7 +529,10 @@ fn run(args: Args) -> Result<ExitCode, String> {
             drop(db);
             let opts = DbOptions {
                 durability: Durability::Sync,
-                max_attempts: 1000,
+                retry: melddb_runtime::RetryPolicy {
+                    max_attempts: 1000,
+                    ..Default::default()
+                },
                 checkpoint_bytes,
                 segment_bytes,
                 cache_bytes: args.cache_bytes,
@@ -629,7 +632,7 @@ fn bench(
                 for j in i..end {
                     tx.put(&bench_key(j), &[b'v'; 100])?;
                 }
-                Ok(())
+                Ok::<_, melddb::TxnError>(())
             })
             .map_err(|e| e.to_string())?;
             i = end;
@@ -761,7 +764,7 @@ fn crash_child(
             for i in 0..accounts {
                 tx.put(&key(i), b"1000")?;
             }
-            Ok(())
+            Ok::<_, melddb::TxnError>(())
         })
         .map_err(|e| e.to_string())?;
     }

@@ -5,16 +5,14 @@ use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
 
 use melddb::pipeline::trial_meld;
-use melddb::{
-    AbortReason, Bytes, Isolation, MeldState, Outcome, Settings, Snapshot, Transaction, TxnError,
-};
+use melddb::{AbortReason, Bytes, Isolation, MeldState, Outcome, Settings, Snapshot, Transaction};
 use rand::Rng;
 
 use crate::embedded::{
     CacheStats, CheckpointInfo, DbError, Local, LocalHandle, LogStats, Options, Recovery,
+    RetryPolicy, TransactError,
 };
 use crate::feed::{ChangeFeed, Feeds};
 use crate::remote::{Remote, RemoteHandle};
@@ -43,7 +41,7 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 #[derive(Debug)]
 pub struct Database {
     backend: Backend,
-    max_attempts: u32,
+    retry: RetryPolicy,
     trial_meld: bool,
     feeds: Arc<Feeds>,
 }
@@ -105,7 +103,7 @@ impl Database {
         let feeds = Arc::new(Feeds::default());
         Ok(Database {
             backend: Backend::Local(Local::open_with(dir.as_ref(), &opts, feeds.clone())?),
-            max_attempts: opts.max_attempts.max(1),
+            retry: opts.retry,
             trial_meld: opts.trial_meld,
             feeds,
         })
@@ -115,7 +113,7 @@ impl Database {
     /// service, creating it with `opts.settings` if it is empty. `dir` is
     /// the node's own directory, locked for its life. `opts.token` is
     /// sent to the service; of the other options, `max_in_flight`,
-    /// `max_attempts` and `trial_meld` apply.
+    /// `retry` and `trial_meld` apply.
     ///
     /// Returns once the node has melded every entry the log held when it
     /// connected. It then follows the log as the service pushes entries;
@@ -130,7 +128,7 @@ impl Database {
                 opts.token.clone(),
                 feeds.clone(),
             )?),
-            max_attempts: opts.max_attempts.max(1),
+            retry: opts.retry,
             trial_meld: opts.trial_meld,
             feeds,
         })
@@ -261,35 +259,42 @@ impl Database {
         self.submit(tx)?.wait()
     }
 
-    /// Runs `f` in a transaction and commits it, retrying on conflicts with
-    /// exponential backoff (50 µs doubling to 10 ms, with jitter) up to
-    /// `max_attempts` times. Returns `f`'s result from the attempt that
+    /// Runs `f` in a transaction and commits it, retrying on conflicts as
+    /// [`Options::retry`] says; returns `f`'s result from the attempt that
     /// committed (or was read-only).
-    pub fn transact<T>(
+    ///
+    /// `f` returns the caller's own error type `E`; an error from `f` ends
+    /// the transaction at once, nothing committed
+    /// ([`TransactError::Aborted`]). For `?` on the transaction's
+    /// operations inside `f`, `E` implements `From<TxnError>`; with
+    /// `E = TxnError`, the result converts into [`DbError`] with `?`.
+    pub fn transact<T, E>(
         &self,
         isolation: Isolation,
-        mut f: impl FnMut(&mut Transaction) -> Result<T, TxnError>,
-    ) -> Result<T, DbError> {
-        let mut delay = Duration::from_micros(50);
+        mut f: impl FnMut(&mut Transaction) -> Result<T, E>,
+    ) -> Result<T, TransactError<E>> {
+        let policy = self.retry;
+        let attempts = policy.max_attempts.max(1);
+        let mut delay = policy.first_backoff;
         let mut last = None;
-        for attempt in 1..=self.max_attempts {
+        for attempt in 1..=attempts {
             let mut tx = self.begin(isolation);
-            let value = f(&mut tx)?;
+            let value = f(&mut tx).map_err(TransactError::Aborted)?;
             match self.commit(tx)? {
                 Outcome::Aborted { reason, .. } | Outcome::Rejected { reason } => {
                     last = Some(reason);
-                    if attempt < self.max_attempts {
+                    if attempt < attempts {
                         thread::sleep(delay.mul_f64(rand::rng().random_range(0.5..1.5)));
-                        delay = (delay * 2).min(Duration::from_millis(10));
+                        delay = (delay * 2).min(policy.max_backoff);
                     }
                 }
                 _ => return Ok(value),
             }
         }
-        Err(DbError::Conflict {
-            attempts: self.max_attempts,
+        Err(TransactError::Db(DbError::Conflict {
+            attempts,
             last: last.unwrap_or(AbortReason::SnapshotUnavailable { snapshot_pos: 0 }),
-        })
+        }))
     }
 
     /// Writes a checkpoint of the latest state now (after every commit

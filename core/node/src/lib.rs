@@ -45,7 +45,8 @@ mod remote;
 pub use database::{CommitHandle, Database};
 pub use embedded::{
     CacheStats, CheckpointInfo, DbError, Durability, LogStats, Options as DbOptions, Recovery,
-    DEFAULT_CACHE_BYTES, DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_PART_BYTES, LOCK_FILE,
+    RetryPolicy, TransactError, DEFAULT_CACHE_BYTES, DEFAULT_CHECKPOINT_BYTES,
+    DEFAULT_CHECKPOINT_PART_BYTES, LOCK_FILE,
 };
 pub use feed::{Change, ChangeFeed, Commit, FeedError, QUEUE as FEED_QUEUE};
 pub use filelog::{FileLogError, DEFAULT_SEGMENT_BYTES};

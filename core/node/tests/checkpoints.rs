@@ -37,7 +37,10 @@ fn small_checkpoints() -> DbOptions {
     DbOptions {
         durability: Durability::Buffered,
         max_in_flight: 16,
-        max_attempts: 500,
+        retry: melddb_runtime::RetryPolicy {
+            max_attempts: 500,
+            ..Default::default()
+        },
         segment_bytes: 128 << 10,
         checkpoint_bytes: 48 << 10,
         checkpoint_part_bytes: 4096,
@@ -340,7 +343,10 @@ fn a_checkpoint_asked_for_covers_every_commit_made_before_the_call() {
     // SnapshotUnavailable and is retried): allow more retries than the
     // default 16.
     let opts = DbOptions {
-        max_attempts: 1000,
+        retry: melddb_runtime::RetryPolicy {
+            max_attempts: 1000,
+            ..Default::default()
+        },
         ..manual_buffered()
     };
     let db = Arc::new(Database::open_with(d.path(), opts).unwrap());

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::thread;
 
 use melddb::{Isolation, Outcome, Settings};
-use melddb_runtime::{Database, DbError, DbOptions, Durability};
+use melddb_runtime::{Database, DbError, DbOptions, Durability, TransactError};
 
 mod common;
 use common::{account, balance, seed_accounts, spawn_transfers};
@@ -61,7 +61,10 @@ fn concurrent_transfers_keep_the_total_and_reopen_identically() {
             settings,
             durability: Durability::Buffered,
             max_in_flight: 8,
-            max_attempts: 200,
+            retry: melddb_runtime::RetryPolicy {
+                max_attempts: 200,
+                ..Default::default()
+            },
             ..DbOptions::default()
         };
         let db = Arc::new(Database::open_with(d.path(), opts.clone()).unwrap());
@@ -84,7 +87,10 @@ fn transact_gives_up_with_the_last_conflict() {
     let db = Database::open_with(
         d.path(),
         DbOptions {
-            max_attempts: 3,
+            retry: melddb_runtime::RetryPolicy {
+                max_attempts: 3,
+                ..Default::default()
+            },
             ..DbOptions::default()
         },
     )
@@ -98,13 +104,52 @@ fn transact_gives_up_with_the_last_conflict() {
         other.put(b"k", format!("{calls}").as_bytes())?;
         assert!(db.commit(other).unwrap().is_committed());
         tx.put(b"k", b"mine")?;
-        Ok(())
+        Ok::<_, melddb::TxnError>(())
     });
     match r {
-        Err(DbError::Conflict { attempts: 3, .. }) => {}
+        Err(TransactError::Db(DbError::Conflict { attempts: 3, .. })) => {}
         other => panic!("{other:?}"),
     }
     assert_eq!(calls, 3);
+}
+
+/// The closure's own error ends the transaction at once, uncommitted and
+/// not retried, and comes back as it was.
+#[test]
+fn transact_returns_the_callers_own_error_without_retrying() {
+    #[derive(Debug, PartialEq)]
+    enum Bank {
+        Insufficient { have: i64 },
+        Txn(String),
+    }
+    impl From<melddb::TxnError> for Bank {
+        fn from(e: melddb::TxnError) -> Bank {
+            Bank::Txn(e.to_string())
+        }
+    }
+    let d = tempfile::tempdir().unwrap();
+    let db = Database::open(d.path()).unwrap();
+    db.transact(Isolation::Serializable, |tx| tx.put(b"alice", b"10"))
+        .unwrap();
+    let mut calls = 0;
+    let r = db.transact(Isolation::Serializable, |tx| {
+        calls += 1;
+        let have: i64 = std::str::from_utf8(&tx.get(b"alice")?.unwrap())
+            .unwrap()
+            .parse()
+            .unwrap();
+        tx.put(b"alice", b"-90")?;
+        if have < 100 {
+            return Err(Bank::Insufficient { have });
+        }
+        Ok(())
+    });
+    match r {
+        Err(TransactError::Aborted(e)) => assert_eq!(e, Bank::Insufficient { have: 10 }),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(calls, 1);
+    assert_eq!(db.get(b"alice").unwrap().as_deref(), Some(&b"10"[..]));
 }
 
 #[test]
@@ -176,7 +221,10 @@ fn readers_never_see_a_commit_before_it_is_durable() {
                     // Checkpoint parts are published before their flush
                     // (they hold no commit); keep them out of the check.
                     checkpoint_bytes: 0,
-                    max_attempts: 200,
+                    retry: melddb_runtime::RetryPolicy {
+                        max_attempts: 200,
+                        ..Default::default()
+                    },
                     ..DbOptions::default()
                 },
             )

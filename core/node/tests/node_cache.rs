@@ -66,7 +66,7 @@ fn a_database_larger_than_its_cache_works() {
                 for i in chunk * 100..(chunk + 1) * 100 {
                     tx.put(&key(i), &value(i, 0))?;
                 }
-                Ok(())
+                Ok::<_, melddb::TxnError>(())
             })
             .expect("load");
         }
@@ -92,7 +92,7 @@ fn a_database_larger_than_its_cache_works() {
                                 assert!(old.starts_with(format!("{k}:").as_bytes()));
                                 tx.put(&key(k), &value(k, round * 10 + t))?;
                             }
-                            Ok(())
+                            Ok::<_, melddb::TxnError>(())
                         })
                         .expect("update");
                         for k in ks {

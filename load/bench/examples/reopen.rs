@@ -21,7 +21,7 @@ fn main() {
                 for j in 0..2u64 {
                     tx.put(&(i * 2 + j).to_be_bytes(), &[7u8; 100])?;
                 }
-                Ok(())
+                Ok::<_, melddb::TxnError>(())
             })
             .unwrap();
             i += 1;

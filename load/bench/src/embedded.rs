@@ -289,7 +289,7 @@ fn load_meld(db: &Database, keys: u64) -> Result<(), String> {
             for j in i..end {
                 tx.put(&key(j), &VALUE)?;
             }
-            Ok(())
+            Ok::<_, melddb::TxnError>(())
         })
         .map_err(|e| e.to_string())?;
         i = end;
@@ -497,7 +497,7 @@ pub fn recovery(
                 for k in &ks {
                     tx.put(&key(*k), &value)?;
                 }
-                Ok(())
+                Ok::<_, melddb::TxnError>(())
             })
             .map_err(|e| e.to_string())?;
         }

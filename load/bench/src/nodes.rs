@@ -109,7 +109,7 @@ pub fn load_keys(db: &Database, keys: u64) -> Result<(), String> {
             for j in i..end {
                 tx.put(&key(j), &VALUE)?;
             }
-            Ok(())
+            Ok::<_, melddb::TxnError>(())
         })
         .map_err(|e| e.to_string())?;
         i = end;

@@ -88,6 +88,32 @@ pub enum DbError {
     Stopped(String),
 }
 
+/// Why [`Database::transact`] returned without committing: the caller's
+/// closure failed (`Aborted`, with the closure's own error), or the
+/// database did (`Db`: an I/O or service failure, or
+/// [`DbError::Conflict`] once the retries ran out).
+#[derive(Debug, thiserror::Error)]
+pub enum TransactError<E> {
+    /// The closure returned this error; nothing was committed.
+    #[error("{0}")]
+    Aborted(E),
+    /// The database failed, or the transaction kept conflicting.
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+/// A closure whose errors are the transaction's own ([`TxnError`]): the
+/// database's error type covers both sides, so `?` works in functions
+/// that return [`DbError`].
+impl From<TransactError<TxnError>> for DbError {
+    fn from(e: TransactError<TxnError>) -> DbError {
+        match e {
+            TransactError::Aborted(e) => DbError::Txn(e),
+            TransactError::Db(e) => e,
+        }
+    }
+}
+
 /// The message of [`DbError::Locked`].
 fn locked_message(path: &Path, holder: Option<u32>) -> String {
     let who = match holder {

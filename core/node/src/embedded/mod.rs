@@ -37,9 +37,9 @@ use melddb::checkpoint;
 use melddb::{Log, LogPos, MeldState, Outcome, Settings};
 
 pub use self::dir_lock::LOCK_FILE;
-pub use self::error::DbError;
+pub use self::error::{DbError, TransactError};
 pub use self::options::{
-    Durability, Options, DEFAULT_CACHE_BYTES, DEFAULT_CHECKPOINT_BYTES,
+    Durability, Options, RetryPolicy, DEFAULT_CACHE_BYTES, DEFAULT_CHECKPOINT_BYTES,
     DEFAULT_CHECKPOINT_PART_BYTES,
 };
 pub use self::stats::{CacheStats, CheckpointInfo, LogStats, Recovery};

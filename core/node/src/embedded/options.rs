@@ -1,6 +1,8 @@
 //! The options of [`Database::open_with`](crate::Database::open_with) and
 //! their defaults.
 
+use std::time::Duration;
+
 use melddb::{checkpoint, Settings};
 
 #[cfg(doc)]
@@ -30,6 +32,32 @@ pub enum Durability {
     Buffered,
 }
 
+/// How [`Database::transact`] retries a transaction that meld aborted
+/// (or trial meld rejected): attempts in all, and the pause before each
+/// new attempt, doubling from `first_backoff` up to `max_backoff`, each
+/// drawn at random between half and one and a half times that (so
+/// conflicting clients do not retry in step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included (at least 1; 0 counts as 1).
+    pub max_attempts: u32,
+    /// The pause after the first abort.
+    pub first_backoff: Duration,
+    /// The longest pause.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// 16 attempts, pauses from 50 µs doubling to 10 ms.
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 16,
+            first_backoff: Duration::from_micros(50),
+            max_backoff: Duration::from_millis(10),
+        }
+    }
+}
+
 /// Options of [`Database::open_with`].
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -45,8 +73,8 @@ pub struct Options {
     pub max_in_flight: usize,
     /// Segment file size.
     pub segment_bytes: u64,
-    /// Attempts [`Database::transact`] makes before giving up.
-    pub max_attempts: u32,
+    /// How [`Database::transact`] retries a transaction meld aborted.
+    pub retry: RetryPolicy,
     /// Trial meld (Hyder §5): before queuing a commit, check it against the
     /// latest state on the committing thread; one that already conflicts
     /// is answered [`Outcome::Rejected`] and never appended. Off by
@@ -101,7 +129,7 @@ impl Default for Options {
             durability: Durability::Sync,
             max_in_flight: 1024,
             segment_bytes: crate::filelog::DEFAULT_SEGMENT_BYTES,
-            max_attempts: 16,
+            retry: RetryPolicy::default(),
             trial_meld: false,
             checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
             checkpoint_part_bytes: DEFAULT_CHECKPOINT_PART_BYTES,

@@ -25,7 +25,7 @@ pub fn seed_accounts(db: &Database, n: u64) {
         for i in 0..n {
             tx.put(&account(i), b"1000")?;
         }
-        Ok(())
+        Ok::<_, melddb::TxnError>(())
     })
     .unwrap();
 }
@@ -53,7 +53,7 @@ pub fn spawn_transfers(
                         let y = balance(tx.get(&account(b))?);
                         tx.put(&account(a), (x - amount).to_string().as_bytes())?;
                         tx.put(&account(b), (y + amount).to_string().as_bytes())?;
-                        Ok(())
+                        Ok::<_, melddb::TxnError>(())
                     })
                     .unwrap();
                 }
