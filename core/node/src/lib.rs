@@ -35,6 +35,11 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+/// The examples of `docs/api.md`, run as doctests.
+#[doc = include_str!("../../../docs/api.md")]
+#[cfg(doctest)]
+pub struct ApiDoc;
+
 mod database;
 mod embedded;
 mod feed;
