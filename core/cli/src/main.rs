@@ -23,12 +23,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use melddb::{Isolation, Order, Outcome};
+use melddb::{Isolation, Order};
 use melddb_runtime::{Database, DbOptions, Durability};
-use rand::{Rng, SeedableRng};
 
 mod bank;
+mod bench;
+mod crash;
 mod demo;
+mod watch;
 
 /// mimalloc (through melddb-alloc, which skips its aligned API for ordinary
 /// layouts): every transaction allocates its path copies on its own
@@ -381,7 +383,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
             count,
             seconds,
             json,
-        } => watch(&db, &prefix, count, seconds, json)?,
+        } => watch::watch(&db, &prefix, count, seconds, json)?,
         Cmd::Check { json } => {
             // Opening verified every record and the checkpoint it started
             // from (recovery skips, and reports, one that does not verify);
@@ -498,7 +500,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
             seconds,
             keys,
             json,
-        } => bench(db, &mix, threads, seconds, keys, json, isolation)?,
+        } => bench::bench(db, &mix, threads, seconds, keys, json, isolation)?,
         Cmd::Bank {
             accounts,
             threads,
@@ -538,293 +540,8 @@ fn run(args: Args) -> Result<ExitCode, String> {
                 cache_bytes: args.cache_bytes,
                 ..DbOptions::default()
             };
-            crash_child(&args.dir, opts, accounts, first_id, seed)?;
+            crash::crash_child(&args.dir, opts, accounts, first_id, seed)?;
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// `melddb watch`.
-fn watch(
-    db: &Database,
-    prefix: &str,
-    count: Option<u64>,
-    seconds: Option<f64>,
-    json: bool,
-) -> Result<(), String> {
-    let mut feed = db.watch_prefix(prefix.as_bytes());
-    let deadline =
-        seconds.map(|s| std::time::Instant::now() + std::time::Duration::from_secs_f64(s.max(0.0)));
-    let mut seen = 0u64;
-    while count.is_none_or(|c| seen < c) {
-        let wait = match deadline {
-            Some(d) => match d.checked_duration_since(std::time::Instant::now()) {
-                Some(w) => w,
-                None => break,
-            },
-            None => std::time::Duration::from_secs(3600),
-        };
-        let Some(c) = feed.next_timeout(wait).map_err(|e| e.to_string())? else {
-            continue;
-        };
-        seen += 1;
-        let mut out = std::io::stdout().lock();
-        if json {
-            let changes: Vec<_> = c
-                .changes
-                .iter()
-                .map(|ch| serde_json::json!({"key": text(&ch.key), "value": ch.value.as_deref().map(text)}))
-                .collect();
-            let _ = writeln!(
-                out,
-                "{}",
-                serde_json::json!({"pos": c.pos, "changes": changes})
-            );
-        } else {
-            for ch in &c.changes {
-                let value = ch.value.as_deref().map_or("(deleted)".to_string(), text);
-                let _ = writeln!(out, "{}\t{}\t{}", c.pos, text(&ch.key), value);
-            }
-        }
-        let _ = out.flush();
-    }
-    Ok(())
-}
-
-fn bench_key(i: u64) -> Vec<u8> {
-    format!("bench/{i:010}").into_bytes()
-}
-
-/// `melddb bench`: loads `keys` keys if needed, runs `threads` clients for
-/// `seconds` with a progress bar, then prints tps and latency percentiles.
-fn bench(
-    db: Database,
-    mix: &str,
-    threads: usize,
-    seconds: f64,
-    keys: u64,
-    json: bool,
-    isolation: Isolation,
-) -> Result<(), String> {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Arc;
-    use std::time::{Duration, Instant};
-    let (reads, writes) = match mix {
-        "8r2w" => (8, 2),
-        "2op" => (1, 1),
-        "ro" => (10, 0),
-        other => return Err(format!("unknown mix {other:?}: use 8r2w, 2op or ro")),
-    };
-    if threads == 0 || keys == 0 || seconds.is_nan() || seconds <= 0.0 {
-        return Err("threads, keys and seconds must be positive".into());
-    }
-    let db = Arc::new(db);
-    if db
-        .get(&bench_key(keys - 1))
-        .map_err(|e| e.to_string())?
-        .is_none()
-    {
-        let bar = (!json).then(|| indicatif::ProgressBar::new(keys).with_message("loading"));
-        let mut i = 0;
-        while i < keys {
-            let end = (i + 5_000).min(keys);
-            db.transact(Isolation::SnapshotIsolation, |tx| {
-                for j in i..end {
-                    tx.put(&bench_key(j), &[b'v'; 100])?;
-                }
-                Ok::<_, melddb::TxnError>(())
-            })
-            .map_err(|e| e.to_string())?;
-            i = end;
-            if let Some(b) = &bar {
-                b.set_position(i);
-            }
-        }
-        if let Some(b) = bar {
-            b.finish_and_clear();
-        }
-    }
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let handles: Vec<_> = (0..threads)
-        .map(|t| {
-            let (db, stop, done) = (db.clone(), stop.clone(), done.clone());
-            std::thread::spawn(move || -> Result<(Vec<f64>, u64), String> {
-                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(t as u64 + 1);
-                let mut lat = Vec::new();
-                let mut aborts = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let t0 = Instant::now();
-                    loop {
-                        let mut tx = db.begin(isolation);
-                        for _ in 0..reads {
-                            tx.get(&bench_key(rng.random_range(0..keys)))
-                                .map_err(|e| e.to_string())?;
-                        }
-                        let mut v = [b'v'; 100];
-                        v[..8].copy_from_slice(&rng.random::<u64>().to_le_bytes());
-                        for _ in 0..writes {
-                            tx.put(&bench_key(rng.random_range(0..keys)), &v)
-                                .map_err(|e| e.to_string())?;
-                        }
-                        if db.commit(tx).map_err(|e| e.to_string())?.is_committed() {
-                            break;
-                        }
-                        aborts += 1;
-                    }
-                    lat.push(t0.elapsed().as_secs_f64() * 1e3);
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok((lat, aborts))
-            })
-        })
-        .collect();
-    let start = Instant::now();
-    let total = Duration::from_secs_f64(seconds);
-    let bar = (!json).then(|| {
-        let b = indicatif::ProgressBar::new(total.as_millis() as u64);
-        b.set_style(
-            indicatif::ProgressStyle::with_template("{bar:40} {elapsed_precise} {msg}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        b
-    });
-    while start.elapsed() < total {
-        std::thread::sleep(Duration::from_millis(100));
-        if let Some(b) = &bar {
-            b.set_position(start.elapsed().as_millis() as u64);
-            let n = done.load(Ordering::Relaxed);
-            b.set_message(format!(
-                "{n} committed, {:.0} tps",
-                n as f64 / start.elapsed().as_secs_f64()
-            ));
-        }
-    }
-    stop.store(true, Ordering::Relaxed);
-    let mut lat = Vec::new();
-    let mut aborts = 0;
-    for h in handles {
-        let (l, a) = h
-            .join()
-            .map_err(|_| "client thread panicked".to_string())??;
-        lat.extend(l);
-        aborts += a;
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
-    lat.sort_by(f64::total_cmp);
-    let pct = |p: f64| {
-        lat.get(((lat.len() as f64 - 1.0) * p) as usize)
-            .copied()
-            .unwrap_or(0.0)
-    };
-    let tps = lat.len() as f64 / elapsed;
-    let v = serde_json::json!({
-        "mix": mix, "threads": threads, "seconds": elapsed, "keys": keys,
-        "committed": lat.len(), "aborted_attempts": aborts, "tps": tps,
-        "p50_ms": pct(0.5), "p99_ms": pct(0.99), "max_ms": lat.last().copied().unwrap_or(0.0),
-        "durability": "sync (fdatasync per group commit)",
-    });
-    if json {
-        println!("{v}");
-    } else {
-        println!(
-            "{:<8} {:>7} {:>10} {:>10} {:>9} {:>9} {:>9}",
-            "mix", "threads", "committed", "tps", "p50 ms", "p99 ms", "aborts"
-        );
-        println!(
-            "{:<8} {:>7} {:>10} {:>10.0} {:>9.3} {:>9.3} {:>9}",
-            mix,
-            threads,
-            lat.len(),
-            tps,
-            pct(0.5),
-            pct(0.99),
-            aborts
-        );
-    }
-    Ok(())
-}
-
-/// Transfers between `accounts` accounts (each starting at 1000) from two
-/// threads; each transfer also writes a marker `x/ID`. Runs until killed.
-fn crash_child(
-    dir: &std::path::Path,
-    opts: DbOptions,
-    accounts: u64,
-    first_id: u64,
-    seed: u64,
-) -> Result<(), String> {
-    let db = std::sync::Arc::new(Database::open_with(dir, opts).map_err(|e| e.to_string())?);
-    let key = |i: u64| format!("acct/{i:04}").into_bytes();
-    if db.get(&key(0)).map_err(|e| e.to_string())?.is_none() {
-        db.transact(Isolation::Serializable, |tx| {
-            for i in 0..accounts {
-                tx.put(&key(i), b"1000")?;
-            }
-            Ok::<_, melddb::TxnError>(())
-        })
-        .map_err(|e| e.to_string())?;
-    }
-    println!("ready");
-    {
-        // Tell the test when checkpoints happen, so it can count kills
-        // that land near them.
-        let db = db.clone();
-        std::thread::spawn(move || {
-            let mut seen = db.log_stats().checkpoints_written;
-            loop {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-                let st = db.log_stats();
-                if st.checkpoints_written != seen {
-                    seen = st.checkpoints_written;
-                    let pos = st.last_checkpoint.map_or(0, |c| c.pos);
-                    let mut out = std::io::stdout().lock();
-                    let _ = writeln!(out, "checkpoint {pos}");
-                    let _ = out.flush();
-                }
-            }
-        });
-    }
-    let threads: Vec<_> = (0..2u64)
-        .map(|t| {
-            let db = db.clone();
-            std::thread::spawn(move || -> Result<(), String> {
-                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed * 2 + t);
-                let mut id = first_id + t;
-                loop {
-                    let a = rng.random_range(0..accounts);
-                    let b = (a + rng.random_range(1..accounts)) % accounts;
-                    let amount: i64 = rng.random_range(1..50);
-                    let mut tx = db.begin(Isolation::Serializable);
-                    let bal = |v: Option<melddb::Bytes>| -> i64 {
-                        v.and_then(|v| text(&v).parse().ok()).unwrap_or(0)
-                    };
-                    let x = bal(tx.get(&key(a)).map_err(|e| e.to_string())?);
-                    let y = bal(tx.get(&key(b)).map_err(|e| e.to_string())?);
-                    tx.put(&key(a), (x - amount).to_string().as_bytes())
-                        .map_err(|e| e.to_string())?;
-                    tx.put(&key(b), (y + amount).to_string().as_bytes())
-                        .map_err(|e| e.to_string())?;
-                    tx.put(
-                        format!("x/{id}").as_bytes(),
-                        format!("{a}>{b}:{amount}").as_bytes(),
-                    )
-                    .map_err(|e| e.to_string())?;
-                    if let Outcome::Committed { .. } = db.commit(tx).map_err(|e| e.to_string())? {
-                        let mut out = std::io::stdout().lock();
-                        let _ = writeln!(out, "ack {id}");
-                        let _ = out.flush();
-                    }
-                    id += 2;
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().map_err(|_| "worker panicked".to_string())??;
-    }
-    Ok(())
 }
