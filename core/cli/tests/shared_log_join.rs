@@ -125,3 +125,72 @@ fn with_trimming_the_log_starts_at_a_checkpoint_and_newcomers_still_join() {
         "{e}"
     );
 }
+
+/// A token that may read and append the log but not its companion log:
+/// the node replays from genesis instead of failing to connect, and says
+/// why it did not use a published checkpoint.
+#[test]
+fn a_token_without_rights_on_the_companion_log_replays_from_genesis() {
+    let d = tempfile::tempdir().unwrap();
+    let mut cfg = common::service_config(&d.path().join("service"));
+    cfg.tokens.insert(
+        "all".into(),
+        melddb_log::Rights {
+            logs: vec!["*".into()],
+            read: true,
+            append: true,
+        },
+    );
+    cfg.tokens.insert(
+        "bank-only".into(),
+        melddb_log::Rights {
+            logs: vec!["bank".into()],
+            read: true,
+            append: true,
+        },
+    );
+    let svc = Service::start_with(cfg);
+    let url = format!("melddb://{}/bank", svc.addr);
+    let with = |token: &str, publish: bool| DbOptions {
+        token: Some(token.into()),
+        ..(if publish {
+            publisher_options(false)
+        } else {
+            DbOptions::default()
+        })
+    };
+    let p = Database::connect(&url, d.path().join("p"), with("all", true)).unwrap();
+    write(&p, 300, "a");
+    p.checkpoint().unwrap();
+    let j = Database::connect(&url, d.path().join("j"), with("bank-only", false)).unwrap();
+    let r = j.recovery();
+    assert_eq!(r.checkpoint, None, "{r:?}");
+    assert!(
+        r.skipped_checkpoints
+            .iter()
+            .any(|s| s.contains("bank.ckpt")),
+        "{r:?}"
+    );
+    let (ps, js) = same_position(&p, &j);
+    assert_eq!(ps.digest_hex(), js.digest_hex());
+}
+
+/// The node's calls block their thread on a runtime of the node's own, so
+/// they work from inside an async runtime too (blocking that thread, as
+/// any blocking call does), and dropping a node there does not panic.
+#[test]
+fn a_node_works_from_inside_an_async_runtime() {
+    let d = tempfile::tempdir().unwrap();
+    let svc = Service::start(&d.path().join("service"));
+    let url = format!("melddb://{}/bank", svc.addr);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = d.path().join("n");
+    rt.block_on(async move {
+        let node = Database::connect(&url, dir, DbOptions::default()).unwrap();
+        node.transact(melddb::Isolation::Serializable, |tx| tx.put(b"k", b"v"))
+            .unwrap();
+        node.sync_with_log().unwrap();
+        assert_eq!(node.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+        drop(node);
+    });
+}

@@ -113,7 +113,11 @@ impl Database {
     /// service, creating it with `opts.settings` if it is empty. `dir` is
     /// the node's own directory, locked for its life. `opts.token` is
     /// sent to the service; of the other options, `max_in_flight`,
-    /// `retry` and `trial_meld` apply.
+    /// `retry`, `trial_meld` and, for a node that publishes checkpoints
+    /// (`publish_checkpoints`), `checkpoint_bytes`,
+    /// `checkpoint_part_bytes` and `trim_log` apply. It loads the latest
+    /// checkpoint published for the log (readable with the token) and
+    /// melds the log after it, or the whole log if there is none.
     ///
     /// Returns once the node has melded every entry the log held when it
     /// connected. It then follows the log as the service pushes entries;
@@ -332,8 +336,9 @@ impl Database {
 
     /// Flushes every commit, finishes a checkpoint whose parts are all
     /// encoded, and stops the node's threads. Commits submitted and not
-    /// waited for are durable afterwards (on the log service: once
-    /// appended).
+    /// waited for are durable afterwards. On the log service, appended
+    /// commits are durable already, and a checkpoint being published is
+    /// left incomplete (nothing points at it).
     pub fn close(mut self) -> Result<(), DbError> {
         match &mut self.backend {
             Backend::Local(l) => l.close(),

@@ -81,8 +81,13 @@ pub struct Service {
 
 impl Service {
     pub fn start(dir: &Path) -> Service {
+        Service::start_with(service_config(dir))
+    }
+
+    /// The service over `cfg`.
+    pub fn start_with(cfg: Config) -> Service {
         let rt = tokio::runtime::Runtime::new().unwrap();
-        let store = Arc::new(Store::open(service_config(dir)).unwrap());
+        let store = Arc::new(Store::open(cfg).unwrap());
         let running = rt
             .block_on(melddb_log::start_on(
                 store.clone(),

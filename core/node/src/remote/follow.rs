@@ -9,13 +9,13 @@
 //! them. Meld is deterministic, so every node that follows the log reaches
 //! the same states whatever the timing.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
 use melddb::checkpoint::{TrackEvent, Tracker};
 use melddb::{LocalIntention, LogPos, MeldState, Melder, Outcome};
-use melddb_log::{Client, ClientError, Subscription};
+use melddb_log::{Client, ClientError};
 
 /// How long one wait for the next entry lasts before the thread looks at
 /// its stop flag again.
@@ -50,11 +50,14 @@ pub(crate) struct FollowState {
     pub lcs: LogPos,
     /// Intentions of this node's commits, by position, not melded yet.
     own: HashMap<LogPos, LocalIntention>,
-    /// The lowest position each commit in flight can land at (the `next`
-    /// when it was sent), counted: outcomes at or past the lowest are
-    /// kept until their committer takes them.
+    /// The lowest position each append still in flight can land at (the
+    /// `next` when it was sent), counted: outcomes at or past the lowest
+    /// are kept, since one of them may be that append's.
     floors: BTreeMap<LogPos, usize>,
-    /// Outcomes kept for committers (see `floors`).
+    /// Positions of this node's appended commits whose committers have
+    /// not taken their outcome yet.
+    wanted: BTreeSet<LogPos>,
+    /// Outcomes kept for committers (see `floors` and `wanted`).
     outcomes: BTreeMap<LogPos, Outcome>,
     /// Entries and bytes melded since the node started.
     pub entries: u64,
@@ -94,6 +97,9 @@ pub(crate) struct Published {
     pub trims: u64,
     pub first: LogPos,
     pub error: Option<String>,
+    /// Publishes begun so far, and which one `error` came from.
+    pub attempts: u64,
+    pub error_attempt: u64,
 }
 
 impl Follow {
@@ -138,20 +144,52 @@ impl Follow {
 }
 
 impl FollowState {
-    /// A commit is about to be sent: its entry lands at `next` or later,
-    /// so outcomes from there on are kept until it is answered. Returns
-    /// the floor to give back with [`FollowState::settle`].
+    /// An append is about to be sent: its entry lands at `next` or later,
+    /// so outcomes from there on are kept until it lands. Returns the
+    /// floor to give to [`FollowState::landed`] or
+    /// [`FollowState::not_sent`].
     pub fn enter(&mut self) -> LogPos {
         *self.floors.entry(self.next).or_default() += 1;
         self.next
     }
 
-    /// The commit that entered at `floor` landed at `pos` with `local`:
-    /// the roll-forward thread uses it if it has not melded `pos` yet.
-    pub fn landed(&mut self, pos: LogPos, local: LocalIntention) {
+    fn leave(&mut self, floor: LogPos) {
+        if let Some(n) = self.floors.get_mut(&floor) {
+            *n -= 1;
+            if *n == 0 {
+                self.floors.remove(&floor);
+            }
+        }
+    }
+
+    /// Drops the outcomes nobody can still want.
+    fn prune(&mut self) {
+        let low = self.floors.keys().next().copied().unwrap_or(LogPos::MAX);
+        let wanted = &self.wanted;
+        self.outcomes.retain(|p, _| *p >= low || wanted.contains(p));
+    }
+
+    /// The append that entered at `floor` landed at `pos` with `local`:
+    /// its outcome is kept from now on by position, and the roll-forward
+    /// thread uses `local` if it has not melded `pos` yet.
+    pub fn landed(&mut self, floor: LogPos, pos: LogPos, local: LocalIntention) {
+        self.leave(floor);
+        self.wanted.insert(pos);
         if pos >= self.next {
             self.own.insert(pos, local);
         }
+        self.prune();
+    }
+
+    /// The append that entered at `floor` failed: nothing landed.
+    pub fn not_sent(&mut self, floor: LogPos) {
+        self.leave(floor);
+        self.prune();
+    }
+
+    /// Whether the roll-forward thread keeps the outcome of `pos`.
+    fn keeps(&self, pos: LogPos) -> bool {
+        self.wanted.contains(&pos) || self.floors.keys().next().is_some_and(|&low| pos >= low)
     }
 
     /// The outcome of `pos`, once melded.
@@ -159,31 +197,17 @@ impl FollowState {
         self.outcomes.remove(&pos)
     }
 
-    /// The commit that entered at `floor` is done (answered or failed):
-    /// outcomes no commit in flight can need any more are dropped.
-    pub fn settle(&mut self, floor: LogPos, pos: Option<LogPos>) {
-        if let Some(pos) = pos {
-            self.own.remove(&pos);
-            self.outcomes.remove(&pos);
-        }
-        if let Some(n) = self.floors.get_mut(&floor) {
-            *n -= 1;
-            if *n == 0 {
-                self.floors.remove(&floor);
-            }
-        }
-        match self.floors.keys().next() {
-            Some(&low) => {
-                let keep = self.outcomes.split_off(&low);
-                self.outcomes = keep;
-            }
-            None => self.outcomes.clear(),
-        }
+    /// The commit at `pos` is done (answered, or its handle dropped).
+    pub fn settle(&mut self, pos: LogPos) {
+        self.wanted.remove(&pos);
+        self.own.remove(&pos);
+        self.outcomes.remove(&pos);
+        self.prune();
     }
 
     /// Commits sent and not answered yet.
     pub fn in_flight(&self) -> usize {
-        self.floors.values().sum()
+        self.floors.values().sum::<usize>() + self.wanted.len()
     }
 
     /// Whether the thread stopped (asked to, or failed).
@@ -195,6 +219,159 @@ impl FollowState {
     }
 }
 
+/// A batch of consecutive entries from the subscription: the first's
+/// position and their bytes.
+type Batch = Result<(LogPos, Vec<bytes::Bytes>), ClientError>;
+
+/// Streams `log` from `from` on a task of the node's runtime into a
+/// bounded channel. The roll-forward thread waits on the channel with a
+/// timeout (to look at its stop flag); the subscription itself, with its
+/// reconnection and back-off state, is never cancelled by those waits.
+fn stream(
+    rt: &tokio::runtime::Runtime,
+    client: &Client,
+    log: &str,
+    from: LogPos,
+) -> (tokio::sync::mpsc::Receiver<Batch>, AbortOnDrop) {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let (client, log) = (client.clone(), log.to_string());
+    let task = rt.spawn(async move {
+        let mut sub = client.subscribe(&log, from);
+        loop {
+            let batch = sub.next().await.map(|(pos, b)| (pos, vec![b]));
+            let end = batch.is_err();
+            if tx.send(batch).await.is_err() || end {
+                return;
+            }
+        }
+    });
+    (rx, AbortOnDrop(task))
+}
+
+/// Stops a streaming task when the subscription it feeds is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Marks the node failed if the roll-forward thread unwinds, so no
+/// committer, reader or publisher waits for it forever.
+struct PanicGuard<'a>(&'a Follow);
+
+impl Drop for PanicGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let mut st = self.0.lock();
+            st.failed = Some("the roll-forward thread panicked (a bug); reopen the node".into());
+            st.connected = false;
+            drop(st);
+            self.0.melded.notify_all();
+        }
+    }
+}
+
+/// The melder and what the roll-forward thread tracks beside it.
+struct Roller {
+    melder: Melder,
+    settings: melddb::Settings,
+    /// The checkpoint records as the melder sees them, for publishing and
+    /// for the pointers a joining node reads.
+    tracker: Tracker,
+    parts: Vec<LogPos>,
+    part_bytes: u64,
+    /// Group meld: the first entry of a pair waiting for its second, and
+    /// the state before the pair (for the change feed).
+    pending: Option<(LogPos, bytes::Bytes)>,
+    before: Option<melddb::Snapshot>,
+}
+
+impl Roller {
+    /// Melds the entry at `pos` (the next one) and tells the committers.
+    fn meld(&mut self, shared: &Follow, pos: LogPos, bytes: bytes::Bytes) {
+        let settings = self.settings;
+        let event = self.tracker.feed(&settings, pos, &bytes);
+        let local = shared.lock().own.remove(&pos);
+        let watched = shared.feeds.any();
+        if watched && self.before.is_none() {
+            self.before = Some(self.melder.lcs().clone());
+        }
+        let outcomes = match local {
+            Some(local) => self.melder.apply_local(&bytes, local),
+            None => self.melder.apply(&bytes),
+        };
+        if watched {
+            publish_changes(
+                &shared.feeds,
+                &outcomes,
+                (pos, &bytes),
+                &self.pending,
+                self.before.as_ref(),
+            );
+        }
+        if outcomes.is_empty() && settings.group_meld {
+            // The first of a pair: decided with the next entry.
+            self.pending = Some((pos, bytes.clone()));
+        } else {
+            self.pending = None;
+            self.before = None;
+        }
+        let lcs = self.melder.lcs().pos();
+        if let Some(state) = self.melder.meld_state(lcs) {
+            *shared
+                .latest
+                .write()
+                .unwrap_or_else(PoisonError::into_inner) = state.clone();
+        }
+        let mut st = shared.lock();
+        st.next = self.melder.next_pos();
+        st.lcs = lcs;
+        st.entries += 1;
+        st.bytes += bytes.len() as u64;
+        st.connected = true;
+        match event {
+            TrackEvent::Begin => {
+                self.parts.clear();
+                self.part_bytes = 0;
+                st.since_begin = 0;
+                // Only a publishing node encodes the state there; others
+                // need not keep it alive.
+                if shared.publish_every.is_some() {
+                    st.last_begin = self.melder.meld_state(pos).map(|s| (pos, s.clone()));
+                }
+            }
+            TrackEvent::Part => {
+                self.parts.push(pos);
+                self.part_bytes += bytes.len() as u64;
+            }
+            TrackEvent::Complete { begin } => {
+                self.parts.push(pos);
+                st.last_size = self.part_bytes + bytes.len() as u64;
+                st.last_complete = Some((begin, std::mem::take(&mut self.parts)));
+            }
+            // Only the log's own work counts toward the next checkpoint,
+            // not the checkpoints written into it.
+            TrackEvent::NotCheckpoint | TrackEvent::Invalid(_) => {
+                st.since_begin += bytes.len() as u64;
+            }
+        }
+        if let Some(every) = shared.publish_every {
+            // At least twice the latest checkpoint's size, so a large
+            // database does not spend its log on checkpoints.
+            if st.since_begin >= every.max(2 * st.last_size) && !st.publishing {
+                st.due = true;
+            }
+        }
+        for o in outcomes {
+            if let Some(p) = o.pos().filter(|&p| st.keeps(p)) {
+                st.outcomes.insert(p, o);
+            }
+        }
+    }
+}
+
 /// The roll-forward thread: melds the log from `melder.next_pos()` on,
 /// subscribing again whenever the service goes away, until asked to stop
 /// or the log cannot be followed (trimmed past this node's position).
@@ -202,32 +379,34 @@ pub(crate) fn follow(
     rt: &tokio::runtime::Runtime,
     client: &Client,
     log: &str,
-    mut melder: Melder,
+    melder: Melder,
     shared: &Arc<Follow>,
 ) {
-    let settings = *melder.settings();
-    // The checkpoint records as the melder sees them, for publishing and
-    // for the pointers a joining node reads.
-    let mut tracker: Tracker = melder.tracker().clone();
-    let mut parts: Vec<LogPos> = Vec::new();
-    let mut part_bytes = 0u64;
-    // Group meld: the first entry of a pair waiting for its second, and
-    // the state before the pair.
-    let mut pending: Option<(LogPos, bytes::Bytes)> = None;
-    let mut before: Option<melddb::Snapshot> = None;
+    let _guard = PanicGuard(shared);
+    let mut r = Roller {
+        settings: *melder.settings(),
+        tracker: melder.tracker().clone(),
+        melder,
+        parts: Vec::new(),
+        part_bytes: 0,
+        pending: None,
+        before: None,
+    };
     let mut backoff = BACKOFF;
     'subscribe: loop {
-        let mut sub: Subscription = client.subscribe(log, melder.next_pos());
+        let (mut rx, _task) = stream(rt, client, log, r.melder.next_pos());
         loop {
             if shared.lock().stop {
                 return;
             }
-            let next = rt.block_on(async { tokio::time::timeout(POLL, sub.next()).await });
-            let (pos, bytes) = match next {
+            let next = rt.block_on(async { tokio::time::timeout(POLL, rx.recv()).await });
+            let (first, entries) = match next {
                 Err(_elapsed) => continue,
-                Ok(Ok(entry)) => entry,
-                Ok(Err(e)) => {
-                    if let Some(why) = fatal(&e, log, melder.next_pos()) {
+                Ok(Some(Ok(batch))) => batch,
+                Ok(None) | Ok(Some(Err(_))) if shared.lock().stop => return,
+                Ok(result) => {
+                    let e = result.and_then(Result::err);
+                    if let Some(why) = e.as_ref().and_then(|e| fatal(e, log, r.melder.next_pos())) {
                         let mut st = shared.lock();
                         st.failed = Some(why);
                         st.connected = false;
@@ -246,89 +425,15 @@ pub(crate) fn follow(
                 }
             };
             backoff = BACKOFF;
-            if pos != melder.next_pos() {
-                // The subscription guarantees order; anything else is a
-                // broken stream: start it again where meld stands.
-                continue 'subscribe;
-            }
-            let event = tracker.feed(&settings, pos, &bytes);
-            let local = shared.lock().own.remove(&pos);
-            // The state the entry (or its group-meld pair) is melded onto,
-            // for the change feed.
-            let watched = shared.feeds.any();
-            if watched && before.is_none() {
-                before = Some(melder.lcs().clone());
-            }
-            let outcomes = match local {
-                Some(local) => melder.apply_local(&bytes, local),
-                None => melder.apply(&bytes),
-            };
-            if watched {
-                publish_changes(
-                    &shared.feeds,
-                    &outcomes,
-                    (pos, &bytes),
-                    &pending,
-                    before.as_ref(),
-                );
-            }
-            if outcomes.is_empty() && settings.group_meld {
-                // The first of a pair: decided with the next entry.
-                pending = Some((pos, bytes.clone()));
-            } else {
-                pending = None;
-                before = None;
-            }
-            let lcs = melder.lcs().pos();
-            if let Some(state) = melder.meld_state(lcs) {
-                *shared
-                    .latest
-                    .write()
-                    .unwrap_or_else(PoisonError::into_inner) = state.clone();
-            }
-            let mut st = shared.lock();
-            st.next = melder.next_pos();
-            st.lcs = lcs;
-            st.entries += 1;
-            st.bytes += bytes.len() as u64;
-            st.connected = true;
-            match event {
-                TrackEvent::Begin => {
-                    parts.clear();
-                    part_bytes = 0;
-                    st.since_begin = 0;
-                    st.last_begin = melder.meld_state(pos).map(|s| (pos, s.clone()));
+            for (i, bytes) in entries.into_iter().enumerate() {
+                let pos = first + i as u64;
+                if pos != r.melder.next_pos() {
+                    // The subscription guarantees order; anything else is
+                    // a broken stream: start it again where meld stands.
+                    continue 'subscribe;
                 }
-                TrackEvent::Part => {
-                    parts.push(pos);
-                    part_bytes += bytes.len() as u64;
-                }
-                TrackEvent::Complete { begin } => {
-                    parts.push(pos);
-                    st.last_size = part_bytes + bytes.len() as u64;
-                    st.last_complete = Some((begin, std::mem::take(&mut parts)));
-                }
-                // Only the log's own work counts toward the next
-                // checkpoint, not the checkpoints written into it.
-                TrackEvent::NotCheckpoint | TrackEvent::Invalid(_) => {
-                    st.since_begin += bytes.len() as u64;
-                }
+                r.meld(shared, pos, bytes);
             }
-            if let Some(every) = shared.publish_every {
-                // At least twice the latest checkpoint's size, so a large
-                // database does not spend its log on checkpoints.
-                if st.since_begin >= every.max(2 * st.last_size) && !st.publishing {
-                    st.due = true;
-                }
-            }
-            if let Some(&low) = st.floors.keys().next() {
-                for o in outcomes {
-                    if let Some(p) = o.pos().filter(|&p| p >= low) {
-                        st.outcomes.insert(p, o);
-                    }
-                }
-            }
-            drop(st);
             shared.melded.notify_all();
         }
     }
@@ -381,7 +486,7 @@ fn fatal(e: &ClientError, log: &str, next: LogPos) -> Option<String> {
             ..
         } => Some(format!(
             "log {log} was trimmed to position {a}, past this node's position {next}; \
-                 open a new node directory to join the log again"
+                 connect again to join from the latest published checkpoint"
         )),
         ClientError::Server {
             code: melddb_log::protocol::Code::Forbidden | melddb_log::protocol::Code::Unauthorized,

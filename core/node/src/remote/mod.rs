@@ -15,8 +15,13 @@
 //! malformed) to close the pair.
 //!
 //! The node directory is locked for the node's life, like an embedded
-//! database's. Connecting melds the log from its genesis record up to the
-//! tail it finds, then follows it.
+//! database's. Connecting loads the latest published checkpoint of the log
+//! (`published`), or starts from the genesis record if there is none, and
+//! melds the log from there up to the tail it finds, then follows it.
+//!
+//! The node's calls block their thread (on its own I/O runtime); from
+//! inside an async runtime they answer `DbError::Unsupported` instead of
+//! panicking: call them through `spawn_blocking`.
 
 mod follow;
 mod publish;
@@ -37,6 +42,46 @@ pub use self::url::SCHEME;
 use crate::embedded::dir_lock::DirLock;
 use crate::embedded::{CheckpointInfo, DbError, LogStats, Options, Recovery};
 
+/// The node's I/O runtime. Dropped without blocking, so the last handle
+/// to go may be dropped anywhere, an async context included.
+pub(crate) struct Rt(Option<tokio::runtime::Runtime>);
+
+impl std::ops::Deref for Rt {
+    type Target = tokio::runtime::Runtime;
+    fn deref(&self) -> &tokio::runtime::Runtime {
+        // Only `drop` takes it.
+        self.0
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("the runtime is only taken on drop"))
+    }
+}
+
+impl Drop for Rt {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Rt {
+    /// Runs `fut` on the node's runtime and waits for it on this thread.
+    /// The wait is a plain blocking one, so it works from any thread, one
+    /// of an async runtime's included (where it blocks that thread, like
+    /// any blocking call).
+    pub(crate) fn run<T: Send + 'static>(
+        &self,
+        fut: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Result<T, DbError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.recv()
+            .map_err(|_| DbError::Stopped("the node's I/O runtime stopped".into()))
+    }
+}
+
 /// How long a committer whose entry opened a group-meld pair waits for
 /// another entry before it closes the pair with an empty one.
 pub(crate) const PAIR_WAIT: Duration = Duration::from_millis(2);
@@ -46,7 +91,7 @@ pub(crate) struct Remote {
     url: String,
     log: String,
     settings: Settings,
-    rt: Arc<tokio::runtime::Runtime>,
+    rt: Arc<Rt>,
     client: Client,
     follow: Arc<Follow>,
     follower: Option<JoinHandle<()>>,
@@ -65,9 +110,8 @@ impl std::fmt::Debug for Remote {
 /// A commit appended to the shared log and waiting to be melded.
 pub(crate) struct RemoteHandle {
     pos: LogPos,
-    floor: LogPos,
     follow: Arc<Follow>,
-    rt: Arc<tokio::runtime::Runtime>,
+    rt: Arc<Rt>,
     client: Client,
     log: String,
     group_meld: bool,
@@ -92,26 +136,33 @@ impl Remote {
             url: url.to_string(),
             source: e,
         };
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("melddb-node-io")
-            .enable_all()
-            .build()
-            .map_err(|e| DbError::Stopped(format!("cannot start the node's I/O thread: {e}")))?;
+        let rt = Rt(Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("melddb-node-io")
+                .enable_all()
+                .build()
+                .map_err(|e| {
+                    DbError::Stopped(format!("cannot start the node's I/O thread: {e}"))
+                })?,
+        ));
         let copts = ClientOptions {
             token,
             ..ClientOptions::default()
         };
         // Appends and the subscription on two connections, so a long
         // catch-up stream never queues ahead of a commit's answer.
-        let client = rt
-            .block_on(Client::connect_with(&parsed.addr, copts.clone()))
-            .map_err(service)?;
-        let stream = rt
-            .block_on(Client::connect_with(&parsed.addr, copts))
-            .map_err(service)?;
+        let connect = |copts: ClientOptions| {
+            let addr = parsed.addr.clone();
+            rt.run(async move { Client::connect_with(&addr, copts).await })
+        };
+        let client = connect(copts.clone())?.map_err(service)?;
+        let stream = connect(copts)?.map_err(service)?;
         let log = parsed.log.clone();
-        let (first, tail) = rt.block_on(client.bounds(&log)).map_err(service)?;
+        let (c, l) = (client.clone(), log.clone());
+        let (first, tail) = rt
+            .run(async move { c.bounds(&l).await })?
+            .map_err(service)?;
         if tail == 0 {
             opts.settings
                 .validate()
@@ -119,13 +170,15 @@ impl Remote {
             // Two nodes creating the log at once both append a genesis
             // record; the first wins and the second is an entry every
             // node rejects as malformed.
-            rt.block_on(client.append(&log, opts.settings.encode()))
+            let (c, l, genesis) = (client.clone(), log.clone(), opts.settings.encode());
+            rt.run(async move { c.append(&l, genesis).await })?
                 .map_err(service)?;
         }
         // The latest published checkpoint, if any: the node melds the log
         // from the entry after its begin record instead of from genesis.
+        let (c, l) = (client.clone(), log.clone());
         let (published, skipped) = rt
-            .block_on(self::published::latest(&client, &log))
+            .run(async move { self::published::latest(&c, &l).await })?
             .map_err(service)?;
         let joined = published.as_ref().map(|(p, _)| p.begin);
         let melder = match published {
@@ -145,7 +198,10 @@ impl Remote {
                 });
             }
             None => {
-                let genesis = rt.block_on(client.read(&log, 0)).map_err(service)?;
+                let (c, l) = (client.clone(), log.clone());
+                let genesis = rt
+                    .run(async move { c.read(&l, 0).await })?
+                    .map_err(service)?;
                 Melder::from_genesis(&genesis).map_err(|e| DbError::NotADatabase {
                     path: dir.to_path_buf(),
                     why: format!("log {log} position 0: {e}"),
@@ -195,14 +251,20 @@ impl Remote {
                     trim: opts.trim_log,
                     previous: joined,
                 };
-                Some(
-                    std::thread::Builder::new()
-                        .name("melddb-publish".into())
-                        .spawn(move || p.run())
-                        .map_err(|e| {
-                            DbError::Stopped(format!("cannot start the publishing thread: {e}"))
-                        })?,
-                )
+                match std::thread::Builder::new()
+                    .name("melddb-publish".into())
+                    .spawn(move || p.run())
+                {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        // The roll-forward thread is running: stop it.
+                        follow.stop();
+                        let _ = follower.join();
+                        return Err(DbError::Stopped(format!(
+                            "cannot start the publishing thread: {e}"
+                        )));
+                    }
+                }
             }
             None => None,
         };
@@ -228,9 +290,10 @@ impl Remote {
         };
         // Up to date before the first transaction: every entry the log
         // held when the node connected is melded.
+        let (c, l) = (node.client.clone(), node.log.clone());
         let (_, tail) = node
             .rt
-            .block_on(node.client.bounds(&node.log))
+            .run(async move { c.bounds(&l).await })?
             .map_err(service)?;
         node.wait_melded(tail)?;
         let mut node = node;
@@ -267,8 +330,9 @@ impl Remote {
             st = self
                 .follow
                 .melded
-                .wait(st)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                .wait_timeout(st, Duration::from_millis(100))
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
         }
         Ok(())
     }
@@ -277,9 +341,10 @@ impl Remote {
     /// acknowledged when this call began (an up-to-date read: it sees every
     /// commit answered anywhere before it).
     pub(crate) fn sync_with_log(&self) -> Result<(), DbError> {
+        let (c, l) = (self.client.clone(), self.log.clone());
         let (_, tail) = self
             .rt
-            .block_on(self.client.bounds(&self.log))
+            .run(async move { c.bounds(&l).await })?
             .map_err(|e| self.service(e))?;
         self.wait_melded(tail)
     }
@@ -317,12 +382,12 @@ impl Remote {
             }
             st.enter()
         };
-        match self.rt.block_on(self.client.append(&self.log, bytes)) {
+        let (c, l) = (self.client.clone(), self.log.clone());
+        match self.rt.run(async move { c.append(&l, bytes).await })? {
             Ok(pos) => {
-                self.follow.lock().landed(pos, local);
+                self.follow.lock().landed(floor, pos, local);
                 Ok(RemoteHandle {
                     pos,
-                    floor,
                     follow: self.follow.clone(),
                     rt: self.rt.clone(),
                     client: self.client.clone(),
@@ -332,7 +397,7 @@ impl Remote {
                 })
             }
             Err(e) => {
-                self.follow.lock().settle(floor, None);
+                self.follow.lock().not_sent(floor);
                 Err(self.service(e))
             }
         }
@@ -355,27 +420,32 @@ impl Remote {
         }
     }
 
-    /// Publishes a checkpoint of the latest state now and waits for it (a
-    /// node with `publish_checkpoints` only).
+    /// Publishes a checkpoint of a state that holds every commit answered
+    /// anywhere before this call, and waits for it (a node with
+    /// `publish_checkpoints` only).
     pub(crate) fn checkpoint(&self) -> Result<CheckpointInfo, DbError> {
         if self.publisher.is_none() {
             return Err(DbError::Unsupported(
                 "checkpoints from a node without publish_checkpoints".into(),
             ));
         }
+        self.sync_with_log()?;
         let deadline = Instant::now() + self::publish::CHECKPOINT_WAIT;
         let mut st = self.follow.lock();
-        let before = st.published.written;
-        st.published.error = None;
-        st.due = true;
-        self.follow.melded.notify_all();
+        // A checkpoint begun at or after this position holds them all; an
+        // error counts only from a publish begun after this call.
+        let want = st.next;
+        let attempts = st.published.attempts;
         loop {
-            if st.published.written > before {
-                if let Some(info) = &st.published.last {
-                    return Ok(info.clone());
-                }
+            if let Some(info) = st.published.last.as_ref().filter(|c| c.first >= want) {
+                return Ok(info.clone());
             }
-            if let Some(e) = &st.published.error {
+            if let Some(e) = st
+                .published
+                .error
+                .as_ref()
+                .filter(|_| st.published.error_attempt > attempts)
+            {
                 return Err(DbError::Checkpoint(e.clone()));
             }
             if let Some(why) = st.stopped() {
@@ -385,6 +455,10 @@ impl Remote {
                 return Err(DbError::Checkpoint(
                     "timed out waiting for the checkpoint".into(),
                 ));
+            }
+            if !st.publishing && !st.due {
+                st.due = true;
+                self.follow.melded.notify_all();
             }
             st = self
                 .follow
@@ -399,13 +473,14 @@ impl Remote {
     /// [`DbError::Stopped`]).
     pub(crate) fn close(&mut self) -> Result<(), DbError> {
         self.follow.stop();
-        if let Some(t) = self.publisher.take() {
-            t.join()
-                .map_err(|_| DbError::Stopped("the publishing thread panicked".into()))?;
+        // Both joined whatever either did.
+        let publisher = self.publisher.take().map(JoinHandle::join);
+        let follower = self.follower.take().map(JoinHandle::join);
+        if let Some(Err(_)) = publisher {
+            return Err(DbError::Stopped("the publishing thread panicked".into()));
         }
-        if let Some(t) = self.follower.take() {
-            t.join()
-                .map_err(|_| DbError::Stopped("the roll-forward thread panicked".into()))?;
+        if let Some(Err(_)) = follower {
+            return Err(DbError::Stopped("the roll-forward thread panicked".into()));
         }
         Ok(())
     }
@@ -426,7 +501,7 @@ impl RemoteHandle {
     /// Waits until this node has melded the entry and returns its outcome.
     pub(crate) fn wait(mut self) -> Result<Outcome, DbError> {
         let result = self.wait_inner();
-        self.follow.lock().settle(self.floor, Some(self.pos));
+        self.follow.lock().settle(self.pos);
         self.done = true;
         result
     }
@@ -447,10 +522,11 @@ impl RemoteHandle {
                 drop(st);
                 // A failed filler is not this commit's failure: another
                 // entry may still close the pair; try again later.
-                closed_pair = self
-                    .rt
-                    .block_on(self.client.append(&self.log, Vec::new()))
-                    .is_ok();
+                let (c, l) = (self.client.clone(), self.log.clone());
+                closed_pair = matches!(
+                    self.rt.run(async move { c.append(&l, Vec::new()).await }),
+                    Ok(Ok(_))
+                );
                 since = Instant::now();
                 st = self.follow.lock();
                 continue;
@@ -468,7 +544,7 @@ impl RemoteHandle {
 impl Drop for RemoteHandle {
     fn drop(&mut self) {
         if !self.done {
-            self.follow.lock().settle(self.floor, Some(self.pos));
+            self.follow.lock().settle(self.pos);
         }
     }
 }

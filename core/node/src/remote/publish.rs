@@ -23,7 +23,7 @@ use crate::CheckpointInfo;
 
 /// What the publishing thread needs.
 pub(crate) struct Publisher {
-    pub rt: Arc<tokio::runtime::Runtime>,
+    pub rt: Arc<super::Rt>,
     pub client: Client,
     pub log: String,
     pub settings: Settings,
@@ -53,6 +53,7 @@ impl Publisher {
                 }
                 st.due = false;
                 st.publishing = true;
+                st.published.attempts += 1;
             }
             let result = self.publish_one();
             let mut st = self.follow.lock();
@@ -67,7 +68,10 @@ impl Publisher {
                         st.published.first = t;
                     }
                 }
-                Err(why) => st.published.error = Some(why),
+                Err(why) => {
+                    st.published.error = Some(why);
+                    st.published.error_attempt = st.published.attempts;
+                }
             }
         }
     }
@@ -115,6 +119,11 @@ impl Publisher {
         let mut failed = None;
         let encoded =
             checkpoint::encode_streaming(&self.settings, &state, self.part_bytes, None, |part| {
+                // Closing: stop (the checkpoint stays incomplete, unused).
+                if self.follow.lock().stopped().is_some() {
+                    failed = Some("the node closed".into());
+                    return false;
+                }
                 // Another begin record ends this checkpoint on every node:
                 // stop writing parts nobody will take.
                 if self
@@ -159,9 +168,20 @@ impl Publisher {
             begin,
             parts,
         };
-        self.rt
+        let at = self
+            .rt
             .block_on(self.client.append(&comp, ptr.encode()))
             .map_err(|e| format!("appending to {comp}: {e}"))?;
+        // Joiners read only the newest pointers: the companion log keeps
+        // those and no more.
+        if let Some(below) = at
+            .checked_sub(super::published::TRIES - 1)
+            .filter(|b| *b > 0)
+        {
+            self.rt
+                .block_on(self.client.trim(&comp, below))
+                .map_err(|e| format!("trimming {comp} below {below}: {e}"))?;
+        }
         // Two checkpoints stay readable: a joiner that read the previous
         // pointer a moment ago still finds its parts.
         let mut trimmed = None;

@@ -25,7 +25,7 @@ const VERSION: u8 = 1;
 
 /// Pointers looked at, newest first, before a joiner gives up on
 /// published checkpoints and replays from genesis.
-const TRIES: u64 = 4;
+pub(crate) const TRIES: u64 = 4;
 
 /// The companion log holding `log`'s checkpoint pointers, if its name
 /// fits the service's 64-character limit.
@@ -100,7 +100,20 @@ pub(crate) async fn latest(
     let Some(comp) = companion(log) else {
         return Ok((None, skipped));
     };
-    let (first, tail) = client.bounds(&comp).await?;
+    let (first, tail) = match client.bounds(&comp).await {
+        Ok(b) => b,
+        // A token that may read the log but not its companion: no
+        // published checkpoint for this node; it replays from genesis.
+        Err(ClientError::Server {
+            code: melddb_log::protocol::Code::Forbidden | melddb_log::protocol::Code::Unauthorized,
+            message,
+            ..
+        }) => {
+            skipped.push(format!("{comp} is not readable with this token: {message}"));
+            return Ok((None, skipped));
+        }
+        Err(e) => return Err(e),
+    };
     let lowest = tail.saturating_sub(TRIES).max(first);
     for at in (lowest..tail).rev() {
         let rec = client.read(&comp, at).await?;
@@ -121,8 +134,21 @@ pub(crate) async fn latest(
 /// checkpoint of the begin record `ptr` names).
 async fn fetch(client: &Client, log: &str, ptr: &Pointer) -> Result<Loaded, String> {
     let mut parts = Vec::with_capacity(ptr.parts.len());
-    for &p in &ptr.parts {
-        parts.push(client.read(log, p).await.map_err(|e| e.to_string())?);
+    for (i, &p) in ptr.parts.iter().enumerate() {
+        let rec = client.read(log, p).await.map_err(|e| e.to_string())?;
+        // Each record must be the next part of this checkpoint before the
+        // next one is read: a pointer naming other entries costs one read.
+        match checkpoint::parse_record(&rec) {
+            Ok(checkpoint::Record::Part { begin, index, .. })
+                if begin == ptr.begin && index == i as u64 => {}
+            _ => {
+                return Err(format!(
+                    "entry {p} is not part {i} of the checkpoint begun at {}",
+                    ptr.begin
+                ))
+            }
+        }
+        parts.push(rec);
     }
     let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
     let loaded = checkpoint::load(&refs).map_err(|e| e.to_string())?;
