@@ -44,7 +44,9 @@ pub mod zone_lock;
 
 pub use store::scrub;
 
-pub use client::{BlockingLog, Client, ClientError, ClientOptions, Subscription};
+pub use client::{
+    BatchSubscription, BlockingLog, Client, ClientError, ClientOptions, Subscription,
+};
 pub use config::{Config, Limits, Listen, Rights, Tuning};
 pub use error::{ConfigError, OpenError, StoreError};
 pub use segment::Faults;

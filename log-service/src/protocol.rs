@@ -19,12 +19,22 @@
 //!  8 AppendBatch log:str8 client:u64         108 AppendedBatch count:u32 pos:u64 x count
 //!              first_req:u64 count:u32
 //!              (len:u32 bytes) x count
+//!  9 ReadRange log:str8 from:u64             109 Entries    first:u64 count:u32
+//!              max_records:u32 max_bytes:u32                (len:u32 bytes) x count
+//! 10 SubscribeBatches log:str8 from:u64      109 Entries ... for every batch from `from` on
+//!              max_records:u32 max_bytes:u32
 //!                                            200 Error      code:u16 a:u64 b:u64 message:str16
 //! ```
 //!
 //! `corr` is chosen by the client and echoed; responses may come out of
 //! order. Error codes are [`Code`]; `a` and `b` carry the numbers of the
 //! error (position and tail, position and first, length and limit).
+//!
+//! An `Entries` answer holds the records at positions `first`,
+//! `first + 1`, ...: at most `max_records` of them ([`MAX_RANGE_RECORDS`]
+//! at most) and `max_bytes` of record bytes ([`MAX_RANGE_BYTES`] at most),
+//! but always at least one when `from` is below the tail, and never a
+//! frame over the service's `max_frame_bytes`.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -32,6 +42,31 @@ use crate::error::StoreError;
 
 /// Protocol version spoken by this build.
 pub const VERSION: u8 = 1;
+
+/// The most records one `Entries` answer holds; a `ReadRange` or
+/// `SubscribeBatches` asking for more gets this many.
+pub const MAX_RANGE_RECORDS: u32 = 4096;
+
+/// The most record bytes one `Entries` answer holds (beyond its first
+/// record, which is always sent whole); a request asking for more gets
+/// this many.
+pub const MAX_RANGE_BYTES: u32 = 4 << 20;
+
+/// Bytes of an `Entries` frame besides its records: the header (version,
+/// type, correlation id), `first` and the count.
+pub const ENTRIES_HEADER_BYTES: usize = 1 + 1 + 8 + 8 + 4;
+
+/// Bytes each record adds to an `Entries` frame besides its own: its
+/// length.
+pub const ENTRIES_RECORD_OVERHEAD: usize = 4;
+
+/// The length of the `Entries` frame holding records of these lengths.
+pub fn entries_frame_len(lens: impl IntoIterator<Item = usize>) -> usize {
+    lens.into_iter()
+        .map(|l| l + ENTRIES_RECORD_OVERHEAD)
+        .sum::<usize>()
+        + ENTRIES_HEADER_BYTES
+}
 
 /// Error codes of `Error` frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,6 +192,34 @@ pub enum Request {
         /// The records.
         records: Vec<Bytes>,
     },
+    /// Read consecutive records from `from` in one `Entries` answer.
+    ReadRange {
+        /// Log.
+        log: String,
+        /// First position wanted.
+        from: u64,
+        /// Most records wanted (at least 1; capped at
+        /// [`MAX_RANGE_RECORDS`]).
+        max_records: u32,
+        /// Most record bytes wanted (at least 1; capped at
+        /// [`MAX_RANGE_BYTES`]); the first record is sent even if it
+        /// alone is longer.
+        max_bytes: u32,
+    },
+    /// Push every entry from `from` on, as `Entries` answers of up to
+    /// `max_records` records and `max_bytes` bytes.
+    SubscribeBatches {
+        /// Log.
+        log: String,
+        /// First position wanted.
+        from: u64,
+        /// Most records per answer (at least 1; capped at
+        /// [`MAX_RANGE_RECORDS`]).
+        max_records: u32,
+        /// Most record bytes per answer (at least 1; capped at
+        /// [`MAX_RANGE_BYTES`]); a longer record is sent alone.
+        max_bytes: u32,
+    },
 }
 
 /// A response frame.
@@ -191,6 +254,14 @@ pub enum Response {
     AppendedBatch {
         /// Positions.
         positions: Vec<u64>,
+    },
+    /// Records at consecutive positions (a range read, or one batch of a
+    /// batched subscription).
+    Entries {
+        /// Position of the first record.
+        first: u64,
+        /// The records, at `first`, `first + 1`, ...
+        records: Vec<Bytes>,
     },
     /// Failure.
     Error {
@@ -341,8 +412,52 @@ pub fn encode_request(corr: u64, r: &Request) -> Bytes {
                 o.put_slice(r);
             }
         }
+        Request::ReadRange {
+            log,
+            from,
+            max_records,
+            max_bytes,
+        } => {
+            head(&mut o, 9, corr);
+            put_range(&mut o, log, *from, *max_records, *max_bytes);
+        }
+        Request::SubscribeBatches {
+            log,
+            from,
+            max_records,
+            max_bytes,
+        } => {
+            head(&mut o, 10, corr);
+            put_range(&mut o, log, *from, *max_records, *max_bytes);
+        }
     }
     o.freeze()
+}
+
+/// The fields `ReadRange` and `SubscribeBatches` share.
+fn put_range(o: &mut BytesMut, log: &str, from: u64, max_records: u32, max_bytes: u32) {
+    put_str8(o, log);
+    o.put_u64_le(from);
+    o.put_u32_le(max_records);
+    o.put_u32_le(max_bytes);
+}
+
+/// `count:u32 (len:u32 bytes) x count`, each record a slice of `frame`;
+/// the count is checked against the bytes left before the list is
+/// allocated (each record takes at least its 4-byte length).
+fn take_records(c: &mut Cur<'_>, frame: &Bytes) -> Result<Vec<Bytes>, FrameError> {
+    let n = c.u32()? as usize;
+    if n > c.b.len() / 4 {
+        return Err(FrameError::Malformed("record count exceeds the frame"));
+    }
+    let mut records = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = c.u32()? as usize;
+        let at = frame.len() - c.b.len();
+        c.take(len)?;
+        records.push(frame.slice(at..at + len));
+    }
+    Ok(records)
 }
 
 /// Decodes a request; on failure returns the correlation id if it was
@@ -405,25 +520,35 @@ pub fn decode_request(frame: &Bytes) -> Result<(u64, Request), (u64, FrameError)
                 let log = c.str8()?;
                 let client = c.u64()?;
                 let first_request = c.u64()?;
-                let n = c.u32()? as usize;
-                // Each record takes at least its 4-byte length: bound the
-                // allocation by the frame.
-                if n > c.b.len() / 4 {
-                    return Err(FrameError::Malformed("record count exceeds the frame"));
-                }
-                let mut records = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let len = c.u32()? as usize;
-                    let at = frame.len() - c.b.len();
-                    c.take(len)?;
-                    records.push(frame.slice(at..at + len));
-                }
+                let records = take_records(&mut c, frame)?;
                 c.end()?;
                 Request::AppendBatch {
                     log,
                     client,
                     first_request,
                     records,
+                }
+            }
+            9 | 10 => {
+                let log = c.str8()?;
+                let from = c.u64()?;
+                let max_records = c.u32()?;
+                let max_bytes = c.u32()?;
+                c.end()?;
+                if ty == 9 {
+                    Request::ReadRange {
+                        log,
+                        from,
+                        max_records,
+                        max_bytes,
+                    }
+                } else {
+                    Request::SubscribeBatches {
+                        log,
+                        from,
+                        max_records,
+                        max_bytes,
+                    }
                 }
             }
             t => return Err(FrameError::Type(t)),
@@ -462,6 +587,16 @@ pub fn encode_response(corr: u64, r: &Response) -> Bytes {
             o.put_u32_le(positions.len() as u32);
             for p in positions {
                 o.put_u64_le(*p);
+            }
+        }
+        Response::Entries { first, records } => {
+            o.reserve(entries_frame_len(records.iter().map(|r| r.len())));
+            head(&mut o, 109, corr);
+            o.put_u64_le(*first);
+            o.put_u32_le(records.len() as u32);
+            for r in records {
+                o.put_u32_le(r.len() as u32);
+                o.put_slice(r);
             }
         }
         Response::Error {
@@ -526,6 +661,10 @@ pub fn decode_response(frame: &Bytes) -> Result<(u64, Response), FrameError> {
             }
             Response::AppendedBatch { positions }
         }
+        109 => Response::Entries {
+            first: c.u64()?,
+            records: take_records(&mut c, frame)?,
+        },
         200 => Response::Error {
             code: Code::from_u16(c.u16()?),
             a: c.u64()?,
@@ -583,54 +722,4 @@ pub fn error(code: Code, message: impl Into<String>) -> Response {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::Code;
-
-    /// Every variant, and a match that stops compiling when a variant is
-    /// added without being listed here.
-    fn all() -> Vec<Code> {
-        use Code::*;
-        let all = vec![
-            BadFrame,
-            Version,
-            Unauthorized,
-            Forbidden,
-            NotYetWritten,
-            Trimmed,
-            TooLarge,
-            BadLogName,
-            WriteFailed,
-            Full,
-            Unrecoverable,
-            ShuttingDown,
-            Busy,
-            TrimBeyondTail,
-            NoSpace,
-            Exhausted,
-        ];
-        for c in &all {
-            match c {
-                BadFrame | Version | Unauthorized | Forbidden | NotYetWritten | Trimmed
-                | TooLarge | BadLogName | WriteFailed | Full | Unrecoverable | ShuttingDown
-                | Busy | TrimBeyondTail | NoSpace | Exhausted => {}
-            }
-        }
-        all
-    }
-
-    /// A client reads back every code the service sends (the enum's
-    /// discriminants are the wire values), and any other number as
-    /// `BadFrame`.
-    #[test]
-    fn every_error_code_reads_back_as_itself_and_unknown_ones_as_bad_frame() {
-        let all = all();
-        for &c in &all {
-            assert_eq!(Code::from_u16(c as u16), c);
-        }
-        for v in 0..=u16::MAX {
-            if !all.iter().any(|&c| c as u16 == v) {
-                assert_eq!(Code::from_u16(v), Code::BadFrame, "wire value {v}");
-            }
-        }
-    }
-}
+mod tests;

@@ -51,6 +51,18 @@ pub fn requests() -> Vec<Request> {
                 Bytes::from_static(b"cde"),
             ],
         },
+        Request::ReadRange {
+            log: "l".into(),
+            from: 7,
+            max_records: 64,
+            max_bytes: 1 << 20,
+        },
+        Request::SubscribeBatches {
+            log: "l".into(),
+            from: 2,
+            max_records: 4096,
+            max_bytes: 4 << 20,
+        },
     ]
 }
 
@@ -68,6 +80,14 @@ pub fn responses() -> Vec<Response> {
         Response::Pong,
         Response::AppendedBatch {
             positions: vec![3, 4, 5],
+        },
+        Response::Entries {
+            first: 11,
+            records: vec![
+                Bytes::from_static(b"first"),
+                Bytes::new(),
+                Bytes::from_static(b"third"),
+            ],
         },
         error(Code::Forbidden, "no append right on this log"),
     ]

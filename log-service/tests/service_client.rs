@@ -202,39 +202,6 @@ async fn a_failed_write_is_retried_by_the_client_and_lands_once() {
     stop(store, running).await;
 }
 
-/// A stand-in for the service on 127.0.0.1 that answers every request
-/// with the frames `answer` makes of it (none: it drops the connection
-/// instead). For answers the real service never gives. Stops with the
-/// test's runtime.
-async fn fake_service(answer: impl Fn(Request) -> Vec<Response> + Send + Sync + 'static) -> String {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap().to_string();
-    let answer = Arc::new(answer);
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            let answer = answer.clone();
-            tokio::spawn(async move {
-                let mut len = [0u8; 4];
-                while s.read_exact(&mut len).await.is_ok() {
-                    let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
-                    if s.read_exact(&mut body).await.is_err() {
-                        return;
-                    }
-                    let (corr, req) = protocol::decode_request(&Bytes::from(body)).unwrap();
-                    let frames = answer(req);
-                    if frames.is_empty() {
-                        return;
-                    }
-                    for r in frames {
-                        send_frame(&mut s, &protocol::encode_response(corr, &r)).await;
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
-
 /// Answers that do not fit the request are protocol errors, not data: a
 /// read answered with another position's entry, a batch answered with
 /// more or fewer positions than it had records, a subscription that

@@ -228,7 +228,8 @@ fn root_fragment_lists_decode_at_any_length_and_impossible_counts_are_refused() 
 }
 
 /// A batch's count is checked against the bytes left in its frame before
-/// the records' (or positions') list is allocated: a count of 4 billion in
+/// the records' (or positions') list is allocated (appended batches,
+/// range answers, appended positions): a count of 4 billion in
 /// a short frame must be refused by that check, not met with an
 /// allocation of 100+ GB. Counts that fit decode.
 #[test]
@@ -256,6 +257,22 @@ fn batch_counts_beyond_what_the_frame_holds_are_refused_before_allocating() {
                 decode_request(&too_many(count_at, &f, n)),
                 Err((7, FrameError::Malformed("record count exceeds the frame"))),
                 "{k} records, count {n}"
+            );
+        }
+
+        // A range's answer: its records' count after `first`.
+        let r = Response::Entries {
+            first: 3,
+            records: vec![Bytes::new(); k],
+        };
+        let f = encode_response(8, &r);
+        assert_eq!(decode_response(&f), Ok((8, r)));
+        let count_at = 1 + 1 + 8 + 8;
+        for n in [k as u32 + 1, k as u32 * 4 + 4, u32::MAX] {
+            assert_eq!(
+                decode_response(&too_many(count_at, &f, n)),
+                Err(FrameError::Malformed("record count exceeds the frame")),
+                "{k} entries, count {n}"
             );
         }
 

@@ -2,20 +2,27 @@
 //! WebSocket): the read loop with its authentication and rights checks,
 //! back-pressure (at most `max_in_flight` requests outstanding, every
 //! answer waiting for room in the connection's bounded answer queue),
-//! execution against the store, and subscriptions.
+//! execution against the store, and starting subscriptions
+//! ([`super::subscriptions`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
-use tokio::sync::{broadcast, mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 
 use super::context::{allowed, Ctx};
+use super::outgoing::Outgoing;
+use super::ranges::{read_entries, RangeLimits};
+use super::subscriptions::{batch_subscription, subscription};
 use crate::config::Rights;
 use crate::error::StoreError;
 use crate::protocol::{self, Code, Request, Response};
 use crate::store::Store;
+
+/// Subscriptions (of either kind) one connection may start.
+const MAX_SUBSCRIPTIONS: usize = 64;
 
 /// Queues an answer the read loop gives itself (a refusal, an error, a
 /// Hello's answer) under the same back-pressure as an executed request's:
@@ -25,7 +32,7 @@ use crate::store::Store;
 /// or the service is stopping.
 async fn answer_inline(
     in_flight: &Semaphore,
-    tx: &mpsc::Sender<Bytes>,
+    tx: &mpsc::Sender<Outgoing>,
     stop: &mut watch::Receiver<bool>,
     corr: u64,
     r: &Response,
@@ -34,7 +41,9 @@ async fn answer_inline(
         let Ok(_permit) = in_flight.acquire().await else {
             return false;
         };
-        tx.send(protocol::encode_response(corr, r)).await.is_ok()
+        tx.send(protocol::encode_response(corr, r).into())
+            .await
+            .is_ok()
     };
     tokio::select! {
         _ = stop.changed() => false,
@@ -72,7 +81,7 @@ impl Refused {
 pub(super) async fn serve_frames<S>(
     ctx: Arc<Ctx>,
     mut frames: S,
-    tx: mpsc::Sender<Bytes>,
+    tx: mpsc::Sender<Outgoing>,
     mut rights: Option<Rights>,
 ) where
     S: Stream<Item = Result<Bytes, Refused>> + Unpin,
@@ -82,10 +91,13 @@ pub(super) async fn serve_frames<S>(
             .connections_refused
             .fetch_add(1, Ordering::Relaxed);
         let _ = tx
-            .send(protocol::encode_response(
-                0,
-                &protocol::error(Code::Busy, "connection limit reached; retry later"),
-            ))
+            .send(
+                protocol::encode_response(
+                    0,
+                    &protocol::error(Code::Busy, "connection limit reached; retry later"),
+                )
+                .into(),
+            )
             .await;
         return;
     };
@@ -167,23 +179,39 @@ pub(super) async fn serve_frames<S>(
             }
             continue;
         }
-        if let Request::Subscribe { log, from } = req {
-            if subs >= 64 {
-                let error = protocol::error(Code::Busy, "at most 64 subscriptions per connection");
+        if matches!(
+            req,
+            Request::Subscribe { .. } | Request::SubscribeBatches { .. }
+        ) {
+            // Counted for the connection's life, whether or not the
+            // subscription has ended.
+            if subs >= MAX_SUBSCRIPTIONS {
+                let error = protocol::error(
+                    Code::Busy,
+                    format!("at most {MAX_SUBSCRIPTIONS} subscriptions per connection"),
+                );
                 if !answer_inline(&in_flight, &tx, &mut stop, corr, &error).await {
                     break;
                 }
                 continue;
             }
             subs += 1;
-            tokio::spawn(subscription(
-                ctx.store.clone(),
-                tx.clone(),
-                done.clone(),
-                corr,
-                log,
-                from,
-            ));
+            let (store, tx, done) = (ctx.store.clone(), tx.clone(), done.clone());
+            match req {
+                Request::Subscribe { log, from } => {
+                    tokio::spawn(subscription(store, tx, done, corr, log, from));
+                }
+                Request::SubscribeBatches {
+                    log,
+                    from,
+                    max_records,
+                    max_bytes,
+                } => {
+                    let range = (from, max_records, max_bytes);
+                    tokio::spawn(batch_subscription(store, tx, done, corr, log, range));
+                }
+                _ => {}
+            }
             continue;
         }
         // Back-pressure: stop reading this connection while it has
@@ -195,7 +223,7 @@ pub(super) async fn serve_frames<S>(
         let tx = tx.clone();
         tokio::spawn(async move {
             let resp = execute(&store, req).await;
-            let _ = tx.send(protocol::encode_response(corr, &resp)).await;
+            let _ = tx.send(protocol::encode_response(corr, &resp).into()).await;
             drop(permit);
         });
     }
@@ -221,6 +249,23 @@ async fn execute(store: &Store, req: Request) -> Response {
             pos,
             bytes: Bytes::from_owner(e),
         }),
+        Request::ReadRange {
+            log,
+            from,
+            max_records,
+            max_bytes,
+        } => {
+            let read = RangeLimits::new(store, max_records, max_bytes)
+                .and_then(|limits| read_entries(store, &log, from, limits));
+            // Its errors are answers already.
+            return match read {
+                Ok(records) => Response::Entries {
+                    first: from,
+                    records,
+                },
+                Err(answer) => answer,
+            };
+        }
         Request::Bounds { log } => crate::store::check_log_name(&log).map(|_| {
             let (first, tail) = store.bounds(&log);
             Response::Bounds { first, tail }
@@ -236,81 +281,10 @@ async fn execute(store: &Store, req: Request) -> Response {
             .await
             .map(|positions| Response::AppendedBatch { positions }),
         Request::Ping => Ok(Response::Pong),
-        Request::Hello { .. } | Request::Subscribe { .. } => Ok(Response::Done),
+        // Answered by the read loop, never executed.
+        Request::Hello { .. } | Request::Subscribe { .. } | Request::SubscribeBatches { .. } => {
+            Ok(Response::Done)
+        }
     };
     res.unwrap_or_else(|e| protocol::store_error(&e))
-}
-
-/// Pushes every entry of `log` from `from` on: catch up by reading, then
-/// follow the broadcast; a lag or a gap is filled by reading again.
-async fn subscription(
-    store: Arc<Store>,
-    tx: mpsc::Sender<Bytes>,
-    mut done: watch::Receiver<bool>,
-    corr: u64,
-    log: String,
-    from: u64,
-) {
-    if let Err(e) = crate::store::check_log_name(&log) {
-        let _ = tx
-            .send(protocol::encode_response(corr, &protocol::store_error(&e)))
-            .await;
-        return;
-    }
-    let mut rx = store.subscribe(&log);
-    let mut next = from;
-    loop {
-        let (first, tail) = store.bounds(&log);
-        if next < first {
-            let e = StoreError::Trimmed {
-                log: log.clone(),
-                pos: next,
-                first,
-            };
-            let _ = tx
-                .send(protocol::encode_response(corr, &protocol::store_error(&e)))
-                .await;
-            return;
-        }
-        while next < tail {
-            let resp = match store.read(&log, next) {
-                Ok(e) => Response::Entry {
-                    pos: next,
-                    bytes: Bytes::from_owner(e),
-                },
-                Err(e) => protocol::store_error(&e),
-            };
-            if tx
-                .send(protocol::encode_response(corr, &resp))
-                .await
-                .is_err()
-            {
-                return;
-            }
-            next += 1;
-        }
-        let got = tokio::select! {
-            _ = done.changed() => return,
-            _ = tx.closed() => return,
-            g = rx.recv() => g,
-        };
-        match got {
-            Ok((pos, e)) if pos == next => {
-                let resp = Response::Entry {
-                    pos,
-                    bytes: Bytes::from_owner(e),
-                };
-                if tx
-                    .send(protocol::encode_response(corr, &resp))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-                next += 1;
-            }
-            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {} // read the gap
-            Err(broadcast::error::RecvError::Closed) => return,
-        }
-    }
 }

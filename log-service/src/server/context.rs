@@ -58,16 +58,19 @@ impl Ctx {
 }
 
 /// Whether rights `r` allow `req`: Ping and Hello need nothing; appends,
-/// batches and trims need the log and the append right; reads, bounds
-/// and subscriptions need the log and the read right. `Err` says why not.
+/// batches and trims need the log and the append right; reads (single
+/// and ranges), bounds and subscriptions (single and batched) need the
+/// log and the read right. `Err` says why not.
 pub(super) fn allowed(r: &Rights, req: &Request) -> Result<(), String> {
     let (log, need_append) = match req {
         Request::Append { log, .. }
         | Request::AppendBatch { log, .. }
         | Request::Trim { log, .. } => (log, true),
-        Request::Read { log, .. } | Request::Bounds { log } | Request::Subscribe { log, .. } => {
-            (log, false)
-        }
+        Request::Read { log, .. }
+        | Request::ReadRange { log, .. }
+        | Request::Bounds { log }
+        | Request::Subscribe { log, .. }
+        | Request::SubscribeBatches { log, .. } => (log, false),
         Request::Ping | Request::Hello { .. } => return Ok(()),
     };
     if !r.covers(log) {

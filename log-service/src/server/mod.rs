@@ -7,12 +7,17 @@
 //!
 //! `context` holds what every connection shares and the rights rule;
 //! `connection` serves one connection's frames for both `tcp` and
-//! `websocket`; `http` and `metrics` are the HTTP routes.
+//! `websocket`, which write what it queues (`outgoing`); `ranges` answers
+//! range reads and `subscriptions` pushes entries; `http` and `metrics`
+//! are the HTTP routes.
 
 mod connection;
 mod context;
 mod http;
 mod metrics;
+mod outgoing;
+mod ranges;
+mod subscriptions;
 mod tcp;
 #[cfg(test)]
 mod tests;

@@ -13,6 +13,7 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 
 use super::connection::{serve_frames, Refused};
 use super::context::Ctx;
+use super::outgoing::Outgoing;
 use crate::protocol::{self, Code};
 use crate::tcp_frames::{self, FrameDecoder, Incoming};
 
@@ -46,15 +47,15 @@ pub(super) async fn tcp_conn(ctx: Arc<Ctx>, sock: TcpStream) {
         )),
     });
     let mut sink = FramedWrite::new(w, tcp_frames::encoder(max));
-    let (tx, mut rx) = mpsc::channel::<Bytes>(ctx.store.config().limits.max_in_flight * 2);
+    let (tx, mut rx) = mpsc::channel::<Outgoing>(ctx.store.config().limits.max_in_flight * 2);
     let writer = tokio::spawn(async move {
         while let Some(f) = rx.recv().await {
-            if sink.feed(f).await.is_err() {
+            if sink.feed(f.take()).await.is_err() {
                 return;
             }
             // Coalesce: flush once the queue is empty.
             while let Ok(f) = rx.try_recv() {
-                if sink.feed(f).await.is_err() {
+                if sink.feed(f.take()).await.is_err() {
                     return;
                 }
             }

@@ -8,8 +8,8 @@ use crate::protocol::Request;
 
 /// `allowed` against the rule as the docs state it, over every
 /// combination: Ping and Hello need nothing; appends, batches and
-/// trims need the log and the append right; reads, bounds and
-/// subscriptions need the log and the read right.
+/// trims need the log and the append right; reads, range reads, bounds
+/// and subscriptions of either kind need the log and the read right.
 #[test]
 fn rights_allow_exactly_what_the_rule_says() {
     let requests = |log: &str| {
@@ -49,8 +49,32 @@ fn rights_allow_exactly_what_the_rule_says() {
                 },
                 Some(false),
             ),
+            (
+                Request::ReadRange {
+                    log: log.clone(),
+                    from: 1,
+                    max_records: 1,
+                    max_bytes: 1,
+                },
+                Some(false),
+            ),
             (Request::Bounds { log: log.clone() }, Some(false)),
-            (Request::Subscribe { log, from: 0 }, Some(false)),
+            (
+                Request::Subscribe {
+                    log: log.clone(),
+                    from: 0,
+                },
+                Some(false),
+            ),
+            (
+                Request::SubscribeBatches {
+                    log,
+                    from: 0,
+                    max_records: 1,
+                    max_bytes: 1,
+                },
+                Some(false),
+            ),
         ]
     };
     for read in [false, true] {

@@ -8,13 +8,13 @@ use axum::extract::ws::{close_code, CloseFrame, Message, WebSocket, WebSocketUpg
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response as HttpResponse;
-use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 
 use super::connection::{serve_frames, Refused};
 use super::context::Ctx;
 use super::http::http_rights;
+use super::outgoing::Outgoing;
 use crate::config::Rights;
 use crate::protocol::{self, Code, Response};
 
@@ -118,10 +118,10 @@ async fn ws_conn(ctx: Arc<Ctx>, socket: WebSocket, rights: Option<Rights>) {
         std::future::ready(Some(Err(refused.0)))
     });
     let frames = Box::pin(frames);
-    let (tx, mut rx) = mpsc::channel::<Bytes>(ctx.store.config().limits.max_in_flight * 2);
+    let (tx, mut rx) = mpsc::channel::<Outgoing>(ctx.store.config().limits.max_in_flight * 2);
     let writer = tokio::spawn(async move {
         while let Some(f) = rx.recv().await {
-            if sink.send(Message::Binary(f)).await.is_err() {
+            if sink.send(Message::Binary(f.take())).await.is_err() {
                 return;
             }
         }

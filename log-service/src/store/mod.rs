@@ -1,7 +1,8 @@
 //! The storage engine's public face: append (through the single writer
 //! thread, which batches, stripes, fsyncs and writes end-writes), read (any
 //! thread, straight from the segment files, rebuilding lost pages from
-//! parity), trim, subscribe, scrub.
+//! parity; `range` reads consecutive records in one call), trim,
+//! subscribe, scrub.
 
 use std::collections::{BTreeMap, HashMap};
 use std::num::NonZeroUsize;
@@ -26,6 +27,7 @@ use crate::shared::{
 use crate::stripe::{self, StripeRef};
 use crate::writer::{AppendReq, Cmd};
 
+mod range;
 pub mod scrub;
 #[cfg(test)]
 mod tests;

@@ -82,6 +82,73 @@ pub fn check_at(store: &Store, model: &Model, what: &str) {
     }
 }
 
+/// Range reads agree with the model: each log read whole from its first
+/// position by [`Store::read_range`] under several limits gives every
+/// record once, in order, byte for byte; each range holds at least one
+/// record, no more than its limits allow (a longer first record alone),
+/// and stops only at a limit or the tail. At the tail a range is empty,
+/// beyond it `NotYetWritten`, below the first position `Trimmed`.
+pub fn check_ranges(store: &Store, model: &Model, what: &str) {
+    for (log, (first, recs)) in model {
+        let tail = *first + recs.len() as u64;
+        for (max_records, max_bytes) in [(1, 1), (3, usize::MAX), (50, 9000), (4096, 1 << 20)] {
+            let mut from = *first;
+            while from < tail {
+                let got = store
+                    .read_range(log, from, max_records, max_bytes)
+                    .unwrap_or_else(|e| panic!("{what}: {log} from {from}: {e}"));
+                let at = (from - first) as usize;
+                let n = got.len();
+                assert!(
+                    (1..=max_records).contains(&n),
+                    "{what}: {log} from {from}: {n} records, limit {max_records}"
+                );
+                let bytes: usize = got.iter().map(|r| r.len()).sum();
+                assert!(
+                    n == 1 || bytes <= max_bytes,
+                    "{what}: {log} from {from}: {bytes} bytes, limit {max_bytes}"
+                );
+                for (i, r) in got.iter().enumerate() {
+                    assert_eq!(
+                        &r[..],
+                        &recs[at + i][..],
+                        "{what}: {log}@{}",
+                        from + i as u64
+                    );
+                }
+                if let Some(next) = recs.get(at + n) {
+                    assert!(
+                        n == max_records || bytes + next.len() > max_bytes,
+                        "{what}: {log} from {from}: stopped after {n} records ({bytes} bytes) with room for the next"
+                    );
+                }
+                from += n as u64;
+            }
+        }
+        let at_tail = store.read_range(log, tail, 10, 1 << 20);
+        assert!(
+            matches!(&at_tail, Ok(v) if v.is_empty()),
+            "{what}: {log} at its tail: {at_tail:?}"
+        );
+        assert!(
+            matches!(
+                store.read_range(log, tail + 1, 10, 1 << 20),
+                Err(StoreError::NotYetWritten { pos, tail: t, .. }) if pos == tail + 1 && t == tail
+            ),
+            "{what}: {log} beyond its tail"
+        );
+        if *first > 0 {
+            assert!(
+                matches!(
+                    store.read_range(log, first - 1, 10, 1 << 20),
+                    Err(StoreError::Trimmed { pos, first: f, .. }) if pos == first - 1 && f == *first
+                ),
+                "{what}: {log} below its first position"
+            );
+        }
+    }
+}
+
 /// Appends `n` random records to three logs from four threads at once, so
 /// the writer forms real batches, and adds them to the model (checking
 /// each log's positions are dense).

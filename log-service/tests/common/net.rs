@@ -1,5 +1,6 @@
 //! What the service tests share (`tests/service*.rs`): a small service
-//! on loopback ports, raw frames over TCP, and one-shot HTTP requests.
+//! on loopback ports, raw frames over TCP, one-shot HTTP requests, and a
+//! stand-in service that answers what a test tells it to.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use bytes::Bytes;
 use melddb_log::protocol::{self, Code, Request, Response};
 use melddb_log::{Config, Running, Store};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
 
 /// A small service: three zones, 16 KiB pages, 1 MiB segments and
 /// records, frames a little over a record.
@@ -131,4 +132,39 @@ pub async fn http_with_token(
     let status: u16 = text[9..12].parse().unwrap();
     let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
     (status, body)
+}
+
+/// A stand-in for the service on 127.0.0.1 that answers every request
+/// with the frames `answer` makes of it (none: it drops the connection
+/// instead). For answers the real service never gives. Stops with the
+/// test's runtime.
+pub async fn fake_service(
+    answer: impl Fn(Request) -> Vec<Response> + Send + Sync + 'static,
+) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let answer = Arc::new(answer);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut len = [0u8; 4];
+                while s.read_exact(&mut len).await.is_ok() {
+                    let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+                    if s.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    let (corr, req) = protocol::decode_request(&Bytes::from(body)).unwrap();
+                    let frames = answer(req);
+                    if frames.is_empty() {
+                        return;
+                    }
+                    for r in frames {
+                        send_frame(&mut s, &protocol::encode_response(corr, &r)).await;
+                    }
+                }
+            });
+        }
+    });
+    addr
 }

@@ -4,8 +4,9 @@
 //! service's efficiency is a ratio.
 //!
 //! [`suite`] runs the whole suite, [`probe`] one load point on its own;
-//! [`load`] drives the service, [`service`] starts and stops it, and
-//! [`disk`] measures the disk under it without the service.
+//! [`load`] drives the service, [`catchup`] reads a log back from its
+//! start, [`service`] starts and stops it, and [`disk`] measures the disk
+//! under it without the service.
 
 use std::path::{Path, PathBuf};
 
@@ -13,12 +14,14 @@ use melddb_log::latency::StagesSummary;
 use melddb_log::{Config, Stats};
 use serde::Serialize;
 
+pub mod catchup;
 pub mod disk;
 pub mod load;
 pub mod probe;
 pub mod service;
 pub mod suite;
 
+pub use catchup::Catchup;
 pub use disk::{settle_trims, RoundFloor};
 pub use load::PointSpec;
 pub use probe::{probe, Probe, ProbeSettings};

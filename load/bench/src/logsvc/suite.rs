@@ -8,6 +8,7 @@ use melddb_log::latency::StagesSummary;
 use melddb_log::Store;
 use serde::Serialize;
 
+use super::catchup::{catchup, Catchup};
 use super::disk::{
     disk_seq_write, disk_seq_write_for, fsync_round_floor, remove_and_settle, RoundFloor,
 };
@@ -54,6 +55,10 @@ pub struct Results {
     pub half_target_disk_files: Point,
     /// Random 1 KiB reads.
     pub reads: Point,
+    /// One client reading a log of 1 KiB records from position 0 through
+    /// a batched subscription ([`CATCHUP_ENTRIES`]; a quarter quick):
+    /// read against `reads`, 1 KiB records one `Read` request each.
+    pub catchup: Catchup,
     /// Recovery: (log MiB on disk, seconds).
     pub recovery: Vec<(f64, f64)>,
     /// MiB each recovery read from the segment files (page headers, end-
@@ -135,6 +140,9 @@ const SUITE_SPARES: u32 = 4;
 /// Half of the target of 300K appends/s: the rate the issue's
 /// "p99 at half that load" names, whatever this run's peak.
 pub const HALF_TARGET_TPS: f64 = 150_000.0;
+
+/// Records the catch-up reads (a quarter of them with `--quick`).
+pub const CATCHUP_ENTRIES: u64 = 200_000;
 
 /// Runs the suite; progress goes to stderr.
 pub fn run(quick: bool) -> Result<Results, String> {
@@ -240,6 +248,10 @@ pub fn run(quick: bool) -> Result<Results, String> {
         let tail = store.bounds("bench").1;
         eprintln!("reads ...");
         let rd = reads(&addr, 16, 8, tail, secs).await?;
+        let entries = if quick { CATCHUP_ENTRIES / 4 } else { CATCHUP_ENTRIES };
+        spares_refill_secs += settle(&store, spares).await;
+        eprintln!("catch-up: {entries} records of 1 KiB, then one client reads them back ...");
+        let caught_up = catchup(&addr, "catchup", entries).await?;
         spares_refill_secs += settle(&store, spares).await;
         stop(store, running).await;
         // Recovery time vs log size: reopen as is, then after growing it.
@@ -332,6 +344,7 @@ pub fn run(quick: bool) -> Result<Results, String> {
             half_target_disk,
             half_target_disk_files,
             reads: rd,
+            catchup: caught_up,
             recovery,
             recovery_read_mib,
             scrub: scrub_run,

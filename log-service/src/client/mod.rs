@@ -4,7 +4,8 @@
 //! Appends carry this client's random id and a fresh request id; when the
 //! connection drops mid-append the client reconnects and sends the same
 //! request id again, so the service returns the first position instead of
-//! appending twice. Subscriptions resume after the last position received.
+//! appending twice. Subscriptions resume after the last position received
+//! (`subscription`); `blocking` holds [`BlockingLog`].
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,14 +14,22 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use melddb::{Entry, LogError, LogPos};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{FramedRead, FramedWrite};
 
 use crate::locks::lock;
-use crate::protocol::{self, Code, Request, Response};
+use crate::protocol::{
+    self, Code, Request, Response, ENTRIES_HEADER_BYTES, ENTRIES_RECORD_OVERHEAD, MAX_RANGE_BYTES,
+    MAX_RANGE_RECORDS,
+};
 use crate::tcp_frames::{self, FrameDecoder, Incoming};
+
+mod blocking;
+mod subscription;
+
+pub use blocking::BlockingLog;
+pub use subscription::{BatchSubscription, Subscription};
 
 /// A client operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -110,7 +119,18 @@ impl Default for ClientOptions {
 }
 
 type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<Response>>>>;
-type Streams = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<Response>>>>;
+type Streams = Arc<Mutex<HashMap<u64, Route>>>;
+
+/// Where a connection's reader sends the answers of one subscription.
+enum Route {
+    /// A [`Subscription`]'s, unbounded: it shares the client's connection
+    /// with other requests, whose answers must not wait behind its entries.
+    Unbounded(mpsc::UnboundedSender<Response>),
+    /// A [`BatchSubscription`]'s, bounded: it has its connection to
+    /// itself, so the reader waits for room, which stops it reading the
+    /// socket and so the service sending.
+    Bounded(mpsc::Sender<Response>),
+}
 
 struct Conn {
     tx: mpsc::Sender<Bytes>,
@@ -175,17 +195,27 @@ impl Conn {
                         let _ = w.send(resp);
                         continue;
                     }
-                    let mut subs = lock(&streams);
-                    if let Some(s) = subs.get(&corr) {
-                        if s.send(resp).is_err() {
-                            // Its subscription is gone (dropped, or ended by
-                            // an error): stop routing to it.
-                            subs.remove(&corr);
+                    let bounded = {
+                        let mut subs = lock(&streams);
+                        match subs.get(&corr) {
+                            Some(Route::Unbounded(s)) => {
+                                if s.send(resp).is_err() {
+                                    // Its subscription is gone (dropped, or
+                                    // ended by an error): stop routing to it.
+                                    subs.remove(&corr);
+                                }
+                                continue;
+                            }
+                            Some(Route::Bounded(s)) => s.clone(),
+                            // A connection-level error (busy, bad frame):
+                            // fail everyone waiting.
+                            None if corr == 0 => break,
+                            None => continue,
                         }
-                    } else if corr == 0 {
-                        // A connection-level error (busy, bad frame): fail
-                        // everyone waiting.
-                        break;
+                    };
+                    // Waits for room: back-pressure on this connection only.
+                    if bounded.send(resp).await.is_err() {
+                        lock(&streams).remove(&corr);
                     }
                 }
                 alive.store(false, Ordering::SeqCst);
@@ -447,228 +477,77 @@ impl Client {
     /// Every entry of `log` from `from` on, in order, resuming after a
     /// reconnect.
     pub fn subscribe(&self, log: &str, from: u64) -> Subscription {
-        Subscription {
-            client: self.clone(),
+        Subscription::new(self.clone(), log, from)
+    }
+
+    /// Reads the records of `log` at `from`, `from + 1`, ... in one
+    /// request: at most `max_records` (the service caps it at
+    /// [`MAX_RANGE_RECORDS`]) and `max_bytes` of record bytes (capped at
+    /// [`MAX_RANGE_BYTES`], and so that the answer fits
+    /// `ClientOptions::max_frame_bytes`), but at least one record when
+    /// `from` is below the tail, however long. Returns `from` and the
+    /// records; none at the tail. Below the first position it fails with
+    /// `Trimmed`, beyond the tail with `NotYetWritten`, with 0 for either
+    /// limit with `BadFrame`.
+    pub async fn read_range(
+        &self,
+        log: &str,
+        from: u64,
+        max_records: u32,
+        max_bytes: u32,
+    ) -> Result<(u64, Vec<Bytes>), ClientError> {
+        let (max_records, max_bytes) = self.range_limits(max_records, max_bytes);
+        let req = Request::ReadRange {
             log: log.to_string(),
-            next: from,
-            rx: None,
+            from,
+            max_records,
+            max_bytes,
+        };
+        match self.call(req).await? {
+            Response::Entries { first, records } if first == from => Ok((first, records)),
+            other => Err(ClientError::Protocol(format!(
+                "read range answered {other:?}"
+            ))),
         }
     }
-}
 
-/// An ordered stream of entries; see [`Client::subscribe`].
-pub struct Subscription {
-    client: Client,
-    log: String,
-    next: u64,
-    rx: Option<mpsc::UnboundedReceiver<Response>>,
-}
-
-impl Subscription {
-    /// The next entry, waiting for it to be appended. Reconnects and
-    /// resumes from the next position if the connection drops.
-    pub async fn next(&mut self) -> Result<(u64, Bytes), ClientError> {
-        let mut failures = 0u32;
-        loop {
-            if self.rx.is_none() {
-                let conn = match self.client.connection().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        failures += 1;
-                        if failures >= self.client.opts.attempts {
-                            return Err(ClientError::Disconnected {
-                                attempts: failures,
-                                why: e,
-                            });
-                        }
-                        tokio::time::sleep(self.client.opts.backoff * failures).await;
-                        continue;
-                    }
-                };
-                let corr = self.client.next.fetch_add(1, Ordering::Relaxed);
-                let (tx, rx) = mpsc::unbounded_channel();
-                lock(&conn.streams).insert(corr, tx);
-                let req = Request::Subscribe {
-                    log: self.log.clone(),
-                    from: self.next,
-                };
-                if conn
-                    .tx
-                    .send(protocol::encode_request(corr, &req))
-                    .await
-                    .is_err()
-                {
-                    continue;
-                }
-                self.rx = Some(rx);
-            }
-            let rx = self.rx.as_mut().expect("set above");
-            match rx.recv().await {
-                Some(Response::Entry { pos, bytes }) => {
-                    if pos < self.next {
-                        continue; // duplicate after a resume
-                    }
-                    if pos > self.next {
-                        return Err(ClientError::Protocol(format!(
-                            "subscription skipped from {} to {pos}",
-                            self.next
-                        )));
-                    }
-                    self.next = pos + 1;
-                    return Ok((pos, bytes));
-                }
-                Some(Response::Error {
-                    code,
-                    a,
-                    b,
-                    message,
-                }) => {
-                    // The service ends a subscription it reports an error
-                    // on, and an entry too large to receive ends it here:
-                    // the next call starts afresh from `next` (and meets
-                    // the same error if its cause is still there) rather
-                    // than waiting on a stream nobody feeds.
-                    self.rx = None;
-                    return Err(ClientError::Server {
-                        code,
-                        a,
-                        b,
-                        message,
-                    });
-                }
-                Some(other) => {
-                    return Err(ClientError::Protocol(format!("subscription got {other:?}")))
-                }
-                None => {
-                    // Connection lost: resubscribe from `next`.
-                    self.rx = None;
-                    failures += 1;
-                    if failures >= self.client.opts.attempts {
-                        return Err(ClientError::Disconnected {
-                            attempts: failures,
-                            why: "subscription connection lost".into(),
-                        });
-                    }
-                    tokio::time::sleep(self.client.opts.backoff).await;
-                }
-            }
-        }
-    }
-}
-
-/// One log of the service as a [`melddb::Log`], for synchronous callers
-/// (the core's database and tests). It owns a small Tokio runtime.
-pub struct BlockingLog {
-    rt: tokio::runtime::Runtime,
-    client: Client,
-    log: String,
-    bounds: std::sync::Mutex<(u64, u64)>,
-}
-
-impl BlockingLog {
-    /// Connects to `addr` and uses log `log`.
-    pub fn connect(addr: &str, log: &str, opts: ClientOptions) -> Result<BlockingLog, ClientError> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| ClientError::Connect {
-                addr: addr.into(),
-                why: e.to_string(),
-            })?;
-        let client = rt.block_on(Client::connect_with(addr, opts))?;
-        let bounds = rt.block_on(client.bounds(log))?;
-        Ok(BlockingLog {
-            rt,
-            client,
-            log: log.to_string(),
-            bounds: std::sync::Mutex::new(bounds),
-        })
+    /// `max_records` and `max_bytes` lowered so that an answer within them
+    /// fits `ClientOptions::max_frame_bytes`: the records' lengths take at
+    /// most half the frame, their bytes the rest. (A single record too
+    /// long for the frame still fails, with `TooLarge`.) Zero stays zero,
+    /// for the service to refuse.
+    fn range_limits(&self, max_records: u32, max_bytes: u32) -> (u32, u32) {
+        let frame = self
+            .opts
+            .max_frame_bytes
+            .saturating_sub(ENTRIES_HEADER_BYTES);
+        let most = (frame / 2 / ENTRIES_RECORD_OVERHEAD).max(1);
+        let records = max_records
+            .min(MAX_RANGE_RECORDS)
+            .min(u32::try_from(most).unwrap_or(u32::MAX));
+        let room = frame.saturating_sub(ENTRIES_RECORD_OVERHEAD * records as usize);
+        let bytes = max_bytes.min(u32::try_from(room).unwrap_or(u32::MAX).max(1));
+        (records, bytes)
     }
 
-    /// Asks the service for the bounds (other writers' appends included).
-    pub fn refresh(&self) -> Result<(u64, u64), ClientError> {
-        let b = self.rt.block_on(self.client.bounds(&self.log))?;
-        *lock(&self.bounds) = b;
-        Ok(b)
+    /// Every entry of `log` from `from` on, in order, as batches of up to
+    /// [`MAX_RANGE_RECORDS`] records and [`MAX_RANGE_BYTES`] bytes: see
+    /// [`BatchSubscription`].
+    pub fn subscribe_batches(&self, log: &str, from: u64) -> BatchSubscription {
+        self.subscribe_batches_with(log, from, MAX_RANGE_RECORDS, MAX_RANGE_BYTES)
     }
 
-    fn cached(&self) -> (u64, u64) {
-        *lock(&self.bounds)
-    }
-}
-
-fn to_log_error(e: ClientError) -> LogError {
-    match e {
-        ClientError::Server {
-            code: Code::NotYetWritten,
-            a,
-            b,
-            ..
-        } => LogError::NotYetWritten { pos: a, tail: b },
-        ClientError::Server {
-            code: Code::Trimmed,
-            a,
-            b,
-            ..
-        } => LogError::Trimmed { pos: a, first: b },
-        ClientError::Server {
-            code: Code::TrimBeyondTail,
-            a,
-            b,
-            ..
-        } => LogError::TrimBeyondTail { pos: a, tail: b },
-        ClientError::Server {
-            code: Code::TooLarge,
-            a,
-            b,
-            ..
-        } => LogError::EntryTooLarge {
-            len: a as usize,
-            limit: b as usize,
-        },
-        // Sizes of the whole frame: the entry plus a header of a few dozen
-        // bytes.
-        ClientError::TooLarge { bytes, limit } => LogError::EntryTooLarge { len: bytes, limit },
-        other => LogError::Backend(other.to_string()),
-    }
-}
-
-impl melddb::Log for BlockingLog {
-    fn append(&mut self, entry: &[u8]) -> Result<LogPos, LogError> {
-        let pos = self
-            .rt
-            .block_on(self.client.append(&self.log, Bytes::copy_from_slice(entry)))
-            .map_err(to_log_error)?;
-        let mut b = lock(&self.bounds);
-        b.1 = b.1.max(pos + 1);
-        Ok(pos)
-    }
-
-    fn read(&self, pos: LogPos) -> Result<Entry, LogError> {
-        let b = self
-            .rt
-            .block_on(self.client.read(&self.log, pos))
-            .map_err(to_log_error)?;
-        Ok(Arc::from(&b[..]))
-    }
-
-    /// Asks the service; if it cannot be reached (the trait cannot fail
-    /// here) the last known tail is returned and the next read reports the
-    /// error.
-    fn tail(&self) -> LogPos {
-        self.refresh().unwrap_or_else(|_| self.cached()).1
-    }
-
-    fn first(&self) -> LogPos {
-        self.refresh().unwrap_or_else(|_| self.cached()).0
-    }
-
-    fn trim(&mut self, pos: LogPos) -> Result<(), LogError> {
-        self.rt
-            .block_on(self.client.trim(&self.log, pos))
-            .map_err(to_log_error)?;
-        let mut b = lock(&self.bounds);
-        b.0 = b.0.max(pos);
-        Ok(())
+    /// [`Client::subscribe_batches`] with batches of at most
+    /// `max_records` records and `max_bytes` bytes (each at least 1; a
+    /// record longer than `max_bytes` comes alone).
+    pub fn subscribe_batches_with(
+        &self,
+        log: &str,
+        from: u64,
+        max_records: u32,
+        max_bytes: u32,
+    ) -> BatchSubscription {
+        let limits = self.range_limits(max_records, max_bytes);
+        BatchSubscription::new(self.clone(), log, from, limits)
     }
 }
