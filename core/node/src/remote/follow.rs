@@ -236,9 +236,11 @@ fn stream(
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let (client, log) = (client.clone(), log.to_string());
     let task = rt.spawn(async move {
-        let mut sub = client.subscribe(&log, from);
+        // Batched pushes: the catch-up of a long log reads the store in
+        // ranges, and a live log's entries come as they are ready.
+        let mut sub = client.subscribe_batches(&log, from);
         loop {
-            let batch = sub.next().await.map(|(pos, b)| (pos, vec![b]));
+            let batch = sub.next_batch().await;
             let end = batch.is_err();
             if tx.send(batch).await.is_err() || end {
                 return;
