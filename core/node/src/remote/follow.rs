@@ -26,10 +26,6 @@ const POLL: Duration = Duration::from_millis(100);
 const BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
-/// Batches at least this long (a node catching up) go through the
-/// threaded pipeline; shorter ones are melded one entry at a time.
-const PIPELINE_MIN: usize = 256;
-
 /// What the committing threads and the roll-forward thread share.
 pub(crate) struct Follow {
     /// The latest committed state: what transactions begin on.
@@ -337,24 +333,6 @@ impl Roller {
         st.entries += 1;
         st.bytes += bytes.len() as u64;
         st.connected = true;
-        self.track(shared, &mut st, event, pos, bytes.len() as u64);
-        for o in outcomes {
-            if let Some(p) = o.pos().filter(|&p| st.keeps(p)) {
-                st.outcomes.insert(p, o);
-            }
-        }
-    }
-
-    /// What a checkpoint record (or any entry) at `pos`, of `len` bytes,
-    /// means for publishing and for the pointers.
-    fn track(
-        &mut self,
-        shared: &Follow,
-        st: &mut FollowState,
-        event: TrackEvent,
-        pos: LogPos,
-        len: u64,
-    ) {
         match event {
             TrackEvent::Begin => {
                 self.parts.clear();
@@ -368,17 +346,17 @@ impl Roller {
             }
             TrackEvent::Part => {
                 self.parts.push(pos);
-                self.part_bytes += len;
+                self.part_bytes += bytes.len() as u64;
             }
             TrackEvent::Complete { begin } => {
                 self.parts.push(pos);
-                st.last_size = self.part_bytes + len;
+                st.last_size = self.part_bytes + bytes.len() as u64;
                 st.last_complete = Some((begin, std::mem::take(&mut self.parts)));
             }
             // Only the log's own work counts toward the next checkpoint,
             // not the checkpoints written into it.
             TrackEvent::NotCheckpoint | TrackEvent::Invalid(_) => {
-                st.since_begin += len;
+                st.since_begin += bytes.len() as u64;
             }
         }
         if let Some(every) = shared.publish_every {
@@ -388,68 +366,11 @@ impl Roller {
                 st.due = true;
             }
         }
-    }
-
-    /// Whether a batch may go through the threaded pipeline: it decodes
-    /// on worker threads ahead of final meld, with the same states as
-    /// melding one entry at a time, but keeps no per-entry state for a
-    /// publisher or the change feed, and takes no half-open pair.
-    fn can_pipeline(&self, shared: &Follow, len: usize) -> bool {
-        len >= PIPELINE_MIN
-            && shared.publish_every.is_none()
-            && !shared.feeds.any()
-            && !self.settings.group_meld
-            && self.pending.is_none()
-    }
-
-    /// Melds `entries` (positions `first`, `first + 1`, ...) through the
-    /// threaded pipeline ([`crate::run_from`]) and tells the committers.
-    fn meld_pipelined(
-        &mut self,
-        shared: &Follow,
-        first: LogPos,
-        entries: Vec<bytes::Bytes>,
-    ) -> Result<(), String> {
-        let settings = self.settings;
-        let events: Vec<(TrackEvent, u64)> = entries
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                (
-                    self.tracker.feed(&settings, first + i as u64, b),
-                    b.len() as u64,
-                )
-            })
-            .collect();
-        let raw: Vec<Vec<u8>> = entries.iter().map(|b| b.to_vec()).collect();
-        let melder = std::mem::replace(&mut self.melder, Melder::new(settings));
-        let report = crate::run_from(melder, &raw, &crate::Options::default())
-            .map_err(|e| format!("the meld pipeline failed (a bug): {e}"))?;
-        self.melder = report.melder;
-        let lcs = self.melder.lcs().pos();
-        if let Some(state) = self.melder.meld_state(lcs) {
-            *shared
-                .latest
-                .write()
-                .unwrap_or_else(PoisonError::into_inner) = state.clone();
-        }
-        let mut st = shared.lock();
-        st.next = self.melder.next_pos();
-        st.lcs = lcs;
-        st.entries += raw.len() as u64;
-        st.connected = true;
-        for (i, (event, len)) in events.into_iter().enumerate() {
-            st.bytes += len;
-            self.track(shared, &mut st, event, first + i as u64, len);
-        }
-        let next = st.next;
-        st.own.retain(|p, _| *p >= next);
-        for o in report.outcomes {
+        for o in outcomes {
             if let Some(p) = o.pos().filter(|&p| st.keeps(p)) {
                 st.outcomes.insert(p, o);
             }
         }
-        Ok(())
     }
 }
 
@@ -506,20 +427,6 @@ pub(crate) fn follow(
                 }
             };
             backoff = BACKOFF;
-            if first != r.melder.next_pos() {
-                // The subscription guarantees order; anything else is a
-                // broken stream: start it again where meld stands.
-                continue 'subscribe;
-            }
-            if r.can_pipeline(shared, entries.len()) {
-                if let Err(why) = r.meld_pipelined(shared, first, entries) {
-                    shared.lock().failed = Some(why);
-                    shared.melded.notify_all();
-                    return;
-                }
-                shared.melded.notify_all();
-                continue;
-            }
             for (i, bytes) in entries.into_iter().enumerate() {
                 let pos = first + i as u64;
                 if pos != r.melder.next_pos() {
