@@ -6,6 +6,15 @@ use std::ops::Bound;
 use crate::bytes::cmp_keys;
 use crate::bytes::Bytes;
 
+/// Scan direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// Ascending keys.
+    Forward,
+    /// Descending keys.
+    Reverse,
+}
+
 /// A range of keys with inclusive, exclusive or open ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyRange {

@@ -7,7 +7,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use crate::node::{guarded, Link, Node};
-use crate::snapshot::Order;
+use crate::range::Order;
 use crate::{Bytes, StoreError};
 
 /// Pairs of a snapshot in a key range, in `order`, produced one at a time

@@ -3,16 +3,8 @@
 use std::ops::Bound;
 
 use crate::node::{find, Bytes, Link, LogPos, Vn};
+pub use crate::range::Order;
 use crate::range::RangeRef;
-
-/// Scan direction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Order {
-    /// Ascending keys.
-    Forward,
-    /// Descending keys.
-    Reverse,
-}
 
 /// An immutable committed state of the database: the tree after melding the
 /// log up to and including [`Snapshot::pos`]. Cheap to clone; holding one

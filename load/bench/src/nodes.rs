@@ -19,13 +19,7 @@ use melddb_runtime::{Database, DbOptions};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// A value written by the workload (100 bytes).
-const VALUE: [u8; 100] = [b'v'; 100];
-
-/// The workload's keys.
-pub fn key(i: u64) -> [u8; 8] {
-    i.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_be_bytes()
-}
+use crate::embedded::{key, VALUE};
 
 /// What one worker process measured.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
@@ -100,21 +94,9 @@ pub fn workload(
     Ok(r)
 }
 
-/// Loads `keys` keys of the workload into `db`, 2,000 per transaction.
+/// Loads `keys` keys of the workload into `db`.
 pub fn load_keys(db: &Database, keys: u64) -> Result<(), String> {
-    let mut i = 0;
-    while i < keys {
-        let end = (i + 2_000).min(keys);
-        db.transact(Isolation::SnapshotIsolation, |tx| {
-            for j in i..end {
-                tx.put(&key(j), &VALUE)?;
-            }
-            Ok::<_, melddb::TxnError>(())
-        })
-        .map_err(|e| e.to_string())?;
-        i = end;
-    }
-    Ok(())
+    crate::embedded::load_meld(db, keys)
 }
 
 /// What one `nodes-worker` process runs.
