@@ -164,14 +164,14 @@ fn two_melddb_nodes_share_one_log_through_the_service() {
     b.catch_up().unwrap();
     assert!(committed > 20);
     assert_eq!(
-        a.snapshot().digest(),
-        b.snapshot().digest(),
+        a.snapshot().digest().unwrap(),
+        b.snapshot().digest().unwrap(),
         "both nodes meld the same log to the same state"
     );
     let total: u32 = (0..10u32)
         .map(|i| {
             u32::from_le_bytes(
-                a.get(format!("acct{i}").as_bytes()).unwrap()[..4]
+                a.get(format!("acct{i}").as_bytes()).unwrap().unwrap()[..4]
                     .try_into()
                     .unwrap(),
             )
@@ -185,7 +185,10 @@ fn two_melddb_nodes_share_one_log_through_the_service() {
         BlockingLog::connect(&running.tcp.to_string(), "bank", ClientOptions::default()).unwrap(),
     )
     .unwrap();
-    assert_eq!(c.snapshot().digest(), a.snapshot().digest());
+    assert_eq!(
+        c.snapshot().digest().unwrap(),
+        a.snapshot().digest().unwrap()
+    );
     rt.block_on(stop(store, running));
 }
 

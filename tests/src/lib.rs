@@ -258,12 +258,13 @@ fn run_ops(tx: &mut Transaction, rng: &mut ChaCha8Rng, cfg: &Config, id: usize) 
             None
         };
         let out = tx
-            .scan(
+            .range(
                 start.as_ref().map(|b| &b[..]),
                 end.as_ref().map(|b| &b[..]),
                 order,
                 limit,
             )
+            .collect::<Result<Vec<_>, _>>()
             .expect("valid bounds")
             .into_iter()
             .map(|(k, v)| (k.to_vec(), v.to_vec()))
@@ -293,6 +294,7 @@ fn brute_matches(outcome: &Outcome, brute: &Result<(), BruteAbort>) -> Option<bo
 /// The pairs of a committed state as owned byte vectors.
 fn pairs(s: &melddb::Snapshot) -> Vec<(Vec<u8>, Vec<u8>)> {
     s.to_vec()
+        .expect("an in-memory tree reads")
         .into_iter()
         .map(|(k, v)| (k.to_vec(), v.to_vec()))
         .collect()
@@ -558,7 +560,11 @@ pub fn run(cfg: &Config) -> Result<Run, String> {
         initial,
         final_state,
         counts: h.counts,
-        digest: h.melder.lcs().digest_hex(),
+        digest: h
+            .melder
+            .lcs()
+            .digest_hex()
+            .expect("an in-memory tree reads"),
         log: h.log,
     })
 }

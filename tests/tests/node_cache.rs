@@ -11,7 +11,7 @@ use std::sync::Arc;
 use melddb::cache::MemStore;
 use melddb::checkpoint;
 use melddb::validate::check_tree;
-use melddb::{take_store_error, Isolation, Melder, NodeStore, Order, Settings, Transaction};
+use melddb::{Isolation, Melder, NodeStore, Order, Settings, Transaction};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -76,12 +76,13 @@ fn run(tx: &mut Transaction, ops: &[Op], salt: u64) -> Vec<String> {
             Op::Scan(a, b, rev, limit) => {
                 let order = if *rev { Order::Reverse } else { Order::Forward };
                 let r = tx
-                    .scan(
+                    .range(
                         Bound::Included(&key(*a)[..]),
                         Bound::Excluded(&key(*b)[..]),
                         order,
                         Some(*limit),
                     )
+                    .collect::<Result<Vec<_>, _>>()
                     .expect("scan");
                 seen.push(format!("{r:?}"));
             }
@@ -143,7 +144,6 @@ fn agree(shape: Shape) -> (u64, f64) {
             run(&mut tb, &ops, salt),
             "reads differ"
         );
-        assert_eq!(take_store_error(), None);
         let fa = ta.finish().expect("finish");
         let fb = tb.finish().expect("finish");
         let bytes = match (fa, fb) {
@@ -165,11 +165,11 @@ fn agree(shape: Shape) -> (u64, f64) {
         } else {
             cached.apply(&bytes)
         };
-        assert_eq!(take_store_error(), None);
+        assert_eq!(cached.read_error(), None);
         assert_eq!(oa, ob, "outcomes differ at txn {t}");
         assert_eq!(
-            plain.lcs().digest(),
-            cached.lcs().digest(),
+            plain.lcs().digest().unwrap(),
+            cached.lcs().digest().unwrap(),
             "states differ at txn {t}"
         );
         if t % shape.every == shape.every - 1 {
@@ -196,11 +196,11 @@ fn agree(shape: Shape) -> (u64, f64) {
                 ratio = ratio.min(b as f64 / a as f64);
             }
             assert_eq!(
-                plain.lcs().digest(),
-                cached.lcs().digest(),
+                plain.lcs().digest().unwrap(),
+                cached.lcs().digest().unwrap(),
                 "evict changed the state"
             );
-            assert_eq!(take_store_error(), None);
+            assert_eq!(cached.read_error(), None);
         }
     }
     check_tree(cached.lcs()).expect("the cached tree is valid");
@@ -216,10 +216,9 @@ fn agree(shape: Shape) -> (u64, f64) {
     for g in 1..generation {
         assert_eq!(store.pins(g), 0, "checkpoint {g} is still pinned");
     }
-    assert_eq!(lcs.to_vec(), plain.lcs().to_vec());
-    assert_eq!(take_store_error(), None);
+    assert_eq!(lcs.to_vec().unwrap(), plain.lcs().to_vec().unwrap());
     let cached = lcs;
-    assert_eq!(plain.lcs().to_vec(), cached.to_vec());
+    assert_eq!(plain.lcs().to_vec().unwrap(), cached.to_vec().unwrap());
     (store.reads(), ratio)
 }
 
@@ -268,7 +267,7 @@ fn failed_read_back_is_reported() {
     let dyn_store: Arc<dyn NodeStore> = store.clone();
     let parts = persist(&settings, m.lcs(), 4096, 1);
     store.add(1, &parts).expect("parts");
-    let before = m.lcs().to_vec();
+    let before = m.lcs().to_vec().unwrap();
     let unevicted = m.clone();
     let ev = m.evict(&dyn_store, &|_| true);
     assert!(ev.stubbed >= 1);
@@ -278,17 +277,18 @@ fn failed_read_back_is_reported() {
         "{} bytes in memory",
         m.lcs().approx_bytes()
     );
-    assert_eq!(m.lcs().get(&key(7)).as_deref(), Some(&b"value"[..]));
-    assert_eq!(take_store_error(), None);
-    assert_eq!(m.lcs().to_vec(), before);
+    assert_eq!(
+        m.lcs().get(&key(7)).unwrap().as_deref(),
+        Some(&b"value"[..])
+    );
+    assert_eq!(m.lcs().to_vec().unwrap(), before);
 
     // Evict again and lose the checkpoint: reads fail and say why.
     m.evict(&dyn_store, &|_| true);
     m.evict(&dyn_store, &|_| true);
     store.remove(1);
-    let _ = m.lcs().get(&key(120));
-    match take_store_error() {
-        Some(melddb::StoreError::Read { .. }) => {}
+    match m.lcs().get(&key(120)) {
+        Err(melddb::StoreError::Read { .. }) => {}
         other => panic!("expected a read error, got {other:?}"),
     }
 
@@ -300,13 +300,8 @@ fn failed_read_back_is_reported() {
     let dyn_corrupt: Arc<dyn NodeStore> = corrupt.clone();
     let mut fresh = unevicted;
     fresh.evict(&dyn_corrupt, &|_| true);
-    assert_eq!(
-        fresh.lcs().get(&key(7)),
-        None,
-        "a failed read finds nothing"
-    );
-    match take_store_error() {
-        Some(melddb::StoreError::Corrupt { .. }) => {}
+    match fresh.lcs().get(&key(7)) {
+        Err(melddb::StoreError::Corrupt { .. }) => {}
         other => panic!("expected a corruption error, got {other:?}"),
     }
 }
@@ -361,7 +356,7 @@ proptest! {
             panic!("writes")
         };
         m.apply(&b);
-        let expected = m.lcs().to_vec();
+        let expected = m.lcs().to_vec().unwrap();
         let parts = persist(&settings, m.lcs(), 1024, 1);
         let body_len = parts
             .iter()
@@ -375,9 +370,7 @@ proptest! {
         store.inner.add(1, &parts).expect("parts");
         let dyn_store: Arc<dyn NodeStore> = store;
         m.evict(&dyn_store, &|_| true);
-        let _ = take_store_error();
-        let got = m.lcs().to_vec();
-        if take_store_error().is_none() {
+        if let Ok(got) = m.lcs().to_vec() {
             prop_assert_eq!(got, expected);
         }
         // A transaction on the damaged tree fails cleanly too.
@@ -400,7 +393,7 @@ fn promote_moves_stubs_to_the_newest_checkpoint() {
         ..Settings::default()
     };
     let mut m = filled(settings, 6, |i| format!("v{}", i % 50).into_bytes());
-    let before = m.lcs().to_vec();
+    let before = m.lcs().to_vec().unwrap();
     let store = Arc::new(MemStore::new());
     let dyn_store: Arc<dyn NodeStore> = store.clone();
     // As a host does: a checkpoint's begin record (a barrier: older states
@@ -413,22 +406,24 @@ fn promote_moves_stubs_to_the_newest_checkpoint() {
     assert!(m.evict(&dyn_store, &|g| g == 1).stubbed >= 1);
     // Loads some bodies: their children are stubs of generation 1 too.
     for i in (0..300).step_by(37) {
-        assert!(m.lcs().get(&key(i)).is_some());
+        assert!(m.lcs().get(&key(i)).unwrap().is_some());
     }
-    assert_eq!(take_store_error(), None);
     assert!(store.pins(1) > 0, "stubs read from checkpoint 1");
 
     m.apply(&checkpoint::begin_record(settings.db_id));
     store
         .add(2, &persist(&settings, m.lcs(), 4096, 2))
         .expect("parts");
-    assert_eq!(take_store_error(), None);
+    assert_eq!(m.read_error(), None);
     m.promote(&|g| g == 1 || g == 2);
     assert_eq!(store.pins(1), 0, "nothing reads from checkpoint 1 any more");
     assert!(store.pins(2) > 0, "stubs read from checkpoint 2");
     store.remove(1);
-    assert_eq!(m.lcs().to_vec(), before);
-    assert_eq!(take_store_error(), None, "every read-back found its node");
+    assert_eq!(
+        m.lcs().to_vec().unwrap(),
+        before,
+        "every read-back found its node"
+    );
 
     // A melder that starts from a lazily loaded checkpoint holds a stub
     // from the start (its root): promote must move it too.
@@ -449,6 +444,9 @@ fn promote_moves_stubs_to_the_newest_checkpoint() {
     r.promote(&|g| g == 3 || g == 4);
     assert_eq!(store.pins(3), 0, "nothing reads from checkpoint 3 any more");
     store.remove(3);
-    assert_eq!(r.lcs().to_vec(), before);
-    assert_eq!(take_store_error(), None, "every read-back found its node");
+    assert_eq!(
+        r.lcs().to_vec().unwrap(),
+        before,
+        "every read-back found its node"
+    );
 }

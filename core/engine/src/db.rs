@@ -6,7 +6,7 @@ use crate::error::{CommitError, LogError, OpenError};
 use crate::genesis::Settings;
 use crate::isolation::Isolation;
 use crate::log::{Log, MemLog};
-use crate::node::{Bytes, LogPos};
+use crate::node::{Bytes, LogPos, StoreError};
 use crate::snapshot::Snapshot;
 use crate::txn::{Finished, Transaction};
 
@@ -58,8 +58,9 @@ impl<L: Log> Database<L> {
         Transaction::begin(self.melder.lcs(), isolation)
     }
 
-    /// Reads one key of the latest committed state.
-    pub fn get(&self, key: &[u8]) -> Option<Bytes> {
+    /// Reads one key of the latest committed state (fails only when part
+    /// of the tree could not be read back from a node store).
+    pub fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StoreError> {
         self.melder.lcs().get(key)
     }
 

@@ -12,7 +12,7 @@ use crate::codec::{parse, resolve, Intention};
 use crate::error::DecodeError;
 use crate::genesis::Settings;
 use crate::meld::{meld, AbortReason, MeldInput, MeldStats, Tombstones};
-use crate::node::{Link, LogPos, NodeStore, Vn};
+use crate::node::{take_store_error, Link, LogPos, NodeStore, StoreError, Vn};
 use crate::pipeline::{
     admit_snapshot, group, is_pair_head, premeld, MeldState, Prepared, StageError,
 };
@@ -91,6 +91,9 @@ pub struct Melder {
     /// sweep that stubbed something or a lazily loaded checkpoint, never
     /// cleared. Until then [`Melder::promote`] has nothing to do.
     stubs: bool,
+    /// The first failure to read a stub back during a meld: the decisions
+    /// since are meaningless (see [`Melder::read_error`]).
+    read_error: Option<StoreError>,
 }
 
 /// Tree memory that meld no longer needs: old states that left the
@@ -169,6 +172,7 @@ impl Melder {
             tracker: Tracker::default(),
             barrier: 0,
             stubs: false,
+            read_error: None,
         }
     }
 
@@ -282,6 +286,14 @@ impl Melder {
         store: &Arc<dyn NodeStore>,
         persisted: &dyn Fn(u16) -> bool,
     ) -> crate::cache::Evicted {
+        self.guard(|m| m.evict_unguarded(store, persisted))
+    }
+
+    fn evict_unguarded(
+        &mut self,
+        store: &Arc<dyn NodeStore>,
+        persisted: &dyn Fn(u16) -> bool,
+    ) -> crate::cache::Evicted {
         let mut cx = crate::cache::Sweep {
             store,
             persisted,
@@ -382,6 +394,25 @@ impl Melder {
         self.lcs_state().tombs.len()
     }
 
+    /// The first failure to read part of a tree back from its node store
+    /// during a meld (node cache), if any: from then on this melder's
+    /// decisions and states are meaningless and it must be rebuilt (from
+    /// a checkpoint and the log). Never set without a node store.
+    pub fn read_error(&self) -> Option<&StoreError> {
+        self.read_error.as_ref()
+    }
+
+    /// Runs a meld step and latches a read-back failure it hit. Failures
+    /// are not cleared first: a step nested in another must not lose the
+    /// outer step's failure.
+    fn guard<T>(&mut self, f: impl FnOnce(&mut Melder) -> T) -> T {
+        let out = f(self);
+        if let Some(e) = take_store_error() {
+            self.read_error.get_or_insert(e);
+        }
+        out
+    }
+
     /// Decodes the entry that will be melded at `pos` (which must not be
     /// beyond [`Melder::next_pos`]) against its snapshot.
     pub fn decode(&self, pos: LogPos, bytes: &[u8]) -> Result<Intention, AbortReason> {
@@ -394,6 +425,10 @@ impl Melder {
     /// none for the first member of a group-meld pair (it is decided with
     /// the second), two for the second.
     pub fn apply(&mut self, bytes: &[u8]) -> Vec<Outcome> {
+        self.guard(|m| m.apply_unguarded(bytes))
+    }
+
+    fn apply_unguarded(&mut self, bytes: &[u8]) -> Vec<Outcome> {
         if checkpoint::applies(&self.settings, bytes) {
             return vec![self.apply_checkpoint(bytes)];
         }
@@ -440,6 +475,10 @@ impl Melder {
     /// back to decoding when it cannot be used (another snapshot tree, or
     /// the first member of a group-meld pair, which waits as bytes).
     pub fn apply_local(&mut self, bytes: &[u8], local: LocalIntention) -> Vec<Outcome> {
+        self.guard(|m| m.apply_local_unguarded(bytes, local))
+    }
+
+    fn apply_local_unguarded(&mut self, bytes: &[u8], local: LocalIntention) -> Vec<Outcome> {
         if self.settings.group_meld || checkpoint::applies(&self.settings, bytes) {
             return self.apply(bytes);
         }
@@ -492,6 +531,10 @@ impl Melder {
     /// [`crate::pipeline`], run by a host on other threads). Its first
     /// position must be the LCS position + 1.
     pub fn apply_prepared(&mut self, prepared: Prepared) -> Vec<Outcome> {
+        self.guard(|m| m.apply_prepared_unguarded(prepared))
+    }
+
+    fn apply_prepared_unguarded(&mut self, prepared: Prepared) -> Vec<Outcome> {
         if let Prepared::Checkpoint(_, bytes) = &prepared {
             if checkpoint::applies(&self.settings, bytes) {
                 return vec![self.apply_checkpoint(bytes)];
@@ -560,6 +603,10 @@ impl Melder {
 
     /// Final meld of the next log entry, already decoded (and premelded).
     pub fn apply_decoded(&mut self, decoded: Result<Intention, AbortReason>) -> Outcome {
+        self.guard(|m| m.apply_decoded_unguarded(decoded))
+    }
+
+    fn apply_decoded_unguarded(&mut self, decoded: Result<Intention, AbortReason>) -> Outcome {
         let pos = self.lcs().pos + 1;
         let lcs = self.lcs_state().clone();
         let mut stats = MeldStats::default();

@@ -14,7 +14,7 @@
 //! let mut tx = db.begin(Isolation::Serializable);
 //! tx.put(b"k", b"v").unwrap();
 //! assert!(matches!(db.commit(tx).unwrap(), Outcome::Committed { .. }));
-//! assert_eq!(db.get(b"k").as_deref(), Some(&b"v"[..]));
+//! assert_eq!(db.get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
 //! ```
 //!
 //! The crate has no threads, clocks, randomness, files or sockets; hosts
@@ -51,11 +51,9 @@ pub use genesis::{Settings, DEFAULT_MAX_CONFLICT_ZONE, MAX_CONFLICT_ZONE_LIMIT};
 pub use isolation::Isolation;
 pub use log::{Entry, Log, MemLog};
 pub use meld::{AbortReason, MeldStats};
-pub use node::{
-    take_store_error, Bytes, LogPos, Node, NodeAddr, NodeStore, StoreError, Vn, NO_LOGGED_NODE,
-};
+pub use node::{Bytes, LogPos, Node, NodeAddr, NodeStore, StoreError, Vn, NO_LOGGED_NODE};
 pub use pipeline::MeldState;
 pub use range::KeyRange;
 pub use range_iter::Range;
 pub use snapshot::{Digest, Order, Snapshot};
-pub use txn::{Finished, LocalIntention, Transaction};
+pub use txn::{Finished, LocalIntention, Transaction, TxnRange};

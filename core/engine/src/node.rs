@@ -282,7 +282,7 @@ thread_local! {
 /// Takes the load failure recorded on this thread, if any. Operations on
 /// trees with stubs call it after they ran; a `Some` means their result is
 /// meaningless and must be discarded.
-pub fn take_store_error() -> Option<StoreError> {
+pub(crate) fn take_store_error() -> Option<StoreError> {
     STORE_ERROR.with(|e| e.borrow_mut().take())
 }
 

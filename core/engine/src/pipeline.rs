@@ -288,8 +288,18 @@ fn group_on(
 /// `latest` (the host's newest state)? Its conflict zone up to `latest` is
 /// checked exactly as meld would; `Err` means it aborts on every node, so
 /// the host may skip the append. `Ok` promises nothing about entries
-/// appended after `latest`.
+/// appended after `latest`, nor when part of a tree could not be read back
+/// from its node store (then meld decides).
 pub fn trial_meld(
+    settings: &Settings,
+    local: &crate::txn::LocalIntention,
+    latest: &MeldState,
+    stats: &mut MeldStats,
+) -> Result<(), AbortReason> {
+    crate::node::guarded(|| trial_meld_unguarded(settings, local, latest, stats)).unwrap_or(Ok(()))
+}
+
+fn trial_meld_unguarded(
     settings: &Settings,
     local: &crate::txn::LocalIntention,
     latest: &MeldState,

@@ -118,6 +118,12 @@ impl Range {
         }
     }
 
+    /// Whether the limit stopped the walk (so it may not have seen the
+    /// whole range).
+    pub(crate) fn cut_by_limit(&self) -> bool {
+        self.left == 0
+    }
+
     fn fail(&mut self, e: StoreError) {
         self.stack.clear();
         self.pending = Some(e);

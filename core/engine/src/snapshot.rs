@@ -2,9 +2,8 @@
 
 use std::ops::Bound;
 
-use crate::node::{find, Bytes, Link, LogPos, Vn};
+use crate::node::{find, guarded, Bytes, Link, LogPos, StoreError, Vn};
 pub use crate::range::Order;
-use crate::range::RangeRef;
 
 /// An immutable committed state of the database: the tree after melding the
 /// log up to and including [`Snapshot::pos`]. Cheap to clone; holding one
@@ -30,53 +29,10 @@ impl Snapshot {
     pub fn db_id(&self) -> u64 {
         self.db
     }
-    /// Reads one key.
-    ///
-    /// With a node cache a read back from the log may fail: this then
-    /// returns what it found in place of the missing part and records the
-    /// error for [`crate::take_store_error`]; [`Snapshot::try_get`] says so.
-    pub fn get(&self, key: &[u8]) -> Option<Bytes> {
-        find(&self.root, key).map(|n| n.val().clone())
-    }
-    /// [`Snapshot::get`] that fails if part of the tree could not be read
-    /// back from the log (node cache).
-    pub fn try_get(&self, key: &[u8]) -> Result<Option<Bytes>, crate::StoreError> {
-        crate::node::guarded(|| self.get(key))
-    }
-    /// [`Snapshot::scan`] that fails if part of the tree could not be read
-    /// back from the log (node cache).
-    pub fn try_scan(
-        &self,
-        start: Bound<&[u8]>,
-        end: Bound<&[u8]>,
-        order: Order,
-        limit: Option<usize>,
-    ) -> Result<Vec<(Bytes, Bytes)>, crate::StoreError> {
-        crate::node::guarded(|| self.scan(start, end, order, limit))
-    }
-    /// [`Snapshot::digest`] that fails if part of the tree could not be
-    /// read back from the log (node cache).
-    pub fn try_digest(&self) -> Result<Digest, crate::StoreError> {
-        crate::node::guarded(|| self.digest())
-    }
-    /// Ordered range scan; `limit` caps the number of pairs returned (see
-    /// [`Snapshot::get`] on read failures; [`Snapshot::try_scan`]).
-    pub fn scan(
-        &self,
-        start: Bound<&[u8]>,
-        end: Bound<&[u8]>,
-        order: Order,
-        limit: Option<usize>,
-    ) -> Vec<(Bytes, Bytes)> {
-        let mut out = Vec::new();
-        scan(
-            &self.root,
-            RangeRef { start, end },
-            order,
-            limit.unwrap_or(usize::MAX),
-            &mut out,
-        );
-        out
+    /// Reads one key. Fails only with a node cache, when part of the
+    /// tree could not be read back from the log.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StoreError> {
+        guarded(|| find(&self.root, key).map(|n| n.val().clone()))
     }
     /// The pairs between `start` and `end` in `order`, at most `limit`,
     /// produced lazily: memory stays O(tree height) however long the
@@ -91,13 +47,13 @@ impl Snapshot {
         crate::range_iter::Range::new(&self.root, start, end, order, limit)
     }
     /// Number of keys (walks the whole tree).
-    pub fn len(&self) -> usize {
+    pub fn len(&self) -> Result<usize, StoreError> {
         fn count(t: &Link) -> usize {
             t.as_ref().map_or(0, |n| {
                 n.with_body(|b| 1 + count(&b.left_link) + count(&b.right_link))
             })
         }
-        count(&self.root)
+        guarded(|| count(&self.root))
     }
     /// Whether the state holds no key.
     pub fn is_empty(&self) -> bool {
@@ -132,45 +88,9 @@ impl Snapshot {
         walk(&self.root)
     }
     /// Every pair in key order.
-    pub fn to_vec(&self) -> Vec<(Bytes, Bytes)> {
-        self.scan(Bound::Unbounded, Bound::Unbounded, Order::Forward, None)
-    }
-}
-
-/// Appends the pairs of `t` inside `r` to `out` in `order`, at most `limit`.
-pub(crate) fn scan(
-    t: &Link,
-    r: RangeRef<'_>,
-    order: Order,
-    limit: usize,
-    out: &mut Vec<(Bytes, Bytes)>,
-) {
-    let Some(n) = t else { return };
-    if out.len() >= limit {
-        return;
-    }
-    let key = &n.key[..];
-    // Every key on the smaller side is < key: none is in range if key <= start.
-    let skip_smaller = match r.start {
-        Bound::Unbounded => false,
-        Bound::Included(s) | Bound::Excluded(s) => key <= s,
-    };
-    let skip_larger = match r.end {
-        Bound::Unbounded => false,
-        Bound::Included(e) | Bound::Excluded(e) => key >= e,
-    };
-    let ((first, skip_first), (second, skip_second)) = match order {
-        Order::Forward => ((n.left(), skip_smaller), (n.right(), skip_larger)),
-        Order::Reverse => ((n.right(), skip_larger), (n.left(), skip_smaller)),
-    };
-    if !skip_first {
-        scan(first, r, order, limit, out);
-    }
-    if r.contains(key) && out.len() < limit {
-        out.push((n.key.clone(), n.val().clone()));
-    }
-    if !skip_second {
-        scan(second, r, order, limit, out);
+    pub fn to_vec(&self) -> Result<Vec<(Bytes, Bytes)>, StoreError> {
+        self.range(Bound::Unbounded, Bound::Unbounded, Order::Forward, None)
+            .collect()
     }
 }
 
@@ -184,20 +104,27 @@ pub type Digest = [u8; 32];
 
 impl Snapshot {
     /// The state digest (see [`Digest`]). Visits every node: O(n).
-    pub fn digest(&self) -> Digest {
+    /// Fails only with a node cache, when part of the tree could not be
+    /// read back from the log.
+    pub fn digest(&self) -> Result<Digest, StoreError> {
         let mut h = blake3::Hasher::new();
         h.update(b"melddb-state-digest-v1");
         h.update(&self.db.to_le_bytes());
         h.update(&self.pos.to_le_bytes());
         h.update(&self.csn.to_le_bytes());
-        digest_tree(&self.root, &mut h);
-        *h.finalize().as_bytes()
+        guarded(|| digest_tree(&self.root, &mut h))?;
+        Ok(*h.finalize().as_bytes())
     }
 
     /// The state digest as 64 lowercase hex digits.
-    pub fn digest_hex(&self) -> String {
-        self.digest().iter().map(|b| format!("{b:02x}")).collect()
+    pub fn digest_hex(&self) -> Result<String, StoreError> {
+        Ok(hex(&self.digest()?))
     }
+}
+
+/// `bytes` as lowercase hex digits.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn digest_tree(t: &Link, h: &mut blake3::Hasher) {

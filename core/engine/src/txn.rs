@@ -8,7 +8,6 @@
 //! snapshot and become cross-intention pointers in the encoded intention.
 
 use std::collections::BTreeMap;
-use std::ops::Bound;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
@@ -19,8 +18,11 @@ use crate::node::{
     height, Bytes, Extra, Link, Node, Owner, OwnerKind, Vn, ALTERED, DEPENDS_ON, DEPENDS_ON_TREE,
     DIRTY,
 };
-use crate::range::{KeyRange, RangeRef};
-use crate::snapshot::{scan, Order, Snapshot};
+use crate::range::KeyRange;
+use crate::snapshot::Snapshot;
+
+mod range;
+pub use range::TxnRange;
 
 /// What a finished transaction hands to its host.
 #[derive(Debug)]
@@ -247,22 +249,6 @@ impl Transaction {
         }
     }
 
-    /// Ordered range scan seeing this transaction's own writes. Under
-    /// `Serializable` the range actually observed (up to the last returned key
-    /// when `limit` stops the scan) is protected against phantoms; under
-    /// `RepeatableRead` each returned pair is validated like a `get`.
-    pub fn scan(
-        &mut self,
-        start: Bound<&[u8]>,
-        end: Bound<&[u8]>,
-        order: Order,
-        limit: Option<usize>,
-    ) -> Result<Vec<(Bytes, Bytes)>, TxnError> {
-        self.live()?;
-        let r = self.scan_inner(start, end, order, limit);
-        self.settle(r)
-    }
-
     /// Fails if an earlier operation could not read the snapshot back;
     /// clears a read failure some other operation left on this thread.
     fn live(&self) -> Result<(), TxnError> {
@@ -282,54 +268,6 @@ impl Transaction {
             return Err(TxnError::Store(e));
         }
         r
-    }
-
-    fn scan_inner(
-        &mut self,
-        start: Bound<&[u8]>,
-        end: Bound<&[u8]>,
-        order: Order,
-        limit: Option<usize>,
-    ) -> Result<Vec<(Bytes, Bytes)>, TxnError> {
-        for b in [start, end] {
-            if let Bound::Included(k) | Bound::Excluded(k) = b {
-                check_key(k)?;
-            }
-        }
-        let limit = limit.unwrap_or(usize::MAX);
-        let mut out = Vec::new();
-        scan(&self.root, RangeRef { start, end }, order, limit, &mut out);
-        match self.isolation {
-            Isolation::SnapshotIsolation => {}
-            Isolation::RepeatableRead => {
-                for (k, _) in &out {
-                    if let Some(n) = crate::node::find(&self.root, k).cloned() {
-                        if self.needs_read_mark(&n) {
-                            self.mark_read(k);
-                        }
-                    }
-                }
-            }
-            Isolation::Serializable => {
-                let own = |b: Bound<&[u8]>| b.map(Bytes::from);
-                let mut r = KeyRange {
-                    start: own(start),
-                    end: own(end),
-                };
-                if out.len() == limit {
-                    if let Some((last, _)) = out.last() {
-                        match order {
-                            Order::Forward => r.end = Bound::Included(last.clone()),
-                            Order::Reverse => r.start = Bound::Included(last.clone()),
-                        }
-                    }
-                }
-                if !r.is_empty() {
-                    self.ranges.push(r);
-                }
-            }
-        }
-        Ok(out)
     }
 
     /// Finishes the transaction: read-only transactions are done; others

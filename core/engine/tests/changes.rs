@@ -9,6 +9,7 @@ use proptest::prelude::*;
 fn state(db: &Database) -> BTreeMap<Vec<u8>, Vec<u8>> {
     db.snapshot()
         .to_vec()
+        .unwrap()
         .into_iter()
         .map(|(k, v)| (k.to_vec(), v.to_vec()))
         .collect()

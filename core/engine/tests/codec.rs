@@ -24,12 +24,13 @@ fn fixture() -> (Database, Vec<u8>) {
     tx.get(&k(10)).unwrap();
     tx.put(&k(11), b"new").unwrap();
     tx.delete(&k(40)).unwrap();
-    tx.scan(
+    tx.range(
         std::ops::Bound::Included(&k(20)[..]),
         std::ops::Bound::Excluded(&k(30)[..]),
         melddb::Order::Forward,
         None,
     )
+    .collect::<Result<Vec<_>, _>>()
     .unwrap();
     let Finished::Intention(bytes) = tx.finish().unwrap() else {
         panic!("expected an intention")

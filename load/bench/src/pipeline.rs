@@ -263,7 +263,7 @@ pub fn run_config(c: PipeConfig, s: &Sizes, seed: u64, reps: usize) -> Result<Pi
         final_busy: r.final_busy.as_secs_f64() / r.elapsed.as_secs_f64(),
         final_us_per_txn: r.final_busy.as_secs_f64() * 1e6 / n,
         cpu_cores,
-        digest: r.melder.lcs().digest_hex(),
+        digest: r.melder.lcs().digest_hex().map_err(|e| e.to_string())?,
     })
 }
 

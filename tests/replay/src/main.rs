@@ -99,7 +99,7 @@ fn main() -> ExitCode {
     }
     println!(
         "{{\"digest\":\"{}\",\"outcomes\":{},\"outcomes_hash\":\"{h:016x}\",\"entries\":{},\"best_seconds\":{best}}}",
-        m.lcs().digest_hex(),
+        m.lcs().digest_hex().unwrap(),
         outcomes.len(),
         log.len() - 1
     );

@@ -45,14 +45,14 @@ fn shapes() -> Vec<(&'static str, Isolation, Shape)> {
             t.delete(&key(1)).unwrap();
         }),
         ("scan-write", Serializable, |t| {
-            t.scan(
+            t.range(
                 Bound::Included(&key(90)[..]),
                 Bound::Excluded(&key(200)[..]),
                 Order::Forward,
                 Some(10),
-            )
+            ).collect::<Result<Vec<_>, _>>()
             .unwrap();
-            t.scan(Bound::Unbounded, Bound::Unbounded, Order::Reverse, Some(3))
+            t.range(Bound::Unbounded, Bound::Unbounded, Order::Reverse, Some(3)).collect::<Result<Vec<_>, _>>()
                 .unwrap();
             t.put(&key(120), b"scanned").unwrap();
         }),
@@ -62,12 +62,12 @@ fn shapes() -> Vec<(&'static str, Isolation, Shape)> {
         }),
         ("repeatable-read", RepeatableRead, |t| {
             t.get(&key(42)).unwrap();
-            t.scan(
+            t.range(
                 Bound::Included(&key(0)[..]),
                 Bound::Included(&key(30)[..]),
                 Order::Forward,
                 None,
-            )
+            ).collect::<Result<Vec<_>, _>>()
             .unwrap();
             t.put(&key(42), b"rr").unwrap();
         }),

@@ -56,11 +56,8 @@ pub fn encode_streaming(
     sink: impl FnMut(Vec<u8>) -> bool,
 ) -> Result<Encoded, CheckpointError> {
     // Loads below record their failures here; start clean.
+    let digest = state.digest()?;
     let _ = take_store_error();
-    let digest = state.digest();
-    if let Some(e) = take_store_error() {
-        return Err(CheckpointError::Store(e));
-    }
     let mut out = Chunker {
         db_id: settings.db_id,
         begin: state.pos,

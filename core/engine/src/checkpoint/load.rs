@@ -340,7 +340,7 @@ impl Loader {
             csn,
             db: settings.db_id,
         };
-        if self.lazy.is_none() && state.digest() != digest {
+        if self.lazy.is_none() && state.digest()? != digest {
             return Err(CheckpointError::Digest);
         }
         Ok(Loaded {

@@ -5,6 +5,8 @@ use super::*;
 use crate::codec::{parse, resolve, Intention};
 use crate::engine::Melder;
 use crate::genesis::Settings;
+use crate::range::Order;
+use std::ops::Bound;
 
 fn shape(i: &Intention) -> Vec<String> {
     fn walk(t: &Link, i: &Intention, out: &mut Vec<String>) {
@@ -76,12 +78,13 @@ fn from_local_matches_the_encode_decode_round_trip() {
                 1 => tx.put(&k, b"new").unwrap(),
                 2 => drop(tx.delete(&k).unwrap()),
                 _ => drop(
-                    tx.scan(
+                    tx.range(
                         Bound::Included(&k[..]),
                         Bound::Unbounded,
                         Order::Forward,
                         Some(3),
                     )
+                    .collect::<Result<Vec<_>, _>>()
                     .unwrap(),
                 ),
             }
