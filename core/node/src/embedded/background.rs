@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use melddb::LogPos;
 
+use super::error::{CheckpointFailure, DbError};
 use super::group_commit::Engine;
 use super::options::Durability;
 use super::writer::Msg;
@@ -58,7 +59,7 @@ pub(super) fn background_loop(engine: &Engine, rx: Receiver<Msg>) {
             let mut w = engine.lock();
             if let Some(e) = w.failed.clone() {
                 for reply in asked {
-                    let _ = reply.send(Err(e.clone()));
+                    let _ = reply.send(Err(e.clone().stopping()));
                 }
                 if shutting_down {
                     break;
@@ -83,7 +84,7 @@ pub(super) fn background_loop(engine: &Engine, rx: Receiver<Msg>) {
             }
             w.publish_log_stats();
             if let Err(e) = step {
-                engine.fail(&mut w, &e.to_string());
+                engine.fail(&mut w, e);
             }
             w.melder.take_garbage()
         };
@@ -115,9 +116,7 @@ pub(super) fn background_loop(engine: &Engine, rx: Receiver<Msg>) {
         let (parts, encoder) = (ck.parts, ck.encoder);
         drop(parts);
         for reply in ck.waiters {
-            let _ = reply.send(Err(
-                "the database closed before the checkpoint completed".into()
-            ));
+            let _ = reply.send(Err(DbError::Checkpoint(CheckpointFailure::Closed)));
         }
         if let Some(h) = encoder {
             let _ = h.join();

@@ -72,7 +72,7 @@ impl Writer {
             // was not used again meanwhile goes in a second pass.
             for _ in 0..2 {
                 let ev = self.melder.evict(&dyn_store, &persisted);
-                read_back_ok()?;
+                read_back_ok(&self.melder)?;
                 st.sweeps += 1;
                 st.stubbed += ev.stubbed;
                 st.unloaded += ev.unloaded;

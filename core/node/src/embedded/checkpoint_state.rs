@@ -1,6 +1,7 @@
 //! The state of checkpointing: when the next checkpoint is due, and the
 //! one being written (its encoder thread and the parts it hands over).
 
+use super::error::DbError;
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -12,7 +13,7 @@ use super::stats::CheckpointInfo;
 /// What the encoder thread hands over: a part, or its end.
 pub(super) enum Piece {
     Part(Vec<u8>),
-    Done(Result<Encoded, String>),
+    Done(Result<Encoded, DbError>),
 }
 
 /// What the encoder thread reports once it handed out every part.
@@ -33,12 +34,12 @@ pub(super) struct InProgress {
     pub(super) encoder: Option<JoinHandle<()>>,
     pub(super) parts: Option<Receiver<Piece>>,
     pub(super) bytes: u64,
-    pub(super) waiters: Vec<SyncSender<Result<CheckpointInfo, String>>>,
+    pub(super) waiters: Vec<SyncSender<Result<CheckpointInfo, DbError>>>,
 }
 
 impl InProgress {
     /// Stops the encoder (it sees the parts channel closed) and waits for it.
-    pub(super) fn abandon(mut self) -> Vec<SyncSender<Result<CheckpointInfo, String>>> {
+    pub(super) fn abandon(mut self) -> Vec<SyncSender<Result<CheckpointInfo, DbError>>> {
         self.parts = None;
         if let Some(h) = self.encoder.take() {
             let _ = h.join();

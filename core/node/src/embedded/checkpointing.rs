@@ -10,7 +10,7 @@ use std::time::Instant;
 use melddb::{checkpoint, Log};
 
 use super::checkpoint_state::{checkpoints_supported, Encoded, InProgress, Piece};
-use super::error::DbError;
+use super::error::{CheckpointFailure, DbError, Unsupported};
 use super::recovery::register_part;
 use super::stats::CheckpointInfo;
 use super::writer::{read_back_ok, Msg, Writer};
@@ -24,7 +24,9 @@ impl Writer {
             return Ok(());
         }
         match self.begin_checkpoint() {
-            Err(DbError::Checkpoint(e)) => {
+            Err(
+                e @ (DbError::Checkpoint(_) | DbError::Unsupported(_) | DbError::Thread { .. }),
+            ) => {
                 let waiters = std::mem::take(&mut self.ckpt_waiters);
                 self.give_up_checkpoints(waiters, e);
                 Ok(())
@@ -37,14 +39,14 @@ impl Writer {
     /// automatic ones and say why in the stats.
     pub(super) fn give_up_checkpoints(
         &mut self,
-        waiters: Vec<SyncSender<Result<CheckpointInfo, String>>>,
-        e: String,
+        waiters: Vec<SyncSender<Result<CheckpointInfo, DbError>>>,
+        e: DbError,
     ) {
+        self.shared.log_stats().checkpoint_error = Some(e.to_string());
         for w in waiters {
             let _ = w.send(Err(e.clone()));
         }
         self.plan.every = 0;
-        self.shared.log_stats().checkpoint_error = Some(e);
     }
 
     /// Whether enough was written since the last checkpoint (at least
@@ -66,26 +68,17 @@ impl Writer {
     pub(super) fn begin_checkpoint(&mut self) -> Result<(), DbError> {
         let settings = *self.melder.settings();
         if !checkpoints_supported(&settings) {
-            return Err(DbError::Checkpoint(
-                "checkpoints need premeld and group meld off (a database setting)".into(),
-            ));
+            return Err(DbError::Unsupported(Unsupported::CheckpointsWithPremeld));
         }
         let started = Instant::now();
         let begin = self.log.tail();
         let record = checkpoint::begin_record(settings.db_id);
-        self.log
-            .append(&record)
-            .map_err(|e| DbError::Stopped(e.to_string()))?;
+        self.log.append(&record)?;
         self.appended_total += record.len() as u64;
-        if let Some(o) = self
-            .melder
-            .apply(&record)
-            .into_iter()
-            .find(|o| !o.is_committed())
-        {
-            return Err(DbError::Stopped(format!(
-                "the melder refused a checkpoint record this process wrote: {o:?}"
-            )));
+        if self.melder.apply(&record).iter().any(|o| !o.is_committed()) {
+            return Err(DbError::Internal(
+                "the melder refused a checkpoint begin record this process wrote",
+            ));
         }
         // Everything up to the barrier is durable after this sync, so its
         // state can be published at once (commits appended before it are
@@ -93,9 +86,7 @@ impl Writer {
         // begun on older states would abort at the barrier.
         self.log.sync()?;
         let Some(state) = self.melder.meld_state(begin).cloned() else {
-            return Err(DbError::Stopped(
-                "no state at the checkpoint barrier".into(),
-            ));
+            return Err(DbError::Internal("no state at the checkpoint barrier"));
         };
         self.publish(state.clone());
         let since = self.plan.last.as_ref().map_or(0, |c| c.csn);
@@ -135,13 +126,15 @@ impl Writer {
                         nodes: e.nodes,
                         flushed,
                     })
-                    .map_err(|e| e.to_string());
+                    .map_err(|source| {
+                        DbError::Checkpoint(CheckpointFailure::Encode { begin, source })
+                    });
                 if parts_tx.send(Piece::Done(done)).is_ok() {
                     // Only a wake-up for an idle database; never block on it.
                     let _ = tx.try_send(Msg::PartReady);
                 }
             })
-            .map_err(|e| DbError::Checkpoint(format!("cannot start the encoder thread: {e}")))?;
+            .map_err(|e| DbError::thread("checkpoint encoder", e))?;
         self.appended = 0;
         if std::mem::take(&mut self.cache_pressure) {
             self.shared.cache_stats().pressure_checkpoints += 1;
@@ -178,25 +171,18 @@ impl Writer {
                     break;
                 }
             };
-            let pos = self
-                .log
-                .append(&p)
-                .map_err(|e| DbError::Stopped(e.to_string()))?;
+            let pos = self.log.append(&p)?;
             self.appended_total += p.len() as u64;
             ck.bytes += p.len() as u64;
-            register_part(&self.log, &self.store, ck.generation, ck.begin, pos, &p)
-                .map_err(|e| DbError::Stopped(format!("registering a checkpoint part: {e}")))?;
-            if let Some(o) = self
-                .melder
-                .apply(&p)
-                .into_iter()
-                .find(|o| !o.is_committed())
-            {
-                return Err(DbError::Stopped(format!(
-                    "the melder refused a checkpoint part this process wrote: {o:?}"
-                )));
+            register_part(&self.log, &self.store, ck.generation, ck.begin, pos, &p).map_err(
+                |_| DbError::Internal("a checkpoint part this process wrote does not parse"),
+            )?;
+            if self.melder.apply(&p).iter().any(|o| !o.is_committed()) {
+                return Err(DbError::Internal(
+                    "the melder refused a checkpoint part this process wrote",
+                ));
             }
-            read_back_ok()?;
+            read_back_ok(&self.melder)?;
             appended = true;
         }
         let enc = match done {
@@ -252,9 +238,7 @@ impl Writer {
                 if to < prev {
                     self.shared.cache_stats().trims_held += 1;
                 }
-                self.log
-                    .trim(to)
-                    .map_err(|e| DbError::Stopped(format!("trimming the log: {e}")))?;
+                self.log.trim(to)?;
                 for (g, b, _) in self.store.checkpoints() {
                     if b < to {
                         self.store.remove(g);

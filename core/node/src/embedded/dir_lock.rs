@@ -32,13 +32,13 @@ impl DirLock {
     pub(crate) fn take(dir: &Path) -> Result<DirLock, DbError> {
         let path = dir.join(LOCK_FILE);
         let io = |source| {
-            DbError::Log(FileLogError::Io {
+            DbError::from(FileLogError::Io {
                 path: path.clone(),
                 source,
             })
         };
         std::fs::create_dir_all(dir).map_err(|source| {
-            DbError::Log(FileLogError::Io {
+            DbError::from(FileLogError::Io {
                 path: dir.to_path_buf(),
                 source,
             })

@@ -11,6 +11,7 @@ use melddb::{Log, LogPos};
 use super::error::DbError;
 use super::options::Durability;
 use super::writer::{Msg, Writer};
+use crate::filelog::FileLogError;
 
 /// What every committing thread and the background thread share: the log
 /// and melder behind one lock, and the group-commit state behind another
@@ -42,7 +43,7 @@ pub(super) struct FlushState {
     pub(super) stop: bool,
     /// Why the database stopped taking commits (an I/O error); everyone
     /// waiting gets it.
-    pub(super) failed: Option<String>,
+    pub(super) failed: Option<DbError>,
 }
 
 impl FlushState {
@@ -86,13 +87,13 @@ impl Engine {
         }
         loop {
             if let Some(e) = &st.failed {
-                return Err(DbError::Stopped(e.clone()));
+                return Err(e.clone().stopping());
             }
             if st.durable >= upto {
                 return Ok(());
             }
             if st.stop {
-                return Err(DbError::Stopped("the database is closed".into()));
+                return Err(DbError::Closed);
             }
             // Parked until a flush covers `upto`: only the committers a
             // flush answers are woken, not every waiting one.
@@ -113,14 +114,14 @@ impl Engine {
         let handle = {
             let w = self.lock();
             if let Some(e) = &w.failed {
-                return Err(DbError::Stopped(e.clone()));
+                return Err(e.clone().stopping());
             }
             if w.log.synced() < w.log.tail() {
                 match w.log.sync_handle() {
                     Ok(h) => Some(h),
                     Err(e) => {
                         drop(w);
-                        return Err(self.fail_now(&format!("cannot flush the log: {e}")));
+                        return Err(self.fail_now(e.into()));
                     }
                 }
             } else {
@@ -128,9 +129,9 @@ impl Engine {
             }
         };
         let upto = match handle {
-            Some((file, upto)) => {
-                if let Err(e) = file.sync_data() {
-                    return Err(self.fail_now(&format!("fdatasync failed: {e}")));
+            Some((file, upto, path)) => {
+                if let Err(source) = file.sync_data() {
+                    return Err(self.fail_now(FileLogError::Io { path, source }.into()));
                 }
                 upto
             }
@@ -148,17 +149,17 @@ impl Engine {
     /// Stops taking commits after an I/O error: everyone waiting for a
     /// flush and every checkpoint request gets `msg`. The log may be
     /// damaged; the next open verifies the files and recovers.
-    pub(super) fn fail(&self, w: &mut Writer, msg: &str) {
-        w.fail(msg);
+    pub(super) fn fail(&self, w: &mut Writer, e: DbError) {
+        w.fail(e.clone());
         let mut st = self.flush_state();
-        st.failed.get_or_insert_with(|| msg.to_string());
+        st.failed.get_or_insert(e);
         st.wake_all();
     }
 
-    pub(super) fn fail_now(&self, msg: &str) -> DbError {
+    pub(super) fn fail_now(&self, e: DbError) -> DbError {
         let mut w = self.lock();
-        self.fail(&mut w, msg);
-        DbError::Stopped(msg.to_string())
+        self.fail(&mut w, e.clone());
+        e.stopping()
     }
 
     /// At close (the background thread has stopped): syncs what is left
@@ -168,12 +169,12 @@ impl Engine {
         if w.failed.is_some() {
             return Ok(());
         }
-        let synced = w.log.sync();
+        let synced = w.log.sync().map_err(DbError::from);
         let tail = w.log.tail();
         if synced.is_ok() {
             w.synced(tail);
         }
-        w.failed = Some("the database is closed".into());
+        w.failed = Some(DbError::Closed);
         drop(w);
         let mut st = self.flush_state();
         st.stop = true;
@@ -181,11 +182,11 @@ impl Engine {
         match synced {
             Ok(()) => st.durable = st.durable.max(tail),
             Err(ref e) => {
-                st.failed.get_or_insert_with(|| e.to_string());
+                st.failed.get_or_insert_with(|| e.clone());
             }
         }
         st.wake_all();
-        Ok(synced?)
+        synced
     }
 }
 
@@ -209,7 +210,7 @@ pub(super) fn sync_loop(engine: &Engine) {
         match flushed {
             Ok(durable) => st.durable = st.durable.max(durable),
             Err(e) => {
-                st.failed.get_or_insert_with(|| e.to_string());
+                st.failed.get_or_insert(e);
                 st.wake_all();
             }
         }

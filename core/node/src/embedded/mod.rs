@@ -37,7 +37,7 @@ use melddb::checkpoint;
 use melddb::{Log, LogPos, MeldState, Outcome, Settings};
 
 pub use self::dir_lock::LOCK_FILE;
-pub use self::error::{DbError, TransactError};
+pub use self::error::{CheckpointFailure, DbError, TransactError, Unrecoverable, Unsupported};
 pub use self::options::{
     Durability, Options, RetryPolicy, DEFAULT_CACHE_BYTES, DEFAULT_CHECKPOINT_BYTES,
     DEFAULT_CHECKPOINT_PART_BYTES,
@@ -121,7 +121,7 @@ impl LocalHandle {
     pub(crate) fn wait(mut self) -> Result<Outcome, DbError> {
         match std::mem::replace(&mut self.state, HandleState::Taken) {
             HandleState::Ready(o) => o,
-            HandleState::Taken => Err(DbError::Stopped("the outcome was already taken".into())),
+            HandleState::Taken => Err(DbError::Internal("a commit outcome was taken twice")),
             HandleState::Pending {
                 pos,
                 engine,
@@ -157,31 +157,31 @@ impl Local {
     ) -> Result<Local, DbError> {
         let dir = dir.to_path_buf();
         if opts.max_in_flight == 0 {
-            return Err(DbError::Options("max_in_flight must be at least 1".into()));
+            return Err(DbError::OptionOutOfRange {
+                option: "max_in_flight",
+                value: 0,
+                min: 1,
+                max: usize::MAX as u64,
+            });
         }
         if opts.checkpoint_part_bytes < 4096
             || opts.checkpoint_part_bytes > checkpoint::MAX_PART_BYTES
         {
-            return Err(DbError::Options(format!(
-                "checkpoint_part_bytes must be between 4096 and {}",
-                checkpoint::MAX_PART_BYTES
-            )));
+            return Err(DbError::OptionOutOfRange {
+                option: "checkpoint_part_bytes",
+                value: opts.checkpoint_part_bytes as u64,
+                min: 4096,
+                max: checkpoint::MAX_PART_BYTES as u64,
+            });
         }
         let started = Instant::now();
         // Before anything in the directory is read or written.
         let lock = DirLock::take(&dir)?;
         let (mut log, report): (FileLog, OpenReport) =
             FileLog::open_with(&dir, opts.segment_bytes)?;
-        let not_db = |why: String| DbError::NotADatabase {
-            path: dir.clone(),
-            why,
-        };
         if log.tail() == 0 {
-            opts.settings
-                .validate()
-                .map_err(|e| DbError::Options(e.to_string()))?;
-            log.append(&opts.settings.encode())
-                .map_err(|e| not_db(e.to_string()))?;
+            opts.settings.validate().map_err(DbError::Settings)?;
+            log.append(&opts.settings.encode())?;
             log.sync()?;
         }
         let store = Arc::new(LogStore::new());
@@ -196,16 +196,15 @@ impl Local {
         let mut melder = start.melder;
         melder.set_deferred_reclaim(false);
         let (mut replayed, mut replayed_bytes) = (0u64, 0u64);
-        let _ = melddb::take_store_error();
         log.replay(melder.next_pos(), |_, e| {
             melder.apply(e);
             replayed += 1;
             replayed_bytes += e.len() as u64;
         })?;
-        if let Some(e) = melddb::take_store_error() {
+        if let Some(e) = melder.read_error() {
             return Err(DbError::Unrecoverable {
                 path: dir.clone(),
-                why: format!("replaying the log after the checkpoint: {e}"),
+                cause: Unrecoverable::Replay(e.clone()),
             });
         }
         close_pair(&mut log, &mut melder)?;
@@ -226,13 +225,14 @@ impl Local {
             trims: 0,
             checkpoint_error: None,
             bytes_appended: 0,
+            rejoins: 0,
         };
         let shared = Arc::new(Shared {
             latest: RwLock::new(
                 melder
                     .meld_state(melder.lcs().pos())
                     .cloned()
-                    .ok_or_else(|| not_db("no state after recovery".into()))?,
+                    .ok_or(DbError::Internal("no state after recovery"))?,
             ),
             settings: *melder.settings(),
             dir: dir.clone(),
@@ -291,9 +291,7 @@ impl Local {
                     thread::Builder::new()
                         .name("melddb-sync".into())
                         .spawn(move || sync_loop(&e))
-                        .map_err(|e| {
-                            DbError::Stopped(format!("cannot start the sync thread: {e}"))
-                        })?,
+                        .map_err(|e| DbError::thread("sync", e))?,
                 )
             }
             Durability::Buffered => None,
@@ -302,7 +300,7 @@ impl Local {
         let background = thread::Builder::new()
             .name("melddb-background".into())
             .spawn(move || background_loop(&bg_engine, rx))
-            .map_err(|e| DbError::Stopped(format!("cannot start the background thread: {e}")))?;
+            .map_err(|e| DbError::thread("background", e))?;
         Ok(Local {
             shared,
             engine,
@@ -366,7 +364,7 @@ impl Local {
         let mut w = loop {
             let w = engine.lock();
             if let Some(e) = &w.failed {
-                return Err(DbError::Stopped(e.clone()));
+                return Err(e.clone().stopping());
             }
             if engine.durability == Durability::Sync && w.unflushed.len() >= engine.max_in_flight {
                 let tail = w.log.tail();
@@ -384,14 +382,14 @@ impl Local {
         }) {
             Ok(c) => c,
             Err(e) => {
-                engine.fail(&mut w, &e.to_string());
-                return Err(e);
+                engine.fail(&mut w, e.clone());
+                return Err(e.stopping());
             }
         };
         if let (Some(before), Some(Outcome::Committed { .. })) = (&before, &decided) {
             // Under the writer's lock: watchers get commits in log order.
             self.feeds
-                .publish(pos, bytes, |k| before.try_get(k).ok().flatten().is_some());
+                .publish(pos, bytes, |k| before.get(k).ok().flatten().is_some());
         }
         let garbage = w.melder.take_garbage();
         match engine.durability {
@@ -408,11 +406,9 @@ impl Local {
             }
         }
         drop(w);
-        let outcome = decided.ok_or_else(|| {
-            DbError::Stopped(format!(
-                "entry {pos} was appended but meld did not decide it"
-            ))
-        })?;
+        let outcome = decided.ok_or(DbError::Internal(
+            "an entry was appended but meld did not decide it",
+        ))?;
         if engine.durability == Durability::Buffered {
             drop(garbage);
             return Ok(LocalHandle::ready(Ok(outcome)));
@@ -433,19 +429,17 @@ impl Local {
     /// the previous checkpoint is deleted.
     pub(crate) fn checkpoint(&self) -> Result<CheckpointInfo, DbError> {
         if self.background.is_none() {
-            return Err(DbError::Stopped("database is closed".into()));
+            return Err(DbError::Closed);
         }
         let (reply, rx) = sync_channel(1);
         self.engine
             .to_bg
             .send(Msg::Checkpoint(reply))
-            .map_err(|_| DbError::Stopped("the background thread has stopped".into()))?;
+            .map_err(|_| DbError::Closed)?;
         match rx.recv() {
             Ok(Ok(info)) => Ok(info),
-            Ok(Err(e)) => Err(DbError::Checkpoint(e)),
-            Err(_) => Err(DbError::Stopped(
-                "the background thread exited before answering".into(),
-            )),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(DbError::Closed),
         }
     }
 
@@ -485,7 +479,7 @@ impl Local {
         if let Some(s) = self.syncer.take() {
             let _ = s.join();
         }
-        joined.map_err(|_| DbError::Stopped("the background thread panicked".into()))?;
+        joined.map_err(|_| DbError::Internal("the background thread panicked"))?;
         closed
     }
 }

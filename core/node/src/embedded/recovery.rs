@@ -5,11 +5,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use melddb::{checkpoint, Log, LogPos, Melder, Outcome, Settings};
+use melddb::{checkpoint, DecodeError, Log, LogPos, Melder, Outcome, Settings};
 
-use super::error::DbError;
+use super::error::{DbError, Unrecoverable};
 use super::stats::CheckpointInfo;
-use crate::filelog::FileLog;
+use crate::filelog::{FileLog, FileLogError};
 use crate::nodestore::LogStore;
 
 /// Where recovery starts: a melder at the latest usable checkpoint (or at
@@ -33,22 +33,30 @@ pub(super) fn recover(
     store: Option<&Arc<LogStore>>,
     cache_bytes: u64,
 ) -> Result<Start, DbError> {
-    let not_db = |why: String| DbError::NotADatabase {
+    let not_db = |source: DecodeError| DbError::NotADatabase {
         path: dir.to_path_buf(),
-        why,
+        source,
     };
     let first = log.first();
     let settings = if first == 0 {
-        let head = log.read(0).map_err(|e| not_db(e.to_string()))?;
-        Settings::decode(&head).map_err(|e| not_db(e.to_string()))?
+        let head = log.read(0)?;
+        Settings::decode(&head).map_err(not_db)?
     } else {
         // Trimmed: the log starts at a checkpoint's begin record, and the
         // settings are at the start of its first part, a little later.
-        first_part_settings(log).map_err(|why| {
-            not_db(format!(
-                "the log was trimmed to {first}, but no checkpoint part after it holds the settings: {why}"
-            ))
-        })?
+        match first_part_settings(log)? {
+            Some(Ok(s)) => s,
+            Some(Err(e)) => return Err(not_db(e)),
+            None => {
+                return Err(DbError::Unrecoverable {
+                    path: dir.to_path_buf(),
+                    cause: Unrecoverable::NoCheckpoint {
+                        first,
+                        tried: Vec::new(),
+                    },
+                })
+            }
+        }
     };
     let mut tracker = checkpoint::Tracker::default();
     let mut complete: Vec<(LogPos, Vec<LogPos>)> = Vec::new();
@@ -126,11 +134,10 @@ pub(super) fn recover(
     if first > 0 {
         return Err(DbError::Unrecoverable {
             path: dir.to_path_buf(),
-            why: format!(
-                "the log starts at {first} (older entries were trimmed) and no checkpoint in it \
-                 verifies: {}",
-                skipped.join("; ")
-            ),
+            cause: Unrecoverable::NoCheckpoint {
+                first,
+                tried: skipped,
+            },
         });
     }
     Ok(Start {
@@ -214,18 +221,20 @@ pub(super) fn register_part(
 }
 
 /// The settings in the first checkpoint part found from the log's start.
-pub(super) fn first_part_settings(log: &FileLog) -> Result<Settings, String> {
-    let mut why = "the log holds no checkpoint part".to_string();
+pub(super) fn first_part_settings(
+    log: &FileLog,
+) -> Result<Option<Result<Settings, DecodeError>>, FileLogError> {
+    let mut found = None;
     for pos in log.first()..log.tail() {
-        let rec = log.read(pos).map_err(|e| e.to_string())?;
+        let rec = log.read(pos)?;
         if let Ok(checkpoint::Record::Part { index: 0, .. }) = checkpoint::parse_record(&rec) {
             match checkpoint::peek_settings(&rec) {
-                Ok(s) => return Ok(s),
-                Err(e) => why = e.to_string(),
+                Ok(s) => return Ok(Some(Ok(s))),
+                Err(e) => found = Some(Err(e)),
             }
         }
     }
-    Err(why)
+    Ok(found)
 }
 
 /// With group meld on, an entry that ends the log in the middle of a pair
@@ -235,7 +244,6 @@ pub(super) fn close_pair(log: &mut FileLog, melder: &mut Melder) -> Result<Vec<O
     if melder.next_pos() == melder.lcs().pos() + 1 {
         return Ok(Vec::new());
     }
-    log.append(&[])
-        .map_err(|e| DbError::Stopped(e.to_string()))?;
+    log.append(&[])?;
     Ok(melder.apply(&[]))
 }

@@ -110,6 +110,10 @@ pub struct LogStats {
     pub checkpoint_error: Option<String>,
     /// Record bytes appended by this process (intentions and checkpoints).
     pub bytes_appended: u64,
+    /// On the log service: times this node found the log trimmed past its
+    /// position (it was away) and went on from the latest published
+    /// checkpoint instead of the entries it missed.
+    pub rejoins: u64,
 }
 
 /// What opening the database found.

@@ -20,19 +20,17 @@ use crate::Database;
 /// Fails if a node could not be read back from the log during the last
 /// meld: its decisions are then meaningless, so the database stops (a
 /// reopen recovers from the log).
-pub(super) fn read_back_ok() -> Result<(), DbError> {
-    match melddb::take_store_error() {
+pub(super) fn read_back_ok(melder: &Melder) -> Result<(), DbError> {
+    match melder.read_error() {
         None => Ok(()),
-        Some(e) => Err(DbError::Stopped(format!(
-            "reading the database back from the log failed: {e}"
-        ))),
+        Some(e) => Err(DbError::Store(e.clone())),
     }
 }
 
 /// Messages to the background thread.
 pub(super) enum Msg {
     /// [`Database::checkpoint`]: write one now and answer here.
-    Checkpoint(SyncSender<Result<CheckpointInfo, String>>),
+    Checkpoint(SyncSender<Result<CheckpointInfo, DbError>>),
     /// The encoder put one more part in the parts channel.
     PartReady,
     /// Readers loaded much of the cache budget since the last sweep.
@@ -53,7 +51,7 @@ pub(super) struct Writer {
     /// Positions of commits appended and not yet durable, oldest first.
     pub(super) unflushed: VecDeque<LogPos>,
     /// Set after an I/O error (or at close): no more commits.
-    pub(super) failed: Option<String>,
+    pub(super) failed: Option<DbError>,
     pub(super) to_bg: SyncSender<Msg>,
     /// A housekeeping message is on its way to the background thread.
     pub(super) poked: bool,
@@ -66,7 +64,7 @@ pub(super) struct Writer {
     pub(super) appended_total: u64,
     pub(super) ckpt: Option<InProgress>,
     /// Who asked for a checkpoint that has not begun yet.
-    pub(super) ckpt_waiters: Vec<SyncSender<Result<CheckpointInfo, String>>>,
+    pub(super) ckpt_waiters: Vec<SyncSender<Result<CheckpointInfo, DbError>>>,
     pub(super) store: Arc<LogStore>,
     /// Memory the tree held at the last measurement, and what was loaded
     /// and appended since (to know when to measure again).
@@ -127,14 +125,11 @@ impl Writer {
         bytes: &[u8],
         local: melddb::LocalIntention,
     ) -> Result<(LogPos, Option<Outcome>), DbError> {
-        let pos = self
-            .log
-            .append(bytes)
-            .map_err(|e| DbError::Stopped(e.to_string()))?;
+        let pos = self.log.append(bytes)?;
         self.appended += bytes.len() as u64;
         self.appended_total += bytes.len() as u64;
         let mut outcomes = self.melder.apply_local(bytes, local);
-        read_back_ok()?;
+        read_back_ok(&self.melder)?;
         outcomes.extend(close_pair(&mut self.log, &mut self.melder)?);
         self.unflushed.push_back(pos);
         Ok((pos, outcomes.into_iter().find(|o| o.pos() == Some(pos))))
@@ -217,12 +212,13 @@ impl Writer {
     }
 
     /// Refuses further commits and answers every checkpoint request with
-    /// `msg` (see `Engine::fail`).
-    pub(super) fn fail(&mut self, msg: &str) {
-        self.failed.get_or_insert_with(|| msg.to_string());
+    /// `e` (see `Engine::fail`).
+    pub(super) fn fail(&mut self, e: DbError) {
+        let stopped = e.clone().stopping();
+        self.failed.get_or_insert(e);
         let waiting = self.ckpt.take().map(|c| c.waiters).unwrap_or_default();
         for reply in waiting.into_iter().chain(self.ckpt_waiters.drain(..)) {
-            let _ = reply.send(Err(msg.to_string()));
+            let _ = reply.send(Err(stopped.clone()));
         }
     }
 }

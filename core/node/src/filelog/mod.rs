@@ -57,6 +57,31 @@ pub enum FileLogError {
         /// What is wrong.
         why: &'static str,
     },
+    /// The entry is larger than a record may be.
+    #[error("an entry of {bytes} bytes exceeds the log's record limit of {max} bytes")]
+    TooLarge {
+        /// The entry's size.
+        bytes: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The position was trimmed away (older entries are gone; a checkpoint
+    /// stands for them).
+    #[error("log position {pos} was trimmed (the log now starts at {first})")]
+    Trimmed {
+        /// The position asked for.
+        pos: LogPos,
+        /// The first position the log holds.
+        first: LogPos,
+    },
+    /// The position has not been written yet.
+    #[error("log position {pos} is beyond the tail {tail}")]
+    NotYetWritten {
+        /// The position asked for.
+        pos: LogPos,
+        /// The next position to be written.
+        tail: LogPos,
+    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> FileLogError + '_ {
@@ -202,10 +227,10 @@ impl FileLog {
     /// A handle for syncing the current segment on another thread (the
     /// caller then reports success with [`FileLog::mark_synced`]); lets a
     /// host overlap the disk flush with other work.
-    pub fn sync_handle(&self) -> Result<(File, LogPos), FileLogError> {
+    pub fn sync_handle(&self) -> Result<(File, LogPos, PathBuf), FileLogError> {
         let path = &self.segments.last().expect("a segment").path;
         let f = self.writer.try_clone().map_err(io_err(path))?;
-        Ok((f, self.tail))
+        Ok((f, self.tail, path.clone()))
     }
 
     /// Records that everything before `pos` was synced through a handle
@@ -532,36 +557,83 @@ fn valid_record_after(bytes: &[u8], from: usize) -> bool {
     false
 }
 
-fn to_log_error(e: FileLogError) -> LogError {
-    LogError::Backend(e.to_string())
-}
-
-impl Log for FileLog {
-    fn append(&mut self, entry: &[u8]) -> Result<LogPos, LogError> {
+impl FileLog {
+    /// Appends one entry and returns its position (not durable until
+    /// [`FileLog::sync`]).
+    pub fn append(&mut self, entry: &[u8]) -> Result<LogPos, FileLogError> {
         if entry.len() as u64 > MAX_RECORD as u64 {
-            return Err(LogError::Backend(format!(
-                "entry of {} bytes exceeds the {} byte record limit",
-                entry.len(),
-                MAX_RECORD
-            )));
+            return Err(FileLogError::TooLarge {
+                bytes: entry.len() as u64,
+                max: MAX_RECORD as u64,
+            });
         }
-        self.append_record(entry).map_err(to_log_error)
+        self.append_record(entry)
     }
 
-    fn read(&self, pos: LogPos) -> Result<Entry, LogError> {
+    /// Reads the entry at `pos`.
+    pub fn read(&self, pos: LogPos) -> Result<Entry, FileLogError> {
         if pos < self.first {
-            return Err(LogError::Trimmed {
+            return Err(FileLogError::Trimmed {
                 pos,
                 first: self.first,
             });
         }
         if pos >= self.tail {
-            return Err(LogError::NotYetWritten {
+            return Err(FileLogError::NotYetWritten {
                 pos,
                 tail: self.tail,
             });
         }
-        self.read_record(pos).map_err(to_log_error)
+        self.read_record(pos)
+    }
+
+    /// Drops whole segments that end before `pos` (a segment holding any
+    /// position at or after `pos` is kept, so `first` may stay below `pos`).
+    pub fn trim(&mut self, pos: LogPos) -> Result<(), FileLogError> {
+        if pos > self.tail {
+            return Err(FileLogError::NotYetWritten {
+                pos,
+                tail: self.tail,
+            });
+        }
+        // The trim point first, then the files: a crash in between leaves
+        // files that are simply unreadable below the point. The other way
+        // round, a crash could leave the log starting at a segment boundary
+        // the caller never asked for (recovery would then look for a
+        // checkpoint where there is none).
+        if pos > self.first {
+            write_trim_point(&self.dir, pos)?;
+        }
+        while self.segments.len() > 1 {
+            let s = &self.segments[0];
+            let end = s.first + s.offsets.len() as u64;
+            if end > pos {
+                break;
+            }
+            fs::remove_file(&s.path).map_err(io_err(&s.path))?;
+            self.segments.remove(0);
+        }
+        self.first = pos.max(self.first);
+        Ok(())
+    }
+}
+
+/// The engine's view of the file log's errors.
+fn to_log_error(e: FileLogError) -> LogError {
+    match e {
+        FileLogError::Trimmed { pos, first } => LogError::Trimmed { pos, first },
+        FileLogError::NotYetWritten { pos, tail } => LogError::NotYetWritten { pos, tail },
+        e => LogError::Backend(e.to_string()),
+    }
+}
+
+impl Log for FileLog {
+    fn append(&mut self, entry: &[u8]) -> Result<LogPos, LogError> {
+        FileLog::append(self, entry).map_err(to_log_error)
+    }
+
+    fn read(&self, pos: LogPos) -> Result<Entry, LogError> {
+        FileLog::read(self, pos).map_err(to_log_error)
     }
 
     fn tail(&self) -> LogPos {
@@ -572,8 +644,6 @@ impl Log for FileLog {
         self.first
     }
 
-    /// Drops whole segments that end before `pos` (a segment holding any
-    /// position at or after `pos` is kept, so `first` may stay below `pos`).
     fn trim(&mut self, pos: LogPos) -> Result<(), LogError> {
         if pos > self.tail {
             return Err(LogError::TrimBeyondTail {
@@ -581,26 +651,7 @@ impl Log for FileLog {
                 tail: self.tail,
             });
         }
-        // The trim point first, then the files: a crash in between leaves
-        // files that are simply unreadable below the point. The other way
-        // round, a crash could leave the log starting at a segment boundary
-        // the caller never asked for (found by the crash test: recovery
-        // then looked for a checkpoint where there was none).
-        if pos > self.first {
-            write_trim_point(&self.dir, pos).map_err(to_log_error)?;
-        }
-        while self.segments.len() > 1 {
-            let s = &self.segments[0];
-            let end = s.first + s.offsets.len() as u64;
-            if end > pos {
-                break;
-            }
-            fs::remove_file(&s.path)
-                .map_err(|e| LogError::Backend(format!("{}: {e}", s.path.display())))?;
-            self.segments.remove(0);
-        }
-        self.first = pos.max(self.first);
-        Ok(())
+        FileLog::trim(self, pos).map_err(to_log_error)
     }
 }
 

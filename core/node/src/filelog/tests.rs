@@ -40,7 +40,14 @@ fn entries_survive_reopening_across_segments() {
     for i in 0..300 {
         assert_eq!(&log.read(i).unwrap()[..], &entry(i)[..]);
     }
-    assert!(matches!(log.read(300), Err(LogError::NotYetWritten { .. })));
+    assert!(matches!(
+        log.read(300),
+        Err(FileLogError::NotYetWritten { .. })
+    ));
+    assert!(matches!(
+        Log::read(&log, 300),
+        Err(LogError::NotYetWritten { .. })
+    ));
 }
 
 #[test]
@@ -146,16 +153,20 @@ fn trimmed_positions_stay_unreadable_after_reopening() {
         segments(d.path()).len() < before,
         "whole segments below 120 are deleted"
     );
-    assert!(matches!(log.read(119), Err(LogError::Trimmed { .. })));
+    assert!(matches!(log.read(119), Err(FileLogError::Trimmed { .. })));
+    assert!(matches!(
+        Log::read(&log, 119),
+        Err(LogError::Trimmed { .. })
+    ));
     assert_eq!(&log.read(120).unwrap()[..], &entry(120)[..]);
     assert!(matches!(
-        log.trim(500),
+        Log::trim(&mut log, 500),
         Err(LogError::TrimBeyondTail { .. })
     ));
     drop(log);
     let (mut log, _) = FileLog::open_with(d.path(), 1024).unwrap();
     assert_eq!(log.first(), 120);
-    assert!(matches!(log.read(100), Err(LogError::Trimmed { .. })));
+    assert!(matches!(log.read(100), Err(FileLogError::Trimmed { .. })));
     assert_eq!(
         log.append(b"next").unwrap(),
         200,

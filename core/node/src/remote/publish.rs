@@ -19,7 +19,7 @@ use melddb_log::Client;
 
 use super::follow::Follow;
 use super::published::{companion, Pointer};
-use crate::CheckpointInfo;
+use crate::embedded::{CheckpointFailure, CheckpointInfo, DbError};
 
 /// What the publishing thread needs.
 pub(crate) struct Publisher {
@@ -68,8 +68,8 @@ impl Publisher {
                         st.published.first = t;
                     }
                 }
-                Err(why) => {
-                    st.published.error = Some(why);
+                Err(e) => {
+                    st.published.error = Some(e);
                     st.published.error_attempt = st.published.attempts;
                 }
             }
@@ -94,34 +94,37 @@ impl Publisher {
 
     /// One checkpoint: the begin record, the parts encoding the state
     /// there, and once melded complete, its pointer; then the trim.
-    fn publish_one(&mut self) -> Result<(CheckpointInfo, Option<LogPos>), String> {
+    fn publish_one(&mut self) -> Result<(CheckpointInfo, Option<LogPos>), DbError> {
         let started = Instant::now();
-        let comp = companion(&self.log).ok_or("the log's name leaves no room for `.ckpt`")?;
+        // Checked when the node connected.
+        let comp = companion(&self.log).ok_or(DbError::Internal(
+            "a publishing node's log name leaves no room for `.ckpt`",
+        ))?;
+        let failed = |f: CheckpointFailure| DbError::Checkpoint(f);
         let append = |bytes: Vec<u8>| {
             self.rt
                 .block_on(self.client.append(&self.log, bytes))
-                .map_err(|e| format!("appending to {}: {e}", self.log))
+                .map_err(|source| CheckpointFailure::Append {
+                    log: self.log.clone(),
+                    source,
+                })
         };
-        let begin = append(checkpoint::begin_record(self.settings.db_id))?;
+        let begin = append(checkpoint::begin_record(self.settings.db_id)).map_err(failed)?;
         if !self.wait_melded(begin) {
-            return Err("the node closed".into());
+            return Err(failed(CheckpointFailure::Closed));
         }
         let state = match &self.follow.lock().last_begin {
             Some((p, s)) if *p == begin => s.snapshot().clone(),
-            _ => {
-                return Err(format!(
-                    "a later begin record superseded the one at {begin}"
-                ))
-            }
+            _ => return Err(failed(CheckpointFailure::Superseded { begin })),
         };
         let mut parts = Vec::new();
         let mut bytes = 0u64;
-        let mut failed = None;
+        let mut stopped = None;
         let encoded =
             checkpoint::encode_streaming(&self.settings, &state, self.part_bytes, None, |part| {
                 // Closing: stop (the checkpoint stays incomplete, unused).
                 if self.follow.lock().stopped().is_some() {
-                    failed = Some("the node closed".into());
+                    stopped = Some(CheckpointFailure::Closed);
                     return false;
                 }
                 // Another begin record ends this checkpoint on every node:
@@ -133,9 +136,7 @@ impl Publisher {
                     .as_ref()
                     .is_some_and(|(p, _)| *p != begin)
                 {
-                    failed = Some(format!(
-                        "a later begin record superseded the one at {begin}"
-                    ));
+                    stopped = Some(CheckpointFailure::Superseded { begin });
                     return false;
                 }
                 bytes += part.len() as u64;
@@ -145,23 +146,23 @@ impl Publisher {
                         true
                     }
                     Err(e) => {
-                        failed = Some(e);
+                        stopped = Some(e);
                         false
                     }
                 }
             })
-            .map_err(|e| format!("encoding the state at {begin}: {e}"))?;
-        if let Some(why) = failed {
-            return Err(why);
+            .map_err(|source| failed(CheckpointFailure::Encode { begin, source }))?;
+        if let Some(f) = stopped {
+            return Err(failed(f));
         }
-        let last = *parts.last().ok_or("a checkpoint without parts")?;
+        let last = *parts
+            .last()
+            .ok_or(DbError::Internal("a checkpoint without parts"))?;
         if !self.wait_melded(last) {
-            return Err("the node closed".into());
+            return Err(failed(CheckpointFailure::Closed));
         }
         if self.follow.lock().last_complete.as_ref() != Some(&(begin, parts.clone())) {
-            return Err(format!(
-                "the checkpoint begun at {begin} did not complete (another began meanwhile)"
-            ));
+            return Err(failed(CheckpointFailure::Superseded { begin }));
         }
         let ptr = Pointer {
             db_id: self.settings.db_id,
@@ -171,7 +172,12 @@ impl Publisher {
         let at = self
             .rt
             .block_on(self.client.append(&comp, ptr.encode()))
-            .map_err(|e| format!("appending to {comp}: {e}"))?;
+            .map_err(|source| {
+                failed(CheckpointFailure::Append {
+                    log: comp.clone(),
+                    source,
+                })
+            })?;
         // Joiners read only the newest pointers: the companion log keeps
         // those and no more.
         if let Some(below) = at
@@ -180,7 +186,13 @@ impl Publisher {
         {
             self.rt
                 .block_on(self.client.trim(&comp, below))
-                .map_err(|e| format!("trimming {comp} below {below}: {e}"))?;
+                .map_err(|source| {
+                    failed(CheckpointFailure::Trim {
+                        log: comp.clone(),
+                        below,
+                        source,
+                    })
+                })?;
         }
         // Two checkpoints stay readable: a joiner that read the previous
         // pointer a moment ago still finds its parts.
@@ -188,7 +200,13 @@ impl Publisher {
         if let Some(prev) = self.previous.filter(|_| self.trim) {
             self.rt
                 .block_on(self.client.trim(&self.log, prev))
-                .map_err(|e| format!("trimming {} below {prev}: {e}", self.log))?;
+                .map_err(|source| {
+                    failed(CheckpointFailure::Trim {
+                        log: self.log.clone(),
+                        below: prev,
+                        source,
+                    })
+                })?;
             trimmed = Some(prev);
         }
         self.previous = Some(begin);

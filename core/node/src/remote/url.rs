@@ -18,9 +18,9 @@ impl LogUrl {
     /// Parses `melddb://host:port/LOG`. The log name is what the service
     /// accepts: 1 to 64 ASCII letters, digits, `-`, `_` and `.`.
     pub fn parse(url: &str) -> Result<LogUrl, DbError> {
-        let bad = |why: &str| DbError::BadUrl {
+        let bad = |why: &'static str| DbError::BadUrl {
             url: url.to_string(),
-            why: why.to_string(),
+            why,
         };
         let rest = url
             .strip_prefix(SCHEME)
