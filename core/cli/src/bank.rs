@@ -5,12 +5,11 @@
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use melddb::{Isolation, Order, Outcome};
+use melddb::{Isolation, Outcome};
 use melddb_runtime::{Database, DbError};
 use rand::{Rng, SeedableRng};
 
@@ -98,20 +97,14 @@ fn open_accounts(db: &Database, accounts: u64) -> Result<Option<u64>, String> {
 
 /// Sums every account of the latest state: (accounts, total).
 fn audit(db: &Database) -> Result<(u64, i64), String> {
-    let snap = db.snapshot();
-    let start = b"acct/".to_vec();
-    let end = b"acct0".to_vec();
-    let pairs = snap.scan(
-        Bound::Included(&start[..]),
-        Bound::Excluded(&end[..]),
-        Order::Forward,
-        None,
-    );
-    let mut total = 0i64;
-    for (_, v) in &pairs {
-        total += balance(Some(v.clone()))?;
+    let read = db.begin_read();
+    let (mut accounts, mut total) = (0u64, 0i64);
+    for pair in read.prefix(b"acct/") {
+        let (_, v) = pair.map_err(|e| e.to_string())?;
+        total += balance(Some(v))?;
+        accounts += 1;
     }
-    Ok((pairs.len() as u64, total))
+    Ok((accounts, total))
 }
 
 /// Runs the workload and prints per node what it did and whether the
@@ -236,7 +229,8 @@ pub fn run(db: Database, a: BankArgs) -> Result<(), String> {
     let (accounts, total) = audit(&db)?;
     let expected = a.accounts as i64 * OPENING_BALANCE;
     let held = accounts == a.accounts && total == expected;
-    let snap = db.snapshot();
+    let snap = db.begin_read();
+    let digest = snap.digest_hex().map_err(|e| e.to_string())?;
     let t = tally
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -250,7 +244,7 @@ pub fn run(db: Database, a: BankArgs) -> Result<(), String> {
             "tps": t.committed.len() as f64 / elapsed,
             "seconds": elapsed,
             "position": snap.pos(),
-            "digest": snap.digest_hex(),
+            "digest": digest,
             "accounts": accounts,
             "total": total,
             "expected_total": expected,
@@ -289,7 +283,7 @@ pub fn run(db: Database, a: BankArgs) -> Result<(), String> {
             out,
             "position {}, digest {}\n{} accounts hold {total} (expected {expected}): {}",
             snap.pos(),
-            snap.digest_hex(),
+            digest,
             accounts,
             if held {
                 "the total held"

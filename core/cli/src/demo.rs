@@ -178,11 +178,12 @@ fn replay_digests(
         let (_, genesis) = sub.next().await.map_err(|e| e.to_string())?;
         let mut m = Melder::from_genesis(&genesis).map_err(|e| e.to_string())?;
         let mut digests = std::collections::BTreeMap::new();
-        digests.insert(0, m.lcs().digest_hex());
+        let hex = |m: &Melder| m.lcs().digest_hex().map_err(|e| e.to_string());
+        digests.insert(0, hex(&m)?);
         while m.next_pos() < tail {
             let (_, bytes) = sub.next().await.map_err(|e| e.to_string())?;
             m.apply(&bytes);
-            digests.insert(m.lcs().pos(), m.lcs().digest_hex());
+            digests.insert(m.lcs().pos(), hex(&m)?);
         }
         Ok(digests)
     })

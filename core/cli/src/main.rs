@@ -390,6 +390,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
             // now the tree.
             let s = db.snapshot();
             let tree = melddb::validate::check_tree(&s);
+            let digest = s.digest_hex().map_err(|e| e.to_string())?;
             let r = db.recovery();
             let ok = tree.is_ok() && r.skipped_checkpoints.is_empty();
             if json {
@@ -402,7 +403,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
                         "recovered_from_checkpoint": r.checkpoint,
                         "damaged_checkpoints": r.skipped_checkpoints,
                         "tree": tree.as_ref().err().map(|e| e.0.clone()),
-                        "digest": s.digest_hex(),
+                        "digest": digest,
                     })
                 );
             } else {
@@ -420,7 +421,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
                                 format!("checkpoint of the state at {p} loaded and verified"),
                             None => "replayed from the genesis record".into(),
                         },
-                        s.digest_hex()
+                        digest
                     ),
                 }
             }
@@ -476,7 +477,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
                 "log_records": r.records,
                 "last_position": s.pos(),
                 "csn": s.csn(),
-                "keys": s.len(),
+                "keys": s.len().map_err(|e| e.to_string())?,
                 "tree_height": s.height(),
                 "recovery_seconds": r.elapsed.as_secs_f64(),
                 "torn_bytes_dropped": r.torn_bytes,
@@ -484,7 +485,7 @@ fn run(args: Args) -> Result<ExitCode, String> {
                 "premeld_distance": settings.premeld_distance,
                 "group_meld": settings.group_meld,
                 "max_conflict_zone": settings.max_conflict_zone,
-                "digest": s.digest_hex(),
+                "digest": s.digest_hex().map_err(|e| e.to_string())?,
             });
             if json {
                 println!("{v}");

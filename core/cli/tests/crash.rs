@@ -106,11 +106,12 @@ fn killed_writers_lose_no_acknowledged_commit() {
         );
         let s = db.snapshot();
         melddb::validate::check_tree(&s).unwrap_or_else(|e| panic!("cycle {cycle}: {e:?}"));
-        if s.get(b"acct/0000").is_some() {
+        if s.get(b"acct/0000").expect("reads").is_some() {
             let total: i64 = (0..ACCOUNTS)
                 .map(|i| {
                     let v = s
                         .get(format!("acct/{i:04}").as_bytes())
+                        .expect("reads")
                         .expect("account exists");
                     String::from_utf8_lossy(&v)
                         .parse::<i64>()
@@ -125,7 +126,9 @@ fn killed_writers_lose_no_acknowledged_commit() {
         }
         for id in &acked {
             assert!(
-                s.get(format!("x/{id}").as_bytes()).is_some(),
+                s.get(format!("x/{id}").as_bytes())
+                    .expect("reads")
+                    .is_some(),
                 "cycle {cycle}: acknowledged transfer {id} is missing after the crash"
             );
         }

@@ -16,12 +16,14 @@ use common::{Peek, Service};
 
 fn range_of(db: &Database) -> BTreeMap<Vec<u8>, Vec<u8>> {
     db.snapshot()
-        .scan(
+        .range(
             Bound::Included(b"k/"),
             Bound::Excluded(b"k0"),
             Order::Forward,
             None,
         )
+        .collect::<Result<Vec<_>, _>>()
+        .expect("the range reads")
         .into_iter()
         .map(|(k, v)| (k.to_vec(), v.to_vec()))
         .collect()

@@ -15,11 +15,12 @@ use crate::embedded::{
     RetryPolicy, TransactError,
 };
 use crate::feed::{ChangeFeed, Feeds};
+use crate::read::ReadTransaction;
 use crate::remote::{Remote, RemoteHandle};
 
 /// The first key after every key that starts with `prefix` (`None`: no
 /// such key, the prefix is all 0xff).
-fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {
@@ -187,7 +188,7 @@ impl Database {
 
     /// Reads one key of the latest committed state.
     pub fn get(&self, key: &[u8]) -> Result<Option<Bytes>, DbError> {
-        Ok(self.snapshot().try_get(key)?)
+        Ok(self.snapshot().get(key)?)
     }
 
     /// Waits until this node has every commit that was answered anywhere
@@ -221,9 +222,27 @@ impl Database {
         }
     }
 
-    /// Begins a transaction on the latest committed state.
+    /// Begins a read-write transaction on the latest committed state this
+    /// node has; [`Database::commit`] or [`Database::submit`] ends it.
     pub fn begin(&self, isolation: Isolation) -> Transaction {
         Transaction::begin(&self.snapshot(), isolation)
+    }
+
+    /// Begins a read-only transaction on the latest committed state this
+    /// node has. It needs no commit and never aborts. On the log service
+    /// this state may lack commits other nodes had answered when it
+    /// began; [`Database::begin_read_latest`] waits for them.
+    pub fn begin_read(&self) -> ReadTransaction {
+        ReadTransaction::new(self.snapshot())
+    }
+
+    /// Begins a read-only transaction that sees every commit answered
+    /// anywhere before this call (Minuet's up-to-date read): on the log
+    /// service it learns the log's tail first and waits until this node
+    /// has melded up to it; on a local log it is [`Database::begin_read`].
+    pub fn begin_read_latest(&self) -> Result<ReadTransaction, DbError> {
+        self.sync_with_log()?;
+        Ok(self.begin_read())
     }
 
     /// Finishes `tx`, appends its intention and returns without waiting
@@ -242,12 +261,8 @@ impl Database {
         if self.trial_meld {
             let mut stats = melddb::MeldStats::default();
             let latest = self.latest();
-            let _ = melddb::take_store_error();
-            let trial = trial_meld(&self.settings(), &local, &latest, &mut stats);
-            // A failed read back makes the trial say nothing: let meld
-            // decide.
-            let unsure = melddb::take_store_error().is_some();
-            if let (Err(reason), false) = (trial, unsure) {
+            // A failed read back makes the trial say nothing: meld decides.
+            if let Err(reason) = trial_meld(&self.settings(), &local, &latest, &mut stats) {
                 return Ok(ready(Ok(Outcome::Rejected { reason })));
             }
         }

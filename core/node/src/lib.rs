@@ -45,17 +45,19 @@ mod embedded;
 mod feed;
 mod filelog;
 mod nodestore;
+mod read;
 mod remote;
 
 pub use database::{CommitHandle, Database};
 pub use embedded::{
-    CacheStats, CheckpointInfo, DbError, Durability, LogStats, Options as DbOptions, Recovery,
-    RetryPolicy, TransactError, DEFAULT_CACHE_BYTES, DEFAULT_CHECKPOINT_BYTES,
-    DEFAULT_CHECKPOINT_PART_BYTES, LOCK_FILE,
+    CacheStats, CheckpointFailure, CheckpointInfo, DbError, Durability, LogStats,
+    Options as DbOptions, Recovery, RetryPolicy, TransactError, Unrecoverable, Unsupported,
+    DEFAULT_CACHE_BYTES, DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_PART_BYTES, LOCK_FILE,
 };
 pub use feed::{Change, ChangeFeed, Commit, FeedError, QUEUE as FEED_QUEUE};
 pub use filelog::{FileLogError, DEFAULT_SEGMENT_BYTES};
 pub use nodestore::StoreStats;
+pub use read::{ReadRange, ReadTransaction};
 pub use remote::{is_log_url, SCHEME};
 
 use std::collections::BTreeMap;

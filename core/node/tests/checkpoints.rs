@@ -9,7 +9,7 @@ use std::thread;
 
 use melddb::validate::check_tree;
 use melddb::{Isolation, Settings};
-use melddb_runtime::{Database, DbError, DbOptions, Durability};
+use melddb_runtime::{Database, DbError, DbOptions, Durability, Unrecoverable, Unsupported};
 
 mod common;
 use common::{account, balance, seed_accounts, spawn_transfers};
@@ -70,10 +70,13 @@ fn workload(db: &Arc<Database>, accounts: u64, rounds: u64) -> BTreeMap<Vec<u8>,
 fn check(db: &Database, accounts: u64, model: &BTreeMap<Vec<u8>, Vec<u8>>) {
     let s = db.snapshot();
     check_tree(&s).unwrap();
-    let total: i64 = (0..accounts).map(|i| balance(s.get(&account(i)))).sum();
+    let total: i64 = (0..accounts)
+        .map(|i| balance(s.get(&account(i)).unwrap()))
+        .sum();
     assert_eq!(total, 1000 * accounts as i64, "money was created or lost");
     let items: BTreeMap<Vec<u8>, Vec<u8>> = s
         .to_vec()
+        .unwrap()
         .into_iter()
         .filter(|(k, _)| k.starts_with(b"item/"))
         .map(|(k, v)| (k.to_vec(), v.to_vec()))
@@ -160,13 +163,13 @@ fn an_explicit_checkpoint_makes_recovery_replay_only_its_parts() {
     let info = db.checkpoint().unwrap();
     assert_eq!(info.flushed_ephemeral, before);
     assert_eq!(db.unpersisted_nodes(), 0, "the checkpoint persisted them");
-    assert_eq!(info.nodes, db.snapshot().len() as u64);
-    let digest = db.snapshot().digest();
+    assert_eq!(info.nodes, db.snapshot().len().unwrap() as u64);
+    let digest = db.snapshot().digest().unwrap();
     drop(db);
     let db = Database::open_with(d.path(), opts).unwrap();
     assert_eq!(db.recovery().checkpoint, Some(info.first));
     assert_eq!(db.recovery().replayed, info.pos - info.first);
-    assert_eq!(db.snapshot().digest(), digest);
+    assert_eq!(db.snapshot().digest().unwrap(), digest);
     check(&db, 8, &model);
 }
 
@@ -247,12 +250,15 @@ fn premeld_databases_refuse_checkpoints_and_keep_working() {
         })
         .unwrap();
     }
-    assert!(matches!(db.checkpoint(), Err(DbError::Checkpoint(_))));
+    assert!(matches!(
+        db.checkpoint(),
+        Err(DbError::Unsupported(Unsupported::CheckpointsWithPremeld))
+    ));
     assert_eq!(db.log_stats().checkpoints_written, 0);
-    let digest = db.snapshot().digest();
+    let digest = db.snapshot().digest().unwrap();
     drop(db);
     let db = Database::open_with(d.path(), opts).unwrap();
-    assert_eq!(db.snapshot().digest(), digest);
+    assert_eq!(db.snapshot().digest().unwrap(), digest);
     assert_eq!(db.recovery().checkpoint, None);
 }
 
@@ -329,7 +335,17 @@ fn with_every_checkpoint_damaged_recovery_falls_back_to_genesis_or_refuses() {
     corrupt_sealed(d.path(), cps[1].pos);
     corrupt_sealed(d.path(), cps[2].pos);
     match Database::open_with(d.path(), opts) {
-        Err(DbError::Unrecoverable { why, .. }) => assert!(why.contains("checkpoint"), "{why}"),
+        Err(DbError::Unrecoverable {
+            cause: Unrecoverable::NoCheckpoint { first, tried },
+            ..
+        }) => {
+            assert!(first > 0);
+            assert!(!tried.is_empty(), "the damaged checkpoints were tried");
+            assert!(
+                tried.iter().all(|t| t.starts_with("checkpoint begun at")),
+                "{tried:?}"
+            );
+        }
         other => panic!("expected Unrecoverable, got {other:?}"),
     }
 }

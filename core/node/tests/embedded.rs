@@ -13,7 +13,7 @@ use common::{account, balance, seed_accounts, spawn_transfers};
 
 fn total(db: &Database, n: u64) -> i64 {
     let s = db.snapshot();
-    (0..n).map(|i| balance(s.get(&account(i)))).sum()
+    (0..n).map(|i| balance(s.get(&account(i)).unwrap())).sum()
 }
 
 #[test]
@@ -27,13 +27,13 @@ fn commits_survive_reopening() {
                 .unwrap();
             assert!(matches!(db.commit(tx).unwrap(), Outcome::Committed { .. }));
         }
-        let s = db.snapshot().digest();
+        let s = db.snapshot().digest().unwrap();
         db.close().unwrap();
         s
     };
     let db = Database::open(d.path()).unwrap();
     assert_eq!(
-        db.snapshot().digest(),
+        db.snapshot().digest().unwrap(),
         digest,
         "recovery replays to the same state"
     );
@@ -73,10 +73,10 @@ fn concurrent_transfers_keep_the_total_and_reopen_identically() {
             w.join().unwrap();
         }
         assert_eq!(total(&db, n), 1000 * n as i64);
-        let digest = db.snapshot().digest();
+        let digest = db.snapshot().digest().unwrap();
         drop(db);
         let db = Database::open_with(d.path(), opts).unwrap();
-        assert_eq!(db.snapshot().digest(), digest, "{settings:?}");
+        assert_eq!(db.snapshot().digest().unwrap(), digest, "{settings:?}");
         assert_eq!(total(&db, n), 1000 * n as i64);
     }
 }
@@ -161,6 +161,59 @@ fn a_directory_that_is_not_a_database_is_refused() {
     )
     .unwrap();
     assert!(matches!(Database::open(d.path()), Err(DbError::Log(_))));
+}
+
+#[test]
+fn options_out_of_range_are_refused_with_the_option_and_its_range() {
+    let d = tempfile::tempdir().unwrap();
+    for (opts, name, value) in [
+        (
+            DbOptions {
+                max_in_flight: 0,
+                ..DbOptions::default()
+            },
+            "max_in_flight",
+            0,
+        ),
+        (
+            DbOptions {
+                checkpoint_part_bytes: 100,
+                ..DbOptions::default()
+            },
+            "checkpoint_part_bytes",
+            100,
+        ),
+    ] {
+        match Database::open_with(d.path(), opts) {
+            Err(DbError::OptionOutOfRange {
+                option,
+                value: v,
+                min,
+                max,
+            }) => {
+                assert_eq!((option, v), (name, value));
+                assert!(min > v && max >= min, "{min}..={max}");
+            }
+            other => panic!("expected OptionOutOfRange for {name}, got {other:?}"),
+        }
+    }
+    let bad = DbOptions {
+        settings: Settings {
+            max_conflict_zone: 0,
+            ..Settings::default()
+        },
+        ..DbOptions::default()
+    };
+    assert!(matches!(
+        Database::open_with(d.path(), bad),
+        Err(DbError::Settings(melddb::OpenError::Setting {
+            name: "max_conflict_zone",
+            ..
+        }))
+    ));
+    // Nothing was created by the refused opens.
+    let db = Database::open(d.path()).unwrap();
+    assert_eq!(db.log_stats().tail, 1, "only the genesis record");
 }
 
 #[test]

@@ -16,12 +16,14 @@ fn range_of(db: &Database, prefix: &[u8]) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let mut end = prefix.to_vec();
     *end.last_mut().unwrap() += 1;
     db.snapshot()
-        .scan(
+        .range(
             Bound::Included(prefix),
             Bound::Excluded(&end),
             Order::Forward,
             None,
         )
+        .collect::<Result<Vec<_>, _>>()
+        .expect("the range reads")
         .into_iter()
         .map(|(k, v)| (k.to_vec(), v.to_vec()))
         .collect()

@@ -43,8 +43,9 @@ fn check_all(db: &Database, model: &BTreeMap<Vec<u8>, Vec<u8>>) {
         );
     }
     let all = db
-        .snapshot()
-        .try_scan(Bound::Unbounded, Bound::Unbounded, Order::Forward, None)
+        .begin_read()
+        .range(Bound::Unbounded, Bound::Unbounded, Order::Forward, None)
+        .collect::<Result<Vec<_>, _>>()
         .expect("scan");
     assert_eq!(all.len(), model.len());
     for ((k, v), (mk, mv)) in all.iter().zip(model) {

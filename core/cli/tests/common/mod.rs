@@ -258,14 +258,14 @@ pub fn replay(entries: &[Vec<u8>]) -> (BTreeMap<u64, Outcome>, BTreeMap<u64, Str
     let mut m = Melder::from_genesis(&entries[0]).unwrap();
     let mut outcomes = BTreeMap::new();
     let mut digests = BTreeMap::new();
-    digests.insert(0, m.lcs().digest_hex());
+    digests.insert(0, m.lcs().digest_hex().unwrap());
     for bytes in &entries[1..] {
         for o in m.apply(bytes) {
             if let Some(p) = o.pos() {
                 outcomes.insert(p, o);
             }
         }
-        digests.insert(m.lcs().pos(), m.lcs().digest_hex());
+        digests.insert(m.lcs().pos(), m.lcs().digest_hex().unwrap());
     }
     (outcomes, digests)
 }
@@ -299,4 +299,86 @@ pub fn check_report(r: &serde_json::Value, digests: &BTreeMap<u64, String>) -> V
         .collect();
     out.extend(r["opened_accounts_at"].as_u64());
     out
+}
+
+/// A TCP relay on loopback between nodes and a service that a test can
+/// cut (every connection closed, new ones refused) and restore: a node
+/// behind it is away from the log while other nodes go on.
+pub struct Relay {
+    pub addr: String,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    open: Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+    accept: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Relay {
+    /// Relays connections to `target`.
+    pub fn start(target: &str) -> Relay {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let cut = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let open = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (c, s, o, target) = (cut.clone(), stop.clone(), open.clone(), target.to_string());
+        let accept = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let Ok((down, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                if c.load(Ordering::Relaxed) {
+                    continue;
+                }
+                let Ok(up) = std::net::TcpStream::connect(&target) else {
+                    continue;
+                };
+                down.set_nonblocking(false).unwrap();
+                let mut open = o.lock().unwrap();
+                open.push(down.try_clone().unwrap());
+                open.push(up.try_clone().unwrap());
+                for (mut from, mut to) in [
+                    (down.try_clone().unwrap(), up.try_clone().unwrap()),
+                    (up, down),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Relay {
+            addr,
+            cut,
+            stop,
+            open,
+            accept: Some(accept),
+        }
+    }
+
+    /// Closes every relayed connection and refuses new ones.
+    pub fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::Relaxed);
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Relays new connections again.
+    pub fn restore(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.cut();
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
 }

@@ -17,6 +17,8 @@ use melddb::checkpoint::{TrackEvent, Tracker};
 use melddb::{LocalIntention, LogPos, MeldState, Melder, Outcome};
 use melddb_log::{Client, ClientError};
 
+use crate::DbError;
+
 /// How long one wait for the next entry lasts before the thread looks at
 /// its stop flag again.
 const POLL: Duration = Duration::from_millis(100);
@@ -68,7 +70,7 @@ pub(crate) struct FollowState {
     /// Whether the subscription is up.
     pub connected: bool,
     /// Why the thread stopped for good, if it did.
-    pub failed: Option<String>,
+    pub failed: Option<DbError>,
     stop: bool,
     /// The latest checkpoint begin record melded, with the state there
     /// (what that checkpoint encodes).
@@ -87,6 +89,10 @@ pub(crate) struct FollowState {
     pub publishing: bool,
     /// Figures of the checkpoints this node published.
     pub published: Published,
+    /// Times the node rejoined from a published checkpoint, and the
+    /// ranges of positions it skipped doing so (first, end).
+    pub rejoins: u64,
+    skipped: Vec<(LogPos, LogPos)>,
 }
 
 /// What the publishing thread did, for `Database::log_stats`.
@@ -96,7 +102,7 @@ pub(crate) struct Published {
     pub written: u64,
     pub trims: u64,
     pub first: LogPos,
-    pub error: Option<String>,
+    pub error: Option<DbError>,
     /// Publishes begun so far, and which one `error` came from.
     pub attempts: u64,
     pub error_attempt: u64,
@@ -192,6 +198,12 @@ impl FollowState {
         self.wanted.contains(&pos) || self.floors.keys().next().is_some_and(|&low| pos >= low)
     }
 
+    /// Whether the node skipped `pos` when it rejoined from a checkpoint
+    /// (its outcome is unknown here).
+    pub fn skipped(&self, pos: LogPos) -> bool {
+        self.skipped.iter().any(|&(a, b)| (a..b).contains(&pos))
+    }
+
     /// The outcome of `pos`, once melded.
     pub fn take_outcome(&mut self, pos: LogPos) -> Option<Outcome> {
         self.outcomes.remove(&pos)
@@ -211,11 +223,12 @@ impl FollowState {
     }
 
     /// Whether the thread stopped (asked to, or failed).
-    pub fn stopped(&self) -> Option<String> {
-        if let Some(why) = &self.failed {
-            return Some(why.clone());
+    /// The error a call gets from a node that stopped.
+    pub fn stopped(&self) -> Option<DbError> {
+        if let Some(e) = &self.failed {
+            return Some(e.clone().stopping());
         }
-        self.stop.then(|| "the database is closed".to_string())
+        self.stop.then_some(DbError::Closed)
     }
 }
 
@@ -267,7 +280,7 @@ impl Drop for PanicGuard<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             let mut st = self.0.lock();
-            st.failed = Some("the roll-forward thread panicked (a bug); reopen the node".into());
+            st.failed = Some(DbError::Internal("the roll-forward thread panicked"));
             st.connected = false;
             drop(st);
             self.0.melded.notify_all();
@@ -291,6 +304,50 @@ struct Roller {
 }
 
 impl Roller {
+    /// The log was trimmed past this node's position while it was away:
+    /// goes on from the latest published checkpoint, as a joining node
+    /// starts. The entries in between are never melded here; commits of
+    /// this node among them answer [`DbError::OutcomeUnknown`]. False if
+    /// no published checkpoint takes the node past its position.
+    fn rejoin(
+        &mut self,
+        rt: &tokio::runtime::Runtime,
+        client: &Client,
+        log: &str,
+        shared: &Follow,
+    ) -> bool {
+        let Ok((Some((_, loaded)), _)) = rt.block_on(super::published::latest(client, log)) else {
+            return false;
+        };
+        let melder = Melder::from_checkpoint(loaded);
+        let (from, to) = (self.melder.next_pos(), melder.next_pos());
+        let lcs = melder.lcs().pos();
+        let state = match melder.meld_state(lcs) {
+            Some(s) if to > from && *melder.settings() == self.settings => s.clone(),
+            _ => return false,
+        };
+        self.tracker = melder.tracker().clone();
+        self.melder = melder;
+        self.parts.clear();
+        self.part_bytes = 0;
+        self.pending = None;
+        self.before = None;
+        *shared
+            .latest
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = state;
+        let mut st = shared.lock();
+        st.next = to;
+        st.lcs = lcs;
+        st.rejoins += 1;
+        st.skipped.push((from, to));
+        st.own.retain(|p, _| *p >= to);
+        st.last_begin = None;
+        st.last_complete = None;
+        st.since_begin = 0;
+        true
+    }
+
     /// Melds the entry at `pos` (the next one) and tells the committers.
     fn meld(&mut self, shared: &Follow, pos: LogPos, bytes: bytes::Bytes) {
         let settings = self.settings;
@@ -380,6 +437,7 @@ impl Roller {
 pub(crate) fn follow(
     rt: &tokio::runtime::Runtime,
     client: &Client,
+    url: &str,
     log: &str,
     melder: Melder,
     shared: &Arc<Follow>,
@@ -408,9 +466,17 @@ pub(crate) fn follow(
                 Ok(None) | Ok(Some(Err(_))) if shared.lock().stop => return,
                 Ok(result) => {
                     let e = result.and_then(Result::err);
-                    if let Some(why) = e.as_ref().and_then(|e| fatal(e, log, r.melder.next_pos())) {
+                    let next = r.melder.next_pos();
+                    let err = e.as_ref().and_then(|e| fatal(e, url, log, next));
+                    if matches!(err, Some(DbError::TrimmedBehind { .. }))
+                        && r.rejoin(rt, client, log, shared)
+                    {
+                        shared.melded.notify_all();
+                        continue 'subscribe;
+                    }
+                    if let Some(err) = err {
                         let mut st = shared.lock();
-                        st.failed = Some(why);
+                        st.failed = Some(err);
                         st.connected = false;
                         drop(st);
                         shared.melded.notify_all();
@@ -464,7 +530,7 @@ fn publish_changes(
             _ => continue,
         };
         feeds.publish(*pos, bytes, |k| {
-            put_first.iter().any(|p| p[..] == *k) || before.try_get(k).ok().flatten().is_some()
+            put_first.iter().any(|p| p[..] == *k) || before.get(k).ok().flatten().is_some()
         });
         if let Ok(parsed) = melddb::parse(bytes) {
             put_first.extend(
@@ -480,23 +546,24 @@ fn publish_changes(
 
 /// An error that ends following for good, with what to do; `None` for
 /// one worth subscribing again after (the service restarting).
-fn fatal(e: &ClientError, log: &str, next: LogPos) -> Option<String> {
+fn fatal(e: &ClientError, url: &str, log: &str, next: LogPos) -> Option<DbError> {
     match e {
         ClientError::Server {
             code: melddb_log::protocol::Code::Trimmed,
             a,
             ..
-        } => Some(format!(
-            "log {log} was trimmed to position {a}, past this node's position {next}; \
-                 connect again to join from the latest published checkpoint"
-        )),
+        } => Some(DbError::TrimmedBehind {
+            log: log.to_string(),
+            first: *a,
+            next,
+        }),
         ClientError::Server {
             code: melddb_log::protocol::Code::Forbidden | melddb_log::protocol::Code::Unauthorized,
-            message,
             ..
-        } => Some(format!(
-            "the service refused to stream log {log}: {message}; give a token with read rights"
-        )),
+        } => Some(DbError::Service {
+            url: url.to_string(),
+            source: e.clone(),
+        }),
         _ => None,
     }
 }

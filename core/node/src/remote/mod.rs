@@ -40,7 +40,10 @@ use self::follow::Follow;
 use self::url::LogUrl;
 pub use self::url::SCHEME;
 use crate::embedded::dir_lock::DirLock;
-use crate::embedded::{CheckpointInfo, DbError, LogStats, Options, Recovery};
+use crate::embedded::{
+    CheckpointFailure, CheckpointInfo, DbError, LogStats, Options, Recovery, Unrecoverable,
+    Unsupported,
+};
 
 /// The node's I/O runtime. Dropped without blocking, so the last handle
 /// to go may be dropped anywhere, an async context included.
@@ -77,8 +80,7 @@ impl Rt {
         self.spawn(async move {
             let _ = tx.send(fut.await);
         });
-        rx.recv()
-            .map_err(|_| DbError::Stopped("the node's I/O runtime stopped".into()))
+        rx.recv().map_err(|_| DbError::Closed)
     }
 }
 
@@ -142,9 +144,7 @@ impl Remote {
                 .thread_name("melddb-node-io")
                 .enable_all()
                 .build()
-                .map_err(|e| {
-                    DbError::Stopped(format!("cannot start the node's I/O thread: {e}"))
-                })?,
+                .map_err(|e| DbError::thread("I/O", e))?,
         ));
         let copts = ClientOptions {
             token,
@@ -164,9 +164,7 @@ impl Remote {
             .run(async move { c.bounds(&l).await })?
             .map_err(service)?;
         if tail == 0 {
-            opts.settings
-                .validate()
-                .map_err(|e| DbError::Options(e.to_string()))?;
+            opts.settings.validate().map_err(DbError::Settings)?;
             // Two nodes creating the log at once both append a genesis
             // record; the first wins and the second is an entry every
             // node rejects as malformed.
@@ -185,16 +183,11 @@ impl Remote {
             Some((_, loaded)) => Melder::from_checkpoint(loaded),
             None if first > 0 => {
                 return Err(DbError::Unrecoverable {
-                    path: dir.to_path_buf(),
-                    why: format!(
-                        "log {log} starts at position {first} (trimmed) and no published \
-                         checkpoint of it loads: {}",
-                        if skipped.is_empty() {
-                            "none was published".to_string()
-                        } else {
-                            skipped.join("; ")
-                        }
-                    ),
+                    path: url.into(),
+                    cause: Unrecoverable::NoCheckpoint {
+                        first,
+                        tried: skipped,
+                    },
                 });
             }
             None => {
@@ -202,42 +195,37 @@ impl Remote {
                 let genesis = rt
                     .run(async move { c.read(&l, 0).await })?
                     .map_err(service)?;
-                Melder::from_genesis(&genesis).map_err(|e| DbError::NotADatabase {
-                    path: dir.to_path_buf(),
-                    why: format!("log {log} position 0: {e}"),
+                Melder::from_genesis(&genesis).map_err(|source| DbError::NotADatabase {
+                    path: url.into(),
+                    source,
                 })?
             }
         };
         let settings = *melder.settings();
         let publish_every = if opts.publish_checkpoints {
             if !crate::embedded::checkpoint_state::checkpoints_supported(&settings) {
-                return Err(DbError::Options(
-                    "publish_checkpoints: this log's genesis turns premeld or group meld on, \
-                     which checkpoints do not support yet"
-                        .into(),
-                ));
+                return Err(DbError::Unsupported(Unsupported::CheckpointsWithPremeld));
             }
             if self::published::companion(&log).is_none() {
-                return Err(DbError::Options(format!(
-                    "publish_checkpoints: the log name {log:?} is too long for its companion \
-                     log {log:?}.ckpt (at most 59 characters)"
-                )));
+                return Err(DbError::BadUrl {
+                    url: url.to_string(),
+                    why: "a node that publishes checkpoints needs a log name of at most 59 \
+                          characters (its companion log adds `.ckpt`)",
+                });
             }
             Some(opts.checkpoint_bytes.max(1))
         } else {
             None
         };
-        let state = initial_state(&melder, dir)?;
+        let state = initial_state(&melder)?;
         let follow = Arc::new(Follow::new(state, melder.next_pos(), publish_every, feeds));
         let rt = Arc::new(rt);
         let follower = {
-            let (rt, follow, log) = (rt.clone(), follow.clone(), log.clone());
+            let (rt, follow, log, url) = (rt.clone(), follow.clone(), log.clone(), url.to_string());
             std::thread::Builder::new()
                 .name("melddb-follow".into())
-                .spawn(move || self::follow::follow(&rt, &stream, &log, melder, &follow))
-                .map_err(|e| {
-                    DbError::Stopped(format!("cannot start the roll-forward thread: {e}"))
-                })?
+                .spawn(move || self::follow::follow(&rt, &stream, &url, &log, melder, &follow))
+                .map_err(|e| DbError::thread("roll-forward", e))?
         };
         let publisher = match publish_every {
             Some(_) => {
@@ -260,9 +248,7 @@ impl Remote {
                         // The roll-forward thread is running: stop it.
                         follow.stop();
                         let _ = follower.join();
-                        return Err(DbError::Stopped(format!(
-                            "cannot start the publishing thread: {e}"
-                        )));
+                        return Err(DbError::thread("publishing", e));
                     }
                 }
             }
@@ -324,8 +310,8 @@ impl Remote {
     pub(crate) fn wait_melded(&self, tail: LogPos) -> Result<(), DbError> {
         let mut st = self.follow.lock();
         while st.next < tail {
-            if let Some(why) = st.stopped() {
-                return Err(DbError::Stopped(why));
+            if let Some(e) = st.stopped() {
+                return Err(e);
             }
             st = self
                 .follow
@@ -367,8 +353,8 @@ impl Remote {
             // Back-pressure: at most `max_in_flight` commits appended and
             // not melded by this node.
             while st.in_flight() >= self.max_in_flight {
-                if let Some(why) = st.stopped() {
-                    return Err(DbError::Stopped(why));
+                if let Some(e) = st.stopped() {
+                    return Err(e);
                 }
                 st = self
                     .follow
@@ -377,8 +363,8 @@ impl Remote {
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .0;
             }
-            if let Some(why) = st.stopped() {
-                return Err(DbError::Stopped(why));
+            if let Some(e) = st.stopped() {
+                return Err(e);
             }
             st.enter()
         };
@@ -415,8 +401,9 @@ impl Remote {
             last_checkpoint: p.last.clone(),
             checkpoints_written: p.written,
             trims: p.trims,
-            checkpoint_error: p.error.clone(),
+            checkpoint_error: p.error.as_ref().map(ToString::to_string),
             bytes_appended: 0,
+            rejoins: st.rejoins,
         }
     }
 
@@ -426,7 +413,7 @@ impl Remote {
     pub(crate) fn checkpoint(&self) -> Result<CheckpointInfo, DbError> {
         if self.publisher.is_none() {
             return Err(DbError::Unsupported(
-                "checkpoints from a node without publish_checkpoints".into(),
+                Unsupported::CheckpointWithoutPublishing,
             ));
         }
         self.sync_with_log()?;
@@ -446,15 +433,15 @@ impl Remote {
                 .as_ref()
                 .filter(|_| st.published.error_attempt > attempts)
             {
-                return Err(DbError::Checkpoint(e.clone()));
+                return Err(e.clone());
             }
-            if let Some(why) = st.stopped() {
-                return Err(DbError::Stopped(why));
+            if let Some(e) = st.stopped() {
+                return Err(e);
             }
             if Instant::now() >= deadline {
-                return Err(DbError::Checkpoint(
-                    "timed out waiting for the checkpoint".into(),
-                ));
+                return Err(DbError::Checkpoint(CheckpointFailure::TimedOut {
+                    seconds: self::publish::CHECKPOINT_WAIT.as_secs(),
+                }));
             }
             if !st.publishing && !st.due {
                 st.due = true;
@@ -477,10 +464,10 @@ impl Remote {
         let publisher = self.publisher.take().map(JoinHandle::join);
         let follower = self.follower.take().map(JoinHandle::join);
         if let Some(Err(_)) = publisher {
-            return Err(DbError::Stopped("the publishing thread panicked".into()));
+            return Err(DbError::Internal("the publishing thread panicked"));
         }
         if let Some(Err(_)) = follower {
-            return Err(DbError::Stopped("the roll-forward thread panicked".into()));
+            return Err(DbError::Internal("the roll-forward thread panicked"));
         }
         Ok(())
     }
@@ -514,8 +501,11 @@ impl RemoteHandle {
             if let Some(o) = st.take_outcome(self.pos) {
                 return Ok(o);
             }
-            if let Some(why) = st.stopped() {
-                return Err(DbError::Stopped(why));
+            if st.skipped(self.pos) {
+                return Err(DbError::OutcomeUnknown { pos: self.pos });
+            }
+            if let Some(e) = st.stopped() {
+                return Err(e);
             }
             let pair_open = self.group_meld && st.next == self.pos + 1 && st.lcs < self.pos;
             if pair_open && !closed_pair && since.elapsed() >= PAIR_WAIT {
@@ -550,14 +540,11 @@ impl Drop for RemoteHandle {
 }
 
 /// The state after the genesis record.
-fn initial_state(melder: &Melder, dir: &Path) -> Result<MeldState, DbError> {
+fn initial_state(melder: &Melder) -> Result<MeldState, DbError> {
     melder
         .meld_state(melder.lcs().pos())
         .cloned()
-        .ok_or_else(|| DbError::NotADatabase {
-            path: dir.to_path_buf(),
-            why: "no state after the genesis record".into(),
-        })
+        .ok_or(DbError::Internal("no state after the genesis record"))
 }
 
 /// Whether `s` names a log on the service (`melddb://…`) rather than a
