@@ -342,7 +342,8 @@ pub fn join_run(
     if joined.recovery().checkpoint.is_none() {
         return Err("the joining node did not load the published checkpoint".into());
     }
-    if joined.snapshot().len() != replayed.snapshot().len()
+    let len = |db: &Database| db.snapshot().len().map_err(|e| e.to_string());
+    if len(&joined)? != len(&replayed)?
         || joined.get(&key(7)).map_err(|e| e.to_string())?
             != replayed.get(&key(7)).map_err(|e| e.to_string())?
     {
