@@ -15,21 +15,8 @@ use crate::embedded::{
     RetryPolicy, TransactError,
 };
 use crate::feed::{ChangeFeed, Feeds};
-use crate::read::ReadTransaction;
+use crate::read::{prefix_end, ReadTransaction};
 use crate::remote::{Remote, RemoteHandle};
-
-/// The first key after every key that starts with `prefix` (`None`: no
-/// such key, the prefix is all 0xff).
-pub(crate) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return Some(end);
-        }
-    }
-    None
-}
 
 /// A MeldDB node. Cheap to share: wrap it in an `Arc` and call it from
 /// any number of threads.

@@ -44,7 +44,7 @@ impl ReadTransaction {
 
     /// The pairs whose keys start with `prefix`, in key order.
     pub fn prefix(&self, prefix: &[u8]) -> ReadRange {
-        let end = crate::database::prefix_end(prefix);
+        let end = prefix_end(prefix);
         let end = end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
         self.range(Bound::Included(prefix), end, Order::Forward, None)
     }
@@ -84,4 +84,17 @@ impl Iterator for ReadRange {
     fn next(&mut self) -> Option<Self::Item> {
         self.0.next().map(|r| r.map_err(DbError::from))
     }
+}
+
+/// The first key after every key that starts with `prefix` (`None`: no
+/// such key, the prefix is all 0xff).
+pub(crate) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
 }
