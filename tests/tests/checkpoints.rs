@@ -20,15 +20,29 @@ fn key(i: u64) -> Vec<u8> {
     format!("k{i:05}").into_bytes()
 }
 
-/// A recorded history with checkpoints: the log, the outcome and digest
-/// after every entry (as the writing node saw them), and which entries a
-/// transaction whose snapshot crossed a checkpoint produced.
+/// A recorded history with checkpoints: the log, the outcomes each entry
+/// decided and the digest after it (as the writing node saw them), and
+/// which entries a transaction whose snapshot crossed a checkpoint produced.
 struct History {
     log: Vec<Vec<u8>>,
-    outcomes: Vec<Outcome>,
+    /// Outcomes decided by the entry at each position (index `pos - 1`):
+    /// one, or under group meld none for a pair's head and two for its
+    /// second member.
+    decided: Vec<Vec<Outcome>>,
     digests: Vec<String>,
     crossed: usize,
     checkpoints: usize,
+    /// Entries that premeld re-expressed, and pairs group meld melded as one.
+    premelded: usize,
+    grouped: usize,
+    /// Positions of the transactions' intentions.
+    intentions: std::collections::BTreeSet<u64>,
+}
+
+impl History {
+    fn outcomes(&self, from: u64) -> Vec<Outcome> {
+        self.decided[from as usize - 1..].concat()
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -43,27 +57,52 @@ struct Shape {
     part_bytes: usize,
     /// Also write broken checkpoints (bad checksum, parts out of place).
     broken: bool,
+    /// Premeld threads and distance, and group meld.
+    pipeline: (u32, u32, bool),
+}
+
+impl Shape {
+    fn settings(&self) -> Settings {
+        let (t, d, group) = self.pipeline;
+        Settings {
+            db_id: 7,
+            max_conflict_zone: 64,
+            premeld_threads: t,
+            premeld_distance: d,
+            group_meld: group,
+            ..Settings::default()
+        }
+    }
 }
 
 fn history(shape: Shape) -> History {
     let mut rng = ChaCha8Rng::seed_from_u64(shape.seed);
-    let settings = Settings {
-        db_id: 7,
-        max_conflict_zone: 64,
-        ..Settings::default()
-    };
+    let settings = shape.settings();
     let mut m = Melder::new(settings);
     let mut h = History {
         log: vec![settings.encode()],
-        outcomes: Vec::new(),
+        decided: Vec::new(),
         digests: vec![m.lcs().digest_hex().unwrap()],
         crossed: 0,
         checkpoints: 0,
+        premelded: 0,
+        grouped: 0,
+        intentions: Default::default(),
     };
     let append = |m: &mut Melder, h: &mut History, bytes: Vec<u8>| {
         let out = m.apply(&bytes);
-        assert_eq!(out.len(), 1, "plain settings decide every entry at once");
-        h.outcomes.extend(out);
+        if !settings.group_meld {
+            assert_eq!(
+                out.len(),
+                1,
+                "without group meld every entry is decided at once"
+            );
+        }
+        h.premelded += usize::from(m.last_prep_stats().lcs_nodes > 0);
+        h.grouped += usize::from(
+            matches!(&out[..], [Outcome::Committed { csn: a, .. }, Outcome::Committed { csn: b, .. }] if a == b),
+        );
+        h.decided.push(out);
         h.digests.push(m.lcs().digest_hex().unwrap());
         h.log.push(bytes);
     };
@@ -101,10 +140,14 @@ fn history(shape: Shape) -> History {
             let p = pending.pop_front().expect("a part");
             append(&mut m, &mut h, p);
         }
-        // Snapshots up to `degree` entries back, sometimes across a checkpoint.
+        // Snapshots up to `degree` entries back, sometimes across a
+        // checkpoint; never the head of a group-meld pair (no snapshot).
         let lcs = m.lcs().pos();
         let back = rng.random_range(0..=shape.degree).min(lcs);
-        let snap_pos = lcs - back;
+        let mut snap_pos = lcs - back;
+        if settings.group_meld && snap_pos % 2 == 1 {
+            snap_pos -= 1;
+        }
         let crossing = m.state_at(snap_pos).is_none();
         let snapshot: Snapshot = match m.state_at(snap_pos) {
             Some(s) => s.clone(),
@@ -115,6 +158,7 @@ fn history(shape: Shape) -> History {
                 for e in &h.log[1..=snap_pos as usize] {
                     r.apply(e);
                 }
+                assert_eq!(r.lcs().pos(), snap_pos, "a reconstructed state");
                 r.lcs().clone()
             }
         };
@@ -147,11 +191,16 @@ fn history(shape: Shape) -> History {
         }
         if let Finished::Intention(bytes) = tx.finish().expect("finish") {
             h.crossed += usize::from(crossing);
+            h.intentions.insert(h.log.len() as u64);
             append(&mut m, &mut h, bytes);
         }
     }
     for p in pending {
         append(&mut m, &mut h, p);
+    }
+    if m.next_pos() != m.lcs().pos() + 1 {
+        // Group meld: a filler (malformed) decides the last pair.
+        append(&mut m, &mut h, Vec::new());
     }
     h
 }
@@ -185,6 +234,20 @@ fn recover(log: &[Vec<u8>], parts: &[u64]) -> Melder {
 }
 
 fn check_history(h: &History) {
+    // Transactions' intentions are well formed: only checkpoint records
+    // (broken ones) and group-meld fillers may abort as malformed.
+    for o in h.outcomes(1) {
+        if let Outcome::Aborted {
+            pos,
+            reason: AbortReason::Malformed(e),
+        } = &o
+        {
+            assert!(
+                !h.intentions.contains(pos),
+                "entry {pos}, an intention, aborted as malformed: {e}"
+            );
+        }
+    }
     let cps = complete_checkpoints(&h.log);
     assert_eq!(
         cps.len(),
@@ -203,8 +266,8 @@ fn check_history(h: &History) {
             let out = m.apply(&h.log[pos as usize]);
             assert_eq!(
                 out,
-                vec![h.outcomes[pos as usize - 1].clone()],
-                "outcome at {pos} after recovering at {last}"
+                h.decided[pos as usize - 1],
+                "outcomes at {pos} after recovering at {last}"
             );
             assert_eq!(
                 m.lcs().digest_hex().unwrap(),
@@ -212,27 +275,28 @@ fn check_history(h: &History) {
                 "state at {pos} after recovering at {last}"
             );
         }
+        check_tree(m.lcs()).expect("the final state is a valid tree");
     }
-    // The threaded pipeline, from genesis and from the last checkpoint.
+    // The threaded pipeline, from genesis and from every checkpoint.
     let opts = Options {
         workers: Some(2),
         queue: 4,
         jitter: None,
     };
     let all = run_log(&h.log[0], &h.log[1..], &opts).expect("pipeline runs");
-    assert_eq!(all.outcomes, h.outcomes, "pipeline outcomes");
+    assert_eq!(all.outcomes, h.outcomes(1), "pipeline outcomes");
     assert_eq!(
         all.melder.lcs().digest_hex().unwrap(),
         *h.digests.last().expect("digest")
     );
-    if let Some((last, parts)) = cps.last() {
+    for (last, parts) in &cps {
         let last = *last;
         let m = recover(&h.log, parts);
         let rest = run_from(m, &h.log[last as usize + 1..], &opts).expect("pipeline runs");
         assert_eq!(
             rest.outcomes,
-            h.outcomes[last as usize..],
-            "pipeline outcomes after the checkpoint"
+            h.outcomes(last + 1),
+            "pipeline outcomes after the checkpoint at {last}"
         );
         assert_eq!(
             rest.melder.lcs().digest_hex().unwrap(),
@@ -251,12 +315,13 @@ fn recovery_from_any_checkpoint_reaches_the_same_states_and_decisions() {
         every: 40,
         part_bytes: 700,
         broken: false,
+        pipeline: (0, 0, false),
     });
     assert!(h.checkpoints >= 8, "{} checkpoints", h.checkpoints);
     // Transactions whose snapshot crossed a checkpoint abort on every node.
     assert!(h.crossed > 0, "the history must exercise the barrier");
     let unavailable = h
-        .outcomes
+        .outcomes(1)
         .iter()
         .filter(|o| {
             matches!(
@@ -282,6 +347,7 @@ fn a_checkpoint_of_the_genesis_state_and_one_single_part_work() {
         every: 1,
         part_bytes: 1 << 20,
         broken: false,
+        pipeline: (0, 0, false),
     });
     check_history(&h);
 }
@@ -297,7 +363,7 @@ proptest! {
         every in 5usize..60,
         part_bytes in prop_oneof![64usize..400, Just(1usize << 20)],
     ) {
-        let h = history(Shape { seed, txns: 250, keys, degree, every, part_bytes, broken: true });
+        let h = history(Shape { seed, txns: 250, keys, degree, every, part_bytes, broken: true, pipeline: (0, 0, false) });
         check_history(&h);
     }
 
@@ -411,30 +477,67 @@ fn every_corrupted_body_byte_is_rejected() {
     ));
 }
 
+/// Premeld and group meld with checkpoints: a checkpoint record never
+/// joins a pair, and premeld never reaches behind a begin record, so a
+/// node recovering from any checkpoint (begun at either member of a pair)
+/// agrees with one that melded the whole log, single-threaded and piped.
 #[test]
-fn with_premeld_or_group_meld_a_checkpoint_entry_is_just_malformed() {
-    for settings in [
-        Settings {
-            premeld_threads: 1,
-            premeld_distance: 1,
-            ..Settings::default()
-        },
-        Settings {
-            group_meld: true,
-            ..Settings::default()
-        },
+fn with_premeld_and_group_meld_recovery_agrees_everywhere() {
+    for (seed, pipeline) in [
+        (11, (1, 1, false)),
+        (12, (2, 3, false)),
+        (13, (0, 0, true)),
+        (14, (1, 2, true)),
     ] {
-        let mut m = Melder::new(settings);
-        let parts = checkpoint::encode(&settings, m.lcs(), 1 << 20).expect("encode");
-        let mut log = vec![settings.encode(), checkpoint::begin_record(settings.db_id)];
-        log.extend(parts.iter().cloned());
-        log.push(Vec::new());
-        let single: Vec<Outcome> = log[1..].iter().flat_map(|e| m.apply(e)).collect();
-        assert!(single.iter().all(|o| !o.is_committed()), "{single:?}");
-        assert_eq!(m.barrier(), 0);
-        let piped = run_log(&log[0], &log[1..], &Options::default()).expect("runs");
-        assert_eq!(piped.outcomes, single);
-        assert!(complete_checkpoints(&log).is_empty());
+        let h = history(Shape {
+            seed,
+            txns: 500,
+            keys: 200,
+            degree: 12,
+            every: 30,
+            part_bytes: 600,
+            broken: false,
+            pipeline,
+        });
+        let (t, _, group) = pipeline;
+        assert!(
+            h.checkpoints >= 6,
+            "{pipeline:?}: {} checkpoints",
+            h.checkpoints
+        );
+        assert!(
+            h.crossed > 0,
+            "{pipeline:?}: the history must exercise the barrier"
+        );
+        if t > 0 {
+            assert!(h.premelded > 50, "{pipeline:?}: {} premelded", h.premelded);
+        }
+        if group {
+            assert!(h.grouped > 20, "{pipeline:?}: {} pairs grouped", h.grouped);
+            // Begin records landed at both members of pairs.
+            let begins: Vec<u64> = complete_checkpoints(&h.log).iter().map(|c| c.0).collect();
+            assert!(begins.iter().any(|b| b % 2 == 1), "{begins:?}");
+            assert!(begins.iter().any(|b| b % 2 == 0), "{begins:?}");
+        }
+        check_history(&h);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_pipelined_histories_with_broken_checkpoints_agree_everywhere(
+        seed in any::<u64>(),
+        degree in 0u64..30,
+        every in 5usize..40,
+        t in 0u32..3,
+        d in 1u32..4,
+        group in any::<bool>(),
+    ) {
+        let pipeline = (t, d, group);
+        let h = history(Shape { seed, txns: 200, keys: 100, degree, every, part_bytes: 300, broken: true, pipeline });
+        check_history(&h);
     }
 }
 
@@ -449,6 +552,7 @@ fn unpersisted_nodes_matches_a_full_walk() {
         every: 50,
         part_bytes: 1 << 20,
         broken: false,
+        pipeline: (0, 0, false),
     });
     let mut m = Melder::from_genesis(&h.log[0]).expect("genesis");
     let mut since = 0;

@@ -4,7 +4,7 @@
 //! the log after it, reaching the state of a replay from genesis; with
 //! trimming on, the log's start moves up and newcomers still join.
 
-use melddb::Isolation;
+use melddb::{Isolation, Settings};
 use melddb_runtime::{Database, DbError, DbOptions};
 
 mod common;
@@ -40,7 +40,12 @@ fn same_position(a: &Database, b: &Database) -> (melddb::Snapshot, melddb::Snaps
 }
 
 fn publisher_options(trim: bool) -> DbOptions {
+    publisher_options_with(trim, Settings::default())
+}
+
+fn publisher_options_with(trim: bool, settings: Settings) -> DbOptions {
     DbOptions {
+        settings,
         publish_checkpoints: true,
         checkpoint_bytes: 64 << 10,
         checkpoint_part_bytes: 16 << 10,
@@ -51,11 +56,36 @@ fn publisher_options(trim: bool) -> DbOptions {
 
 #[test]
 fn a_late_node_joins_from_the_latest_published_checkpoint_and_agrees_with_a_replay() {
+    late_join(Settings::default(), 3_000);
+}
+
+/// The same with premeld and group meld on (the log's genesis asks for
+/// them): checkpoint records never join a pair, so the state a begin
+/// record holds exists on the publisher, the joiner and the replay alike.
+#[test]
+fn with_premeld_and_group_meld_a_late_node_joins_from_a_published_checkpoint() {
+    late_join(
+        Settings {
+            premeld_threads: 2,
+            premeld_distance: 1,
+            group_meld: true,
+            ..Settings::default()
+        },
+        1_500,
+    );
+}
+
+fn late_join(settings: Settings, n: u64) {
     let d = tempfile::tempdir().unwrap();
     let svc = Service::start(&d.path().join("service"));
     let url = format!("melddb://{}/bank", svc.addr);
-    let p = Database::connect(&url, d.path().join("p"), publisher_options(false)).unwrap();
-    write(&p, 3_000, "a");
+    let p = Database::connect(
+        &url,
+        d.path().join("p"),
+        publisher_options_with(false, settings),
+    )
+    .unwrap();
+    write(&p, n, "a");
     let info = p.checkpoint().unwrap();
     assert!(info.nodes > 700, "{info:?}");
     let stats = p.log_stats();

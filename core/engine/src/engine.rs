@@ -378,6 +378,19 @@ impl Melder {
         self.window.get((pos - first) as usize)?.as_ref()
     }
 
+    /// The latest retained state at or before `pos` that transactions may
+    /// begin on (see [`Melder::state_at`]): the state after `pos`, or,
+    /// with group meld on and `pos` the head of a pair (a checkpoint
+    /// record melded alone there, which changes no contents), the state
+    /// after `pos - 1` if it is retained. What a host hands to new
+    /// transactions after melding up to `pos`.
+    pub fn snapshot_state(&self, pos: LogPos) -> Option<&MeldState> {
+        if is_pair_head(&self.settings, pos) {
+            return self.meld_state(pos - 1);
+        }
+        self.meld_state(pos)
+    }
+
     /// Work done by premeld and group meld for the last entry or pair
     /// (in [`Melder::apply`]).
     pub fn last_prep_stats(&self) -> MeldStats {
@@ -429,20 +442,30 @@ impl Melder {
     }
 
     fn apply_unguarded(&mut self, bytes: &[u8]) -> Vec<Outcome> {
-        if checkpoint::applies(&self.settings, bytes) {
-            return vec![self.apply_checkpoint(bytes)];
-        }
+        let record = checkpoint::applies(bytes);
         let pos = self.next_pos();
         let mut stats = MeldStats::default();
-        if !self.settings.group_meld {
-            let decoded = self.prepare_one(pos, bytes, &mut stats);
-            self.prep_stats = stats;
-            return vec![self.apply_decoded(decoded)];
-        }
         let Some((first, head_bytes)) = self.pending.take() else {
+            if record {
+                return vec![self.apply_checkpoint(bytes)];
+            }
+            // Without group meld every entry goes alone; with it, so does
+            // the second member of a pair whose head was a checkpoint record.
+            if !is_pair_head(&self.settings, pos) {
+                let decoded = self.prepare_one(pos, bytes, &mut stats);
+                self.prep_stats = stats;
+                return vec![self.apply_decoded_unguarded(decoded)];
+            }
             self.pending = Some((pos, bytes.to_vec()));
             return Vec::new();
         };
+        if record {
+            // A checkpoint record never pairs: the head goes first, alone.
+            let head = self.prepare_one(first, &head_bytes, &mut stats);
+            self.prep_stats = stats;
+            let head = self.apply_decoded_unguarded(head);
+            return vec![head, self.apply_checkpoint(bytes)];
+        }
         let head = self.prepare_one(first, &head_bytes, &mut stats);
         let decoded = self.prepare_one(pos, bytes, &mut stats);
         let prepared = group(
@@ -479,8 +502,8 @@ impl Melder {
     }
 
     fn apply_local_unguarded(&mut self, bytes: &[u8], local: LocalIntention) -> Vec<Outcome> {
-        if self.settings.group_meld || checkpoint::applies(&self.settings, bytes) {
-            return self.apply(bytes);
+        if self.settings.group_meld || checkpoint::applies(bytes) {
+            return self.apply_unguarded(bytes);
         }
         let pos = self.next_pos();
         let mut stats = MeldStats::default();
@@ -535,21 +558,27 @@ impl Melder {
     }
 
     fn apply_prepared_unguarded(&mut self, prepared: Prepared) -> Vec<Outcome> {
-        if let Prepared::Checkpoint(_, bytes) = &prepared {
-            if checkpoint::applies(&self.settings, bytes) {
-                return vec![self.apply_checkpoint(bytes)];
-            }
-        }
         match prepared {
-            Prepared::Checkpoint(pos, bytes) => {
-                // Only a host that ignores the settings sends these; decode
-                // decides, as for any entry.
-                let decoded = self.decode(pos, &bytes);
-                vec![self.apply_decoded(decoded)]
+            Prepared::Checkpoint(_, bytes) if checkpoint::applies(&bytes) => {
+                vec![self.apply_checkpoint(&bytes)]
             }
-            Prepared::One(_, d) => vec![self.apply_decoded(d)],
-            Prepared::Split((_, a), (_, b)) => vec![self.apply_decoded(a), self.apply_decoded(b)],
+            Prepared::Checkpoint(pos, bytes) => {
+                // Not a checkpoint record after all: decode decides, as
+                // for any entry.
+                let decoded = self.decode(pos, &bytes);
+                vec![self.apply_decoded_unguarded(decoded)]
+            }
+            Prepared::One(_, d) => vec![self.apply_decoded_unguarded(d)],
+            Prepared::Split((_, a), (_, b)) => vec![
+                self.apply_decoded_unguarded(a),
+                self.apply_decoded_unguarded(b),
+            ],
             Prepared::Group { first, group } => self.apply_group(first, group),
+            Prepared::Apart(a, b) => {
+                let mut out = self.apply_prepared_unguarded(*a);
+                out.extend(self.apply_prepared_unguarded(*b));
+                out
+            }
         }
     }
 

@@ -25,6 +25,11 @@
 //! effects are replayed together on `q` into one group intention, which
 //! final meld melds once: both commit or both abort (fate sharing). See
 //! `docs/pipeline.md` for which decisions can differ from plain meld.
+//!
+//! **Checkpoint records** (see [`crate::checkpoint`]) never pair: a pair
+//! with one is melded one entry after the other ([`Prepared::Apart`]), so
+//! the state a begin record holds exists on every node. Premeld never
+//! needs a state behind the latest begin record (see [`premeld_input`]).
 
 use crate::codec::Intention;
 use crate::error::DecodeError;
@@ -97,9 +102,13 @@ pub enum Prepared {
         (LogPos, Result<Intention, AbortReason>),
         (LogPos, Result<Intention, AbortReason>),
     ),
-    /// A checkpoint part (see [`crate::checkpoint`]): final meld decides
+    /// A checkpoint record (see [`crate::checkpoint`]): final meld decides
     /// it from its bytes; there is nothing to decode or premeld.
     Checkpoint(LogPos, Vec<u8>),
+    /// The two entries of a group-meld pair one of which is a checkpoint
+    /// record: a record never pairs, so final meld takes them one after
+    /// the other, each alone.
+    Apart(Box<Prepared>, Box<Prepared>),
 }
 
 impl Prepared {
@@ -110,12 +119,14 @@ impl Prepared {
             Prepared::Group { first, .. } => *first,
             Prepared::Split((p, _), _) => *p,
             Prepared::Checkpoint(p, _) => *p,
+            Prepared::Apart(a, _) => a.first_pos(),
         }
     }
     /// Number of log entries this covers (1 or 2).
     pub fn entries(&self) -> u64 {
         match self {
             Prepared::One(..) | Prepared::Checkpoint(..) => 1,
+            Prepared::Apart(a, b) => a.entries() + b.entries(),
             _ => 2,
         }
     }
@@ -125,6 +136,11 @@ impl Prepared {
 /// (Hyder II Algorithm 1), moved one back to an even position when group
 /// meld is on (odd positions are inside pairs and have no state of their
 /// own). `None` when premeld is off or the log is too short.
+///
+/// The state may precede the latest checkpoint begin record (which no
+/// node keeps states behind): premeld then asks for nothing, since an
+/// intention that survives decoding has a snapshot at or after that
+/// record, newer than this state.
 pub fn premeld_input(settings: &Settings, pos: LogPos) -> Option<LogPos> {
     if !settings.premeld() || pos <= settings.premeld_lag() {
         return None;

@@ -66,7 +66,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use melddb::pipeline::{self, Prepared};
+use melddb::pipeline::{self, is_pair_head, Prepared};
 use melddb::{
     decode_with, AbortReason, DecodeError, LogPos, MeldState, MeldStats, Melder, Outcome,
 };
@@ -234,6 +234,18 @@ pub fn run_from(
         ));
     }
     let settings = *melder.settings();
+    if let (true, Some((first, rest))) = (is_pair_head(&settings, base), entries.split_first()) {
+        // The melder stands at a checkpoint record that sat at the head of
+        // a pair: the next entry goes alone; pairs start after it.
+        let mut melder = melder;
+        let started = Instant::now();
+        let mut head = melder.apply(first);
+        let mut report = run_from(melder, rest, opts)?;
+        head.append(&mut report.outcomes);
+        report.outcomes = head;
+        report.elapsed = started.elapsed();
+        return Ok(report);
+    }
     let workers = opts
         .workers
         .unwrap_or(settings.premeld_threads as usize)
@@ -250,9 +262,11 @@ pub fn run_from(
     let oldest = base.saturating_sub(settings.max_conflict_zone as u64 + 1);
     board.publish(&melder, oldest, base, u64::MAX);
     let unit_len: u64 = if settings.group_meld { 2 } else { 1 };
-    // Under group meld a last entry without its partner stays undecided,
-    // as in the single-threaded driver.
+    // Under group meld a last entry without its partner goes to the
+    // melder after the pipeline, as in the single-threaded driver: it stays
+    // undecided as the head of a pair, unless it is a checkpoint record.
     let units = entries.len() as u64 / unit_len;
+    let leftover = entries.get((units * unit_len) as usize).cloned();
     let keep = settings.max_conflict_zone as u64 + 2;
     // Checkpoint barriers follow from the entries' bytes alone: the one in
     // force for each entry tells its worker which snapshots final meld will
@@ -303,15 +317,20 @@ pub fn run_from(
         let result = final_meld(melder, units, &queues, &board, keep, entries.len() as u64);
         board.close();
         drop(queues);
-        result.map(|(melder, outcomes, prep, fin, zone, count, busy)| Report {
-            final_busy: busy,
-            melder,
-            outcomes,
-            prep,
-            final_meld: fin,
-            final_zone_sum: zone,
-            final_melds: count,
-            elapsed: started.elapsed(),
+        result.map(|(mut melder, mut outcomes, prep, fin, zone, count, busy)| {
+            if let Some(last) = leftover {
+                outcomes.extend(melder.apply(&last));
+            }
+            Report {
+                final_busy: busy,
+                melder,
+                outcomes,
+                prep,
+                final_meld: fin,
+                final_zone_sum: zone,
+                final_melds: count,
+                elapsed: started.elapsed(),
+            }
         })
     })
 }
@@ -418,13 +437,23 @@ fn worker(
             pipeline::premeld(settings, int, |m| board.wait(m), stats)
                 .map_err(|e| PipelineError::Thread(format!("premeld of {pos}: {e}")))
         };
+        let record = |pos: LogPos| {
+            let bytes = &entries[(pos - base - 1) as usize];
+            melddb::checkpoint::applies(bytes).then(|| Prepared::Checkpoint(pos, bytes.clone()))
+        };
         let prepared = (|| {
+            let alone = |pos: LogPos, stats: &mut MeldStats| match record(pos) {
+                Some(r) => Ok(r),
+                None => Ok(Prepared::One(pos, prepare(pos, stats)?)),
+            };
             if unit_len == 1 {
-                let bytes = &entries[(first - base - 1) as usize];
-                if melddb::checkpoint::applies(settings, bytes) {
-                    return Ok(Prepared::Checkpoint(first, bytes.clone()));
-                }
-                return Ok(Prepared::One(first, prepare(first, &mut stats)?));
+                return alone(first, &mut stats);
+            }
+            if record(first).is_some() || record(first + 1).is_some() {
+                // A checkpoint record never pairs (melddb::pipeline).
+                let a = alone(first, &mut stats)?;
+                let b = alone(first + 1, &mut stats)?;
+                return Ok(Prepared::Apart(Box::new(a), Box::new(b)));
             }
             let a = prepare(first, &mut stats)?;
             let b = prepare(first + 1, &mut stats)?;

@@ -9,7 +9,7 @@ use std::thread;
 
 use melddb::validate::check_tree;
 use melddb::{Isolation, Settings};
-use melddb_runtime::{Database, DbError, DbOptions, Durability, Unrecoverable, Unsupported};
+use melddb_runtime::{Database, DbError, DbOptions, Durability, Unrecoverable};
 
 mod common;
 use common::{account, balance, seed_accounts, spawn_transfers};
@@ -33,8 +33,9 @@ fn explicit_checkpoints_untrimmed() -> DbOptions {
     }
 }
 
-fn small_checkpoints() -> DbOptions {
+fn small_checkpoints_with(settings: Settings) -> DbOptions {
     DbOptions {
+        settings,
         durability: Durability::Buffered,
         max_in_flight: 16,
         retry: melddb_runtime::RetryPolicy {
@@ -86,6 +87,25 @@ fn check(db: &Database, accounts: u64, model: &BTreeMap<Vec<u8>, Vec<u8>>) {
 
 #[test]
 fn recovery_starts_at_the_latest_checkpoint_and_the_log_is_trimmed() {
+    recovery_from_the_latest_checkpoint(Settings::default());
+}
+
+/// Premeld and group meld write, trim and recover from checkpoints like
+/// plain meld (a checkpoint record never joins a group-meld pair).
+#[test]
+fn with_premeld_and_group_meld_recovery_starts_at_the_latest_checkpoint() {
+    for (t, d, group) in [(1, 2, false), (0, 0, true), (2, 1, true)] {
+        recovery_from_the_latest_checkpoint(Settings {
+            premeld_threads: t,
+            premeld_distance: d,
+            group_meld: group,
+            ..Settings::default()
+        });
+    }
+}
+
+fn recovery_from_the_latest_checkpoint(settings: Settings) {
+    let small_checkpoints = || small_checkpoints_with(settings);
     let d = tempfile::tempdir().unwrap();
     let accounts = 16;
     let db = Arc::new(Database::open_with(d.path(), small_checkpoints()).unwrap());
@@ -229,37 +249,6 @@ fn a_checkpoint_that_does_not_verify_is_skipped_for_the_previous_one() {
     assert_eq!(r.skipped_checkpoints.len(), 1, "{r:?}");
     assert_eq!(db.snapshot().to_vec(), contents);
     check(&db, 8, &model);
-}
-
-#[test]
-fn premeld_databases_refuse_checkpoints_and_keep_working() {
-    let d = tempfile::tempdir().unwrap();
-    let opts = DbOptions {
-        settings: Settings {
-            premeld_threads: 1,
-            premeld_distance: 2,
-            ..Settings::default()
-        },
-        checkpoint_bytes: 1024,
-        ..DbOptions::default()
-    };
-    let db = Database::open_with(d.path(), opts.clone()).unwrap();
-    for i in 0..50u32 {
-        db.transact(Isolation::Serializable, |tx| {
-            tx.put(&i.to_be_bytes(), &[7u8; 100])
-        })
-        .unwrap();
-    }
-    assert!(matches!(
-        db.checkpoint(),
-        Err(DbError::Unsupported(Unsupported::CheckpointsWithPremeld))
-    ));
-    assert_eq!(db.log_stats().checkpoints_written, 0);
-    let digest = db.snapshot().digest().unwrap();
-    drop(db);
-    let db = Database::open_with(d.path(), opts).unwrap();
-    assert_eq!(db.snapshot().digest().unwrap(), digest);
-    assert_eq!(db.recovery().checkpoint, None);
 }
 
 /// Flips a bit in the middle of the log record at `pos` (a checkpoint

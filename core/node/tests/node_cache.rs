@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
 
-use melddb::{Isolation, Order};
+use melddb::{Isolation, Order, Settings};
 use melddb_runtime::{Database, DbOptions};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -22,8 +22,9 @@ fn value(i: u64, round: u64) -> Vec<u8> {
     v
 }
 
-fn opts(cache_bytes: u64) -> DbOptions {
+fn opts(cache_bytes: u64, settings: Settings) -> DbOptions {
     DbOptions {
+        settings,
         cache_bytes,
         checkpoint_bytes: 256 << 10,
         checkpoint_part_bytes: 64 << 10,
@@ -55,13 +56,28 @@ fn check_all(db: &Database, model: &BTreeMap<Vec<u8>, Vec<u8>>) {
 
 #[test]
 fn a_database_larger_than_its_cache_works() {
+    larger_than_its_cache(Settings::default());
+}
+
+/// Premeld and group meld checkpoint, evict and recover like plain meld.
+#[test]
+fn with_premeld_and_group_meld_a_database_larger_than_its_cache_works() {
+    larger_than_its_cache(Settings {
+        premeld_threads: 1,
+        premeld_distance: 2,
+        group_meld: true,
+        ..Settings::default()
+    });
+}
+
+fn larger_than_its_cache(settings: Settings) {
     const BUDGET: u64 = 512 << 10;
     const KEYS: u64 = 30_000;
     let dir = tempfile::tempdir().expect("tempdir");
     let mut model = BTreeMap::new();
     let peak;
     {
-        let db = Arc::new(Database::open_with(dir.path(), opts(BUDGET)).expect("open"));
+        let db = Arc::new(Database::open_with(dir.path(), opts(BUDGET, settings)).expect("open"));
         for chunk in 0..KEYS / 100 {
             db.transact(Isolation::Serializable, |tx| {
                 for i in chunk * 100..(chunk + 1) * 100 {
@@ -133,7 +149,7 @@ fn a_database_larger_than_its_cache_works() {
             .expect("close");
     }
     // Reopening reads the checkpoint back lazily and sees everything.
-    let db = Database::open_with(dir.path(), opts(BUDGET)).expect("reopen");
+    let db = Database::open_with(dir.path(), opts(BUDGET, settings)).expect("reopen");
     assert!(db.recovery().checkpoint.is_some());
     check_all(&db, &model);
     let stats = db.cache_stats();
@@ -141,7 +157,7 @@ fn a_database_larger_than_its_cache_works() {
     db.close().expect("close");
     // The same files without a cache (everything loaded) agree, and show
     // how much memory the whole tree takes.
-    let db = Database::open_with(dir.path(), opts(0)).expect("reopen without cache");
+    let db = Database::open_with(dir.path(), opts(0, settings)).expect("reopen without cache");
     check_all(&db, &model);
     let full = db.snapshot().approx_bytes();
     println!("whole tree {full} bytes, budget {BUDGET}, cached peak {peak}");

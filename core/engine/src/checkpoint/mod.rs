@@ -28,9 +28,11 @@
 //! from the checkpoint loads the state at `m` and melds every entry after
 //! `m`, parts included (as no-ops), exactly as the running node did.
 //!
-//! Checkpoints are only recognised with premeld and group meld off (their
-//! states at fixed distances would cross barriers); with either on, a
-//! checkpoint entry is just malformed and aborts like any other.
+//! With premeld and group meld on, checkpoint records follow two more
+//! rules, so that the state at a begin record exists and nothing needs a
+//! state behind it: a record never joins a group-meld pair (the pair's
+//! other member is melded alone), and premeld never reaches behind the
+//! latest begin record (see [`crate::pipeline::premeld_input`]).
 //!
 //! The format is specified in `docs/format.md` ("Checkpoint records").
 
@@ -63,10 +65,10 @@ pub const MAX_PARTS: u64 = 1 << 16;
 /// Largest accepted chunk in one part (the intention size limit).
 pub const MAX_PART_BYTES: usize = crate::error::MAX_INTENTION_BYTES - 1024;
 
-/// Whether `bytes` is a checkpoint part that this database recognises:
-/// it starts with [`CHECKPOINT_MAGIC`] and premeld and group meld are off.
-pub fn applies(settings: &Settings, bytes: &[u8]) -> bool {
-    !settings.premeld() && !settings.group_meld && bytes.starts_with(CHECKPOINT_MAGIC)
+/// Whether the log entry `bytes` is a checkpoint record (well formed or
+/// not): it starts with [`CHECKPOINT_MAGIC`].
+pub fn applies(bytes: &[u8]) -> bool {
+    bytes.starts_with(CHECKPOINT_MAGIC)
 }
 
 const KIND_BEGIN: u8 = 0;
@@ -197,7 +199,7 @@ pub fn peek_settings(first_part: &[u8]) -> Result<Settings, DecodeError> {
 /// What one log entry means for checkpoints.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TrackEvent {
-    /// Not a checkpoint record (for this database's settings).
+    /// Not a checkpoint record.
     NotCheckpoint,
     /// A begin record: a barrier, and a checkpoint in progress from here.
     Begin,
@@ -234,7 +236,7 @@ impl Tracker {
 
     /// Feeds the entry at `pos` and says what it is.
     pub fn feed(&mut self, settings: &Settings, pos: LogPos, bytes: &[u8]) -> TrackEvent {
-        if !applies(settings, bytes) {
+        if !applies(bytes) {
             return TrackEvent::NotCheckpoint;
         }
         let rec = match parse_record(bytes) {

@@ -90,7 +90,7 @@ impl Writer {
                 .unwrap_or_else(PoisonError::into_inner)
                 .snapshot()
                 .pos();
-            if let Some(state) = self.melder.meld_state(at).cloned() {
+            if let Some(state) = self.melder.snapshot_state(at).cloned() {
                 self.publish(state);
             }
             // What is left is mostly what only memory holds: a checkpoint

@@ -6,7 +6,7 @@ use std::sync::mpsc::{Receiver, SyncSender};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use melddb::{LogPos, Settings};
+use melddb::LogPos;
 
 use super::stats::CheckpointInfo;
 
@@ -46,11 +46,6 @@ impl InProgress {
         }
         std::mem::take(&mut self.waiters)
     }
-}
-
-/// Whether the database's settings allow checkpoints.
-pub(crate) fn checkpoints_supported(settings: &Settings) -> bool {
-    !settings.premeld() && !settings.group_meld
 }
 
 /// When and how checkpoints are written.

@@ -7,10 +7,11 @@ use std::sync::mpsc::{sync_channel, SyncSender};
 use std::thread;
 use std::time::Instant;
 
+use melddb::pipeline::is_pair_head;
 use melddb::{checkpoint, Log};
 
-use super::checkpoint_state::{checkpoints_supported, Encoded, InProgress, Piece};
-use super::error::{CheckpointFailure, DbError, Unsupported};
+use super::checkpoint_state::{Encoded, InProgress, Piece};
+use super::error::{CheckpointFailure, DbError};
 use super::recovery::register_part;
 use super::stats::CheckpointInfo;
 use super::writer::{read_back_ok, Msg, Writer};
@@ -55,9 +56,8 @@ impl Writer {
     /// is in progress.
     pub(super) fn due_for_checkpoint(&self) -> bool {
         let last = self.plan.last.as_ref().map_or(0, |c| c.bytes);
-        checkpoints_supported(self.melder.settings())
-            && ((self.plan.every > 0 && self.appended >= self.plan.every.max(2 * last))
-                || self.cache_pressure)
+        (self.plan.every > 0 && self.appended >= self.plan.every.max(2 * last))
+            || self.cache_pressure
     }
 
     /// Starts a checkpoint: appends the begin record (the barrier), syncs,
@@ -67,15 +67,23 @@ impl Writer {
     /// `Err(Stopped)` is fatal.
     pub(super) fn begin_checkpoint(&mut self) -> Result<(), DbError> {
         let settings = *self.melder.settings();
-        if !checkpoints_supported(&settings) {
-            return Err(DbError::Unsupported(Unsupported::CheckpointsWithPremeld));
-        }
         let started = Instant::now();
+        if is_pair_head(&settings, self.log.tail()) {
+            // Group meld: the begin record goes at a pair's second member,
+            // so the state it holds is one transactions may begin on. The
+            // filler before it (rejected as malformed) is melded alone.
+            self.log.append(&[])?;
+            self.melder.apply(&[]);
+        }
         let begin = self.log.tail();
         let record = checkpoint::begin_record(settings.db_id);
         self.log.append(&record)?;
         self.appended_total += record.len() as u64;
-        if self.melder.apply(&record).iter().any(|o| !o.is_committed()) {
+        let outcomes = self.melder.apply(&record);
+        if outcomes
+            .iter()
+            .any(|o| o.pos() == Some(begin) && !o.is_committed())
+        {
             return Err(DbError::Internal(
                 "the melder refused a checkpoint begin record this process wrote",
             ));
@@ -209,7 +217,7 @@ impl Writer {
         let pos = self.log.tail() - 1;
         self.log.sync()?;
         // Everything appended is durable now: publish the latest state.
-        if let Some(state) = self.melder.meld_state(pos).cloned() {
+        if let Some(state) = self.melder.snapshot_state(pos).cloned() {
             self.publish(state);
         }
         let Some(ck) = self.ckpt.take() else {

@@ -263,11 +263,6 @@ pub enum CheckpointFailure {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Unsupported {
-    /// Checkpoints (and so the node cache, trimming and published
-    /// checkpoints) on a database whose genesis record turns premeld or
-    /// group meld on.
-    #[error("checkpoints on a database with premeld or group meld on (a genesis setting)")]
-    CheckpointsWithPremeld,
     /// [`Database::checkpoint`] on a node on the log service that does
     /// not publish checkpoints (`DbOptions::publish_checkpoints`).
     #[error("checkpoints from a node on the log service without publish_checkpoints")]

@@ -45,7 +45,7 @@ pub use self::options::{
 pub use self::stats::{CacheStats, CheckpointInfo, LogStats, Recovery};
 
 use self::background::background_loop;
-use self::checkpoint_state::{checkpoints_supported, CheckpointPlan};
+use self::checkpoint_state::CheckpointPlan;
 use self::dir_lock::DirLock;
 use self::group_commit::{sync_loop, Engine, FlushState};
 use self::recovery::{close_pair, recover};
@@ -185,8 +185,6 @@ impl Local {
             log.sync()?;
         }
         let store = Arc::new(LogStore::new());
-        // A database without checkpoints (premeld or group meld on) has no
-        // checkpoint to load lazily, so the budget only matters below.
         let start = recover(
             &log,
             &dir,
@@ -208,12 +206,7 @@ impl Local {
             });
         }
         close_pair(&mut log, &mut melder)?;
-        // The cache needs checkpoints to make nodes evictable.
-        let cache_bytes = if checkpoints_supported(melder.settings()) {
-            opts.cache_bytes
-        } else {
-            0
-        };
+        let cache_bytes = opts.cache_bytes;
         log.sync()?;
         let log_stats = LogStats {
             first: log.first(),
@@ -230,7 +223,8 @@ impl Local {
         let shared = Arc::new(Shared {
             latest: RwLock::new(
                 melder
-                    .meld_state(melder.lcs().pos())
+                    .snapshot_state(melder.lcs().pos())
+                    .or_else(|| melder.meld_state(melder.lcs().pos()))
                     .cloned()
                     .ok_or(DbError::Internal("no state after recovery"))?,
             ),

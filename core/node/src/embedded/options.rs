@@ -86,8 +86,7 @@ pub struct Options {
     /// checkpoint's size, so a large database does not spend its log on
     /// checkpoints. Recovery starts from the latest checkpoint, so this
     /// bounds the log replayed on open. `0` turns automatic checkpoints
-    /// off ([`Database::checkpoint`] still works). Needs premeld and group
-    /// meld off; otherwise no checkpoint is written.
+    /// off ([`Database::checkpoint`] still works).
     pub checkpoint_bytes: u64,
     /// Largest chunk of a checkpoint in one log record (at least 4 KiB;
     /// default 1 MiB). The background thread appends one part at a time,
@@ -105,7 +104,7 @@ pub struct Options {
     /// what only memory holds fills the budget. `0` keeps the whole
     /// database in memory. Recovery with a budget does not load the
     /// checkpoint: it verifies it and reads nodes back as they are used.
-    /// Needs checkpoints (premeld and group meld off); otherwise ignored.
+    /// On a node on the log service, see [`Options::publish_checkpoints`].
     pub cache_bytes: u64,
     /// The bearer token [`Database::connect`] sends to the log service
     /// (`None`: the service must allow anonymous access). Unused by
@@ -116,9 +115,8 @@ pub struct Options {
     /// and points the companion log `LOG.ckpt` at each, so nodes that
     /// join (or restart) load the latest one instead of replaying from
     /// genesis; with `trim_log` it then trims the log below the
-    /// checkpoint before. Needs append (and trim) rights on both logs, and
-    /// premeld and group meld off. One or a few trusted nodes publish;
-    /// off by default.
+    /// checkpoint before. Needs append (and trim) rights on both logs.
+    /// One or a few trusted nodes publish; off by default.
     pub publish_checkpoints: bool,
 }
 

@@ -187,8 +187,8 @@ impl Writer {
         };
         if let Some(state) = self
             .melder
-            .meld_state(at)
-            .or_else(|| self.melder.meld_state(lcs))
+            .snapshot_state(at)
+            .or_else(|| self.melder.snapshot_state(lcs))
             .cloned()
         {
             self.publish(state);

@@ -378,7 +378,7 @@ impl Roller {
             self.before = None;
         }
         let lcs = self.melder.lcs().pos();
-        if let Some(state) = self.melder.meld_state(lcs) {
+        if let Some(state) = self.melder.snapshot_state(lcs) {
             *shared
                 .latest
                 .write()

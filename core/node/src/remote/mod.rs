@@ -203,9 +203,6 @@ impl Remote {
         };
         let settings = *melder.settings();
         let publish_every = if opts.publish_checkpoints {
-            if !crate::embedded::checkpoint_state::checkpoints_supported(&settings) {
-                return Err(DbError::Unsupported(Unsupported::CheckpointsWithPremeld));
-            }
             if self::published::companion(&log).is_none() {
                 return Err(DbError::BadUrl {
                     url: url.to_string(),
