@@ -70,7 +70,6 @@ impl Shape {
             premeld_threads: t,
             premeld_distance: d,
             group_meld: group,
-            ..Settings::default()
         }
     }
 }

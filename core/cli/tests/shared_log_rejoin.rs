@@ -82,3 +82,50 @@ fn a_node_away_while_the_log_was_trimmed_past_it_rejoins_from_a_checkpoint() {
     p.sync_with_log().unwrap();
     assert_eq!(p.get(b"back").unwrap().as_deref(), Some(&b"1"[..]));
 }
+
+/// With the service out of reach, a commit answers `TimedOut` after
+/// `commit_timeout` instead of waiting forever (and `transact` does not
+/// retry it); once the service is back the node goes on, and that commit
+/// is in the state at most once.
+#[test]
+fn a_commit_with_the_service_out_of_reach_times_out() {
+    let d = tempfile::tempdir().unwrap();
+    let svc = Service::start(&d.path().join("service"));
+    let relay = Relay::start(&svc.addr);
+    let opts = DbOptions {
+        commit_timeout: Some(Duration::from_secs(1)),
+        ..DbOptions::default()
+    };
+    let url = format!("melddb://{}/bank", relay.addr);
+    let db = Database::connect(&url, d.path().join("n"), opts).unwrap();
+    write(&db, 20, "a");
+    relay.cut();
+    let t0 = Instant::now();
+    let e = db
+        .transact(Isolation::Serializable, |tx| tx.put(b"late", b"1"))
+        .unwrap_err();
+    let waited = t0.elapsed();
+    assert!(
+        matches!(
+            e,
+            melddb_runtime::TransactError::Db(melddb_runtime::DbError::TimedOut { .. })
+        ),
+        "{e}"
+    );
+    assert!(
+        waited >= Duration::from_secs(1) && waited < Duration::from_secs(20),
+        "answered after {waited:?}"
+    );
+    relay.restore();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while db.sync_with_log().is_err() {
+        assert!(Instant::now() < deadline, "the node never came back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Committed once or not at all, and the node commits again.
+    let late = db.get(b"late").unwrap();
+    assert!(late.is_none() || late.as_deref() == Some(&b"1"[..]));
+    db.transact(Isolation::Serializable, |tx| tx.put(b"after", b"2"))
+        .unwrap();
+    assert_eq!(db.get(b"after").unwrap().as_deref(), Some(&b"2"[..]));
+}

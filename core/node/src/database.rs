@@ -37,7 +37,7 @@ pub struct Database {
 #[derive(Debug)]
 enum Backend {
     Local(Local),
-    Remote(Remote),
+    Remote(Box<Remote>),
 }
 
 /// A commit on its way; [`CommitHandle::wait`] gives its outcome.
@@ -113,13 +113,13 @@ impl Database {
     pub fn connect(url: &str, dir: impl AsRef<Path>, opts: Options) -> Result<Database, DbError> {
         let feeds = Arc::new(Feeds::default());
         Ok(Database {
-            backend: Backend::Remote(Remote::connect(
+            backend: Backend::Remote(Box::new(Remote::connect(
                 url,
                 dir.as_ref(),
                 &opts,
                 opts.token.clone(),
                 feeds.clone(),
-            )?),
+            )?)),
             retry: opts.retry,
             trial_meld: opts.trial_meld,
             feeds,
@@ -205,7 +205,7 @@ impl Database {
     pub fn cache_stats(&self) -> CacheStats {
         match &self.backend {
             Backend::Local(l) => l.cache_stats(),
-            Backend::Remote(_) => CacheStats::default(),
+            Backend::Remote(r) => r.cache_stats(),
         }
     }
 

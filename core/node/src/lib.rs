@@ -52,7 +52,8 @@ pub use database::{CommitHandle, Database};
 pub use embedded::{
     CacheStats, CheckpointFailure, CheckpointInfo, DbError, Durability, LogStats,
     Options as DbOptions, Recovery, RetryPolicy, TransactError, Unrecoverable, Unsupported,
-    DEFAULT_CACHE_BYTES, DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_PART_BYTES, LOCK_FILE,
+    DEFAULT_CACHE_BYTES, DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_PART_BYTES,
+    DEFAULT_COMMIT_TIMEOUT, LOCK_FILE,
 };
 pub use feed::{Change, ChangeFeed, Commit, FeedError, QUEUE as FEED_QUEUE};
 pub use filelog::{FileLogError, DEFAULT_SEGMENT_BYTES};

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use melddb::{LogPos, NodeAddr, NodeStore, StoreError};
+use melddb::{LogPos, Melder, NodeAddr, NodeStore, StoreError};
 
 /// One checkpoint part's body bytes in a segment file.
 #[derive(Debug)]
@@ -174,6 +174,17 @@ impl LogStore {
             .collect()
     }
 
+    /// Generations of the complete checkpoints (the ones stubs may read
+    /// from).
+    pub fn complete_generations(&self) -> Vec<u16> {
+        self.generations
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(|(k, g)| g.complete.then_some(*k))
+            .collect()
+    }
+
     /// Live stubs that read from `generation`.
     pub fn pins(&self, generation: u16) -> u64 {
         self.pins
@@ -193,6 +204,46 @@ impl LogStore {
             read_bytes: self.read_bytes.load(Ordering::Relaxed),
         }
     }
+}
+
+/// What [`evict_to`] did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Swept {
+    pub sweeps: u64,
+    pub stubbed: u64,
+    pub unloaded: u64,
+    /// The tree's memory afterwards.
+    pub measured: u64,
+}
+
+/// The node cache's CLOCK eviction of `melder`'s retained trees toward
+/// `budget`: the first pass spares what was used since the last one (and
+/// clears its mark); if that is still too much, what was not used again
+/// meanwhile goes in a second pass. `persisted` says which checkpoint
+/// generations are complete. A read-back failure met on the way is
+/// returned (the melder is then unusable).
+pub(crate) fn evict_to(
+    melder: &mut Melder,
+    store: &Arc<LogStore>,
+    persisted: &dyn Fn(u16) -> bool,
+    budget: u64,
+) -> Result<Swept, StoreError> {
+    let dyn_store: Arc<dyn NodeStore> = store.clone();
+    let mut out = Swept::default();
+    for _ in 0..2 {
+        let ev = melder.evict(&dyn_store, persisted);
+        if let Some(e) = melder.read_error() {
+            return Err(e.clone());
+        }
+        out.sweeps += 1;
+        out.stubbed += ev.stubbed;
+        out.unloaded += ev.unloaded;
+        out.measured = melder.lcs().approx_bytes();
+        if out.measured <= budget {
+            break;
+        }
+    }
+    Ok(out)
 }
 
 impl NodeStore for LogStore {

@@ -1,11 +1,12 @@
 //! The node cache: when to measure the tree's memory, and the CLOCK sweep
 //! that evicts what a complete checkpoint holds once it is over budget.
 
-use std::sync::{Arc, PoisonError};
+use std::sync::PoisonError;
 
 use super::error::DbError;
 use super::stats::CacheStats;
-use super::writer::{read_back_ok, Writer};
+use super::writer::Writer;
+use crate::nodestore::evict_to;
 
 impl Writer {
     /// Whether the node cache's memory should be measured now.
@@ -48,12 +49,7 @@ impl Writer {
         }
         // The complete checkpoints, looked up once rather than under the
         // store's lock at every node the sweep visits.
-        let complete: Vec<u16> = self
-            .store
-            .checkpoints()
-            .into_iter()
-            .filter_map(|(g, _, done)| done.then_some(g))
-            .collect();
+        let complete = self.store.complete_generations();
         let persisted = |g: u16| complete.contains(&g);
         if !measure {
             // Stubs (if any) move to the new checkpoint, so older ones can
@@ -66,21 +62,12 @@ impl Writer {
         let before = measured;
         let mut st = CacheStats::default();
         if measured > budget {
-            let dyn_store: Arc<dyn melddb::NodeStore> = self.store.clone();
-            // CLOCK: the first pass spares what was used since the last
-            // one (and clears its mark); if that is still too much, what
-            // was not used again meanwhile goes in a second pass.
-            for _ in 0..2 {
-                let ev = self.melder.evict(&dyn_store, &persisted);
-                read_back_ok(&self.melder)?;
-                st.sweeps += 1;
-                st.stubbed += ev.stubbed;
-                st.unloaded += ev.unloaded;
-                measured = self.melder.lcs().approx_bytes();
-                if measured <= budget {
-                    break;
-                }
-            }
+            let swept = evict_to(&mut self.melder, &self.store, &persisted, budget)
+                .map_err(DbError::Store)?;
+            st.sweeps += swept.sweeps;
+            st.stubbed += swept.stubbed;
+            st.unloaded += swept.unloaded;
+            measured = swept.measured;
             // Readers move to the swept tree (same state, same position),
             // so the old one can be freed.
             let at = self

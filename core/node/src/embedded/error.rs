@@ -148,6 +148,23 @@ pub enum DbError {
         /// The commit's log position.
         pos: LogPos,
     },
+    /// On the log service: no outcome within `Options::commit_timeout`
+    /// (the service unreachable, or the node unable to follow the log).
+    /// The commit may still land and commit (`pos: None`: its append was
+    /// not acknowledged; `Some`: it is in the log, not melded here yet):
+    /// read the state after [`crate::Database::sync_with_log`] succeeds
+    /// to see; retrying blindly may apply it twice.
+    #[error(
+        "no outcome for the commit{} within {seconds} s (log service unreachable?); it may \
+         still commit: read the state once sync_with_log succeeds",
+        pos.map(|p| format!(" at log position {p}")).unwrap_or_default()
+    )]
+    TimedOut {
+        /// The commit's log position, if its append was acknowledged.
+        pos: Option<LogPos>,
+        /// The timeout, in seconds.
+        seconds: f64,
+    },
     /// A bug in MeldDB: an invariant did not hold. The node stops; reopen
     /// it, and report the message.
     #[error("internal error (a bug; please report it): {0}")]

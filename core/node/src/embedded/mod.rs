@@ -23,7 +23,7 @@ pub(crate) mod dir_lock;
 mod error;
 mod group_commit;
 mod options;
-mod recovery;
+pub(crate) mod recovery;
 mod stats;
 mod writer;
 
@@ -40,7 +40,7 @@ pub use self::dir_lock::LOCK_FILE;
 pub use self::error::{CheckpointFailure, DbError, TransactError, Unrecoverable, Unsupported};
 pub use self::options::{
     Durability, Options, RetryPolicy, DEFAULT_CACHE_BYTES, DEFAULT_CHECKPOINT_BYTES,
-    DEFAULT_CHECKPOINT_PART_BYTES,
+    DEFAULT_CHECKPOINT_PART_BYTES, DEFAULT_COMMIT_TIMEOUT,
 };
 pub use self::stats::{CacheStats, CheckpointInfo, LogStats, Recovery};
 
@@ -219,6 +219,9 @@ impl Local {
             checkpoint_error: None,
             bytes_appended: 0,
             rejoins: 0,
+            local_checkpoint: None,
+            local_checkpoints_written: 0,
+            local_checkpoint_error: None,
         };
         let shared = Arc::new(Shared {
             latest: RwLock::new(
@@ -305,6 +308,7 @@ impl Local {
                 torn_bytes: report.torn_bytes,
                 elapsed: started.elapsed(),
                 checkpoint: start.checkpoint.map(|c| c.first),
+                local_checkpoint: false,
                 replayed,
                 skipped_checkpoints: start.skipped,
             },

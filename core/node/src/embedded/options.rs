@@ -9,7 +9,7 @@ use melddb::{checkpoint, Settings};
 use melddb::{Outcome, Snapshot};
 
 #[cfg(doc)]
-use crate::Database;
+use crate::{Database, DbError};
 
 /// Default of [`Options::checkpoint_part_bytes`]: 1 MiB, so appending one
 /// part at a time holds commits up only briefly.
@@ -20,6 +20,9 @@ pub const DEFAULT_CHECKPOINT_BYTES: u64 = 64 << 20;
 
 /// Default of [`Options::cache_bytes`]: 1 GiB of tree in memory.
 pub const DEFAULT_CACHE_BYTES: u64 = 1 << 30;
+
+/// Default of [`Options::commit_timeout`]: 60 s.
+pub const DEFAULT_COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// When a commit is acknowledged relative to the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +89,10 @@ pub struct Options {
     /// checkpoint's size, so a large database does not spend its log on
     /// checkpoints. Recovery starts from the latest checkpoint, so this
     /// bounds the log replayed on open. `0` turns automatic checkpoints
-    /// off ([`Database::checkpoint`] still works).
+    /// off ([`Database::checkpoint`] still works). On the log service
+    /// ([`Database::connect`]): the interval of the node directory's own
+    /// checkpoints (taken at begin records of the log, for restarts and
+    /// the node cache), and of published ones on a publishing node.
     pub checkpoint_bytes: u64,
     /// Largest chunk of a checkpoint in one log record (at least 4 KiB;
     /// default 1 MiB). The background thread appends one part at a time,
@@ -104,7 +110,8 @@ pub struct Options {
     /// what only memory holds fills the budget. `0` keeps the whole
     /// database in memory. Recovery with a budget does not load the
     /// checkpoint: it verifies it and reads nodes back as they are used.
-    /// On a node on the log service, see [`Options::publish_checkpoints`].
+    /// On the log service, evicted subtrees are read back from the node
+    /// directory's own checkpoints.
     pub cache_bytes: u64,
     /// The bearer token [`Database::connect`] sends to the log service
     /// (`None`: the service must allow anonymous access). Unused by
@@ -118,6 +125,11 @@ pub struct Options {
     /// checkpoint before. Needs append (and trim) rights on both logs.
     /// One or a few trusted nodes publish; off by default.
     pub publish_checkpoints: bool,
+    /// On a shared log ([`Database::connect`]): how long a commit waits
+    /// for its outcome (append and meld) before it answers
+    /// [`DbError::TimedOut`] (default 60 s; `None`: forever). Unused by
+    /// [`Database::open`], whose commits only wait for the local disk.
+    pub commit_timeout: Option<Duration>,
 }
 
 impl Default for Options {
@@ -135,6 +147,7 @@ impl Default for Options {
             cache_bytes: DEFAULT_CACHE_BYTES,
             token: None,
             publish_checkpoints: false,
+            commit_timeout: Some(DEFAULT_COMMIT_TIMEOUT),
         }
     }
 }

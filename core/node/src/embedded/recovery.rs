@@ -150,7 +150,7 @@ pub(super) fn recover(
 }
 
 /// Loads a checkpoint's parts into memory (no node cache).
-pub(super) fn load_whole(
+pub(crate) fn load_whole(
     log: &FileLog,
     positions: &[LogPos],
 ) -> Result<(checkpoint::Loaded, u64), String> {
@@ -169,7 +169,7 @@ pub(super) fn load_whole(
 /// Verifies a checkpoint's parts one at a time, registering where each
 /// one's body is for the node store, and returns a state whose root is a
 /// stub: nothing of the tree is loaded until it is used.
-pub(super) fn load_lazily(
+pub(crate) fn load_lazily(
     log: &FileLog,
     positions: &[LogPos],
     store: &Arc<LogStore>,
@@ -192,7 +192,7 @@ pub(super) fn load_lazily(
 
 /// Registers the checkpoint part at `pos` (its bytes `rec`) with the node
 /// store.
-pub(super) fn register_part(
+pub(crate) fn register_part(
     log: &FileLog,
     store: &LogStore,
     generation: u16,

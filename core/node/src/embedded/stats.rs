@@ -114,6 +114,14 @@ pub struct LogStats {
     /// position (it was away) and went on from the latest published
     /// checkpoint instead of the entries it missed.
     pub rejoins: u64,
+    /// On the log service: the latest checkpoint of the node directory's
+    /// own (`DIR/checkpoints`, for the node cache and restarts), how many
+    /// this process wrote, and why the latest attempt failed, if it did.
+    pub local_checkpoint: Option<CheckpointInfo>,
+    /// See [`LogStats::local_checkpoint`].
+    pub local_checkpoints_written: u64,
+    /// See [`LogStats::local_checkpoint`].
+    pub local_checkpoint_error: Option<String>,
 }
 
 /// What opening the database found.
@@ -128,6 +136,9 @@ pub struct Recovery {
     /// Position of the begin record of the checkpoint recovery started
     /// from (`None`: from the genesis record).
     pub checkpoint: Option<LogPos>,
+    /// On a shared log: whether that checkpoint was the node directory's
+    /// own (`DIR/checkpoints`) rather than one published on the service.
+    pub local_checkpoint: bool,
     /// Entries melded after the starting point.
     pub replayed: u64,
     /// Checkpoints that were found damaged and skipped (each with why);

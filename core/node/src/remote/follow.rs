@@ -301,6 +301,8 @@ struct Roller {
     /// the state before the pair (for the change feed).
     pending: Option<(LogPos, bytes::Bytes)>,
     before: Option<melddb::Snapshot>,
+    /// Local checkpoints and the node cache (`None`: off).
+    cache: Option<super::cache::CacheSide>,
 }
 
 impl Roller {
@@ -316,7 +318,8 @@ impl Roller {
         log: &str,
         shared: &Follow,
     ) -> bool {
-        let Ok((Some((_, loaded)), _)) = rt.block_on(super::published::latest(client, log)) else {
+        let Ok((Some((_, loaded)), _)) = rt.block_on(super::published::latest(client, log, None))
+        else {
             return false;
         };
         let melder = Melder::from_checkpoint(loaded);
@@ -346,6 +349,27 @@ impl Roller {
         st.last_complete = None;
         st.since_begin = 0;
         true
+    }
+
+    /// After a batch: a read-back failure stops the node (its decisions
+    /// since are meaningless); the node cache sweeps when due, and readers
+    /// move to the swept tree.
+    fn housekeep(&mut self, shared: &Follow) -> Result<(), DbError> {
+        if let Some(e) = self.melder.read_error() {
+            return Err(DbError::Store(e.clone()));
+        }
+        let Some(c) = &mut self.cache else {
+            return Ok(());
+        };
+        if c.sweep(&mut self.melder)? {
+            if let Some(state) = self.melder.snapshot_state(self.melder.lcs().pos()) {
+                *shared
+                    .latest
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner) = state.clone();
+            }
+        }
+        Ok(())
     }
 
     /// Melds the entry at `pos` (the next one) and tells the committers.
@@ -414,6 +438,22 @@ impl Roller {
             // not the checkpoints written into it.
             TrackEvent::NotCheckpoint | TrackEvent::Invalid(_) => {
                 st.since_begin += bytes.len() as u64;
+                if let Some(c) = &mut self.cache {
+                    c.melded(bytes.len() as u64);
+                }
+            }
+        }
+        if let Some(c) = &mut self.cache {
+            if event == TrackEvent::Begin {
+                if let Some(s) = self.melder.meld_state(pos) {
+                    c.begin(s.snapshot());
+                }
+            }
+            if c.wants_begin(st.since_begin) {
+                c.ask_begin(settings.db_id);
+            } else if c.pressure && shared.publish_every.is_some() && !st.publishing {
+                // A publishing node's next checkpoint serves the cache too.
+                st.due = true;
             }
         }
         if let Some(every) = shared.publish_every {
@@ -441,6 +481,7 @@ pub(crate) fn follow(
     log: &str,
     melder: Melder,
     shared: &Arc<Follow>,
+    cache: Option<super::cache::CacheSide>,
 ) {
     let _guard = PanicGuard(shared);
     let mut r = Roller {
@@ -451,6 +492,7 @@ pub(crate) fn follow(
         part_bytes: 0,
         pending: None,
         before: None,
+        cache,
     };
     let mut backoff = BACKOFF;
     'subscribe: loop {
@@ -461,7 +503,14 @@ pub(crate) fn follow(
             }
             let next = rt.block_on(async { tokio::time::timeout(POLL, rx.recv()).await });
             let (first, entries) = match next {
-                Err(_elapsed) => continue,
+                Err(_elapsed) => {
+                    // No entry for a while: readers may still have loaded
+                    // much of the tree back.
+                    if let Err(e) = r.housekeep(shared) {
+                        return fail(shared, e);
+                    }
+                    continue;
+                }
                 Ok(Some(Ok(batch))) => batch,
                 Ok(None) | Ok(Some(Err(_))) if shared.lock().stop => return,
                 Ok(result) => {
@@ -475,12 +524,7 @@ pub(crate) fn follow(
                         continue 'subscribe;
                     }
                     if let Some(err) = err {
-                        let mut st = shared.lock();
-                        st.failed = Some(err);
-                        st.connected = false;
-                        drop(st);
-                        shared.melded.notify_all();
-                        return;
+                        return fail(shared, err);
                     }
                     {
                         let mut st = shared.lock();
@@ -502,9 +546,21 @@ pub(crate) fn follow(
                 }
                 r.meld(shared, pos, bytes);
             }
+            if let Err(e) = r.housekeep(shared) {
+                return fail(shared, e);
+            }
             shared.melded.notify_all();
         }
     }
+}
+
+/// Stops following for good: every waiter gets `e`.
+fn fail(shared: &Follow, e: DbError) {
+    let mut st = shared.lock();
+    st.failed = Some(e);
+    st.connected = false;
+    drop(st);
+    shared.melded.notify_all();
 }
 
 /// Hands the committed ones among `outcomes` to the change feed: the

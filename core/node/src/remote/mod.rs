@@ -23,7 +23,9 @@
 //! inside an async runtime they answer `DbError::Unsupported` instead of
 //! panicking: call them through `spawn_blocking`.
 
+mod cache;
 mod follow;
+mod local;
 mod publish;
 mod published;
 mod url;
@@ -36,14 +38,17 @@ use std::time::{Duration, Instant};
 use melddb::{LocalIntention, LogPos, MeldState, Melder, Outcome, Settings};
 use melddb_log::{Client, ClientOptions};
 
+use self::cache::{CacheSide, LocalShared};
 use self::follow::Follow;
+use self::local::LocalCheckpoints;
 use self::url::LogUrl;
 pub use self::url::SCHEME;
 use crate::embedded::dir_lock::DirLock;
 use crate::embedded::{
-    CheckpointFailure, CheckpointInfo, DbError, LogStats, Options, Recovery, Unrecoverable,
-    Unsupported,
+    CacheStats, CheckpointFailure, CheckpointInfo, DbError, LogStats, Options, Recovery,
+    Unrecoverable, Unsupported,
 };
+use crate::nodestore::LogStore;
 
 /// The node's I/O runtime. Dropped without blocking, so the last handle
 /// to go may be dropped anywhere, an async context included.
@@ -100,6 +105,11 @@ pub(crate) struct Remote {
     publisher: Option<JoinHandle<()>>,
     recovery: Recovery,
     max_in_flight: usize,
+    commit_timeout: Option<Duration>,
+    /// The local checkpoint thread's figures and the node cache's.
+    local: Arc<LocalShared>,
+    store: Arc<LogStore>,
+    checkpointer: Option<JoinHandle<()>>,
     _lock: DirLock,
 }
 
@@ -118,6 +128,8 @@ pub(crate) struct RemoteHandle {
     log: String,
     group_meld: bool,
     done: bool,
+    /// When the wait for the outcome gives up.
+    deadline: Option<(Instant, Duration)>,
 }
 
 impl Remote {
@@ -172,15 +184,56 @@ impl Remote {
             rt.run(async move { c.append(&l, genesis).await })?
                 .map_err(service)?;
         }
-        // The latest published checkpoint, if any: the node melds the log
-        // from the entry after its begin record instead of from genesis.
+        // The node directory's own checkpoints (node cache and restarts),
+        // when on; one whose begin record the log still holds can start
+        // the node.
+        let store = Arc::new(LogStore::new());
+        let mut local = if opts.checkpoint_bytes > 0 || opts.cache_bytes > 0 {
+            Some(LocalCheckpoints::open(
+                dir,
+                url,
+                opts.segment_bytes,
+                store.clone(),
+            )?)
+        } else {
+            None
+        };
+        let have = local
+            .as_ref()
+            .and_then(LocalCheckpoints::newest_begin)
+            .filter(|b| *b >= first);
+        // The latest published checkpoint newer than that, if any: the
+        // node melds the log from the entry after its begin record instead
+        // of from genesis.
         let (c, l) = (client.clone(), log.clone());
-        let (published, skipped) = rt
-            .run(async move { self::published::latest(&c, &l).await })?
+        let (published, mut skipped) = rt
+            .run(async move { self::published::latest(&c, &l, have).await })?
             .map_err(service)?;
-        let joined = published.as_ref().map(|(p, _)| p.begin);
+        let mut joined = published.as_ref().map(|(p, _)| p.begin);
+        let mut from_local = false;
+        let published = match (published, have, local.as_mut()) {
+            (None, Some(_), Some(lc)) => {
+                match lc.load_newest(first, None, opts.cache_bytes, &mut skipped) {
+                    Some(l) if begins_here(&rt, &client, &log, l.begin, &l.loaded)? => {
+                        joined = Some(l.begin);
+                        from_local = true;
+                        Some(l.loaded)
+                    }
+                    Some(l) => {
+                        skipped.push(format!(
+                            "{}: the checkpoint begun at {} is of another log",
+                            self::local::DIR_NAME,
+                            l.begin
+                        ));
+                        None
+                    }
+                    None => None,
+                }
+            }
+            (p, _, _) => p.map(|(_, loaded)| loaded),
+        };
         let melder = match published {
-            Some((_, loaded)) => Melder::from_checkpoint(loaded),
+            Some(loaded) => Melder::from_checkpoint(loaded),
             None if first > 0 => {
                 return Err(DbError::Unrecoverable {
                     path: url.into(),
@@ -217,11 +270,44 @@ impl Remote {
         let state = initial_state(&melder)?;
         let follow = Arc::new(Follow::new(state, melder.next_pos(), publish_every, feeds));
         let rt = Arc::new(rt);
+        let local_shared = Arc::new(LocalShared::default());
+        local_shared.cache().budget = opts.cache_bytes;
+        let (checkpointer, cache) = match local {
+            Some(lc) => {
+                let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                let (sh, part_bytes) = (local_shared.clone(), opts.checkpoint_part_bytes);
+                let t = std::thread::Builder::new()
+                    .name("melddb-local-checkpoint".into())
+                    .spawn(move || self::cache::checkpointer(lc, settings, part_bytes, rx, sh))
+                    .map_err(|e| DbError::thread("local checkpoint", e))?;
+                let side = CacheSide {
+                    states: tx,
+                    shared: local_shared.clone(),
+                    store: store.clone(),
+                    every: opts.checkpoint_bytes,
+                    budget: opts.cache_bytes,
+                    appender: publish_every
+                        .is_none()
+                        .then(|| (rt.clone(), client.clone(), log.clone())),
+                    since: 0,
+                    measured: 0,
+                    grown: 0,
+                    loaded_at: 0,
+                    known: Vec::new(),
+                    pressure: false,
+                    begin_asked: false,
+                };
+                (Some(t), Some(side))
+            }
+            None => (None, None),
+        };
         let follower = {
             let (rt, follow, log, url) = (rt.clone(), follow.clone(), log.clone(), url.to_string());
             std::thread::Builder::new()
                 .name("melddb-follow".into())
-                .spawn(move || self::follow::follow(&rt, &stream, &url, &log, melder, &follow))
+                .spawn(move || {
+                    self::follow::follow(&rt, &stream, &url, &log, melder, &follow, cache)
+                })
                 .map_err(|e| DbError::thread("roll-forward", e))?
         };
         let publisher = match publish_every {
@@ -234,7 +320,9 @@ impl Remote {
                     follow: follow.clone(),
                     part_bytes: opts.checkpoint_part_bytes,
                     trim: opts.trim_log,
-                    previous: joined,
+                    // A checkpoint of the node's own directory may be newer
+                    // than every published one: never trim below it.
+                    previous: joined.filter(|_| !from_local),
                 };
                 match std::thread::Builder::new()
                     .name("melddb-publish".into())
@@ -265,10 +353,15 @@ impl Remote {
                 torn_bytes: 0,
                 elapsed: Duration::ZERO,
                 checkpoint: joined,
+                local_checkpoint: from_local,
                 replayed: 0,
                 skipped_checkpoints: skipped,
             },
+            local: local_shared,
+            store,
+            checkpointer,
             max_in_flight: opts.max_in_flight.max(1),
+            commit_timeout: opts.commit_timeout,
             _lock: lock,
         };
         // Up to date before the first transaction: every entry the log
@@ -345,6 +438,8 @@ impl Remote {
         bytes: Vec<u8>,
         local: LocalIntention,
     ) -> Result<RemoteHandle, DbError> {
+        let started = Instant::now();
+        let deadline = self.commit_timeout.map(|t| (started + t, t));
         let floor = {
             let mut st = self.follow.lock();
             // Back-pressure: at most `max_in_flight` commits appended and
@@ -366,7 +461,23 @@ impl Remote {
             st.enter()
         };
         let (c, l) = (self.client.clone(), self.log.clone());
-        match self.rt.run(async move { c.append(&l, bytes).await })? {
+        let limit = deadline.map(|(at, _)| at.saturating_duration_since(Instant::now()));
+        let appended = self.rt.run(async move {
+            match limit {
+                // The client retries an append across reconnections; past
+                // the deadline the commit gives up (it may still land).
+                Some(limit) => tokio::time::timeout(limit, c.append(&l, bytes)).await.ok(),
+                None => Some(c.append(&l, bytes).await),
+            }
+        })?;
+        let Some(appended) = appended else {
+            self.follow.lock().not_sent(floor);
+            return Err(DbError::TimedOut {
+                pos: None,
+                seconds: self.commit_timeout.unwrap_or_default().as_secs_f64(),
+            });
+        };
+        match appended {
             Ok(pos) => {
                 self.follow.lock().landed(floor, pos, local);
                 Ok(RemoteHandle {
@@ -377,6 +488,7 @@ impl Remote {
                     log: self.log.clone(),
                     group_meld: self.settings.group_meld,
                     done: false,
+                    deadline,
                 })
             }
             Err(e) => {
@@ -386,8 +498,24 @@ impl Remote {
         }
     }
 
+    /// The node cache's figures (its store reads from the node
+    /// directory's checkpoints).
+    pub(crate) fn cache_stats(&self) -> CacheStats {
+        let mut c = self.local.cache().clone();
+        c.store = self.store.stats();
+        c
+    }
+
     /// The log as this node sees it, and the checkpoints it published.
     pub(crate) fn log_stats(&self) -> LogStats {
+        let (local_last, local_written, local_error) = {
+            let l = self.local.status();
+            (
+                l.last.clone(),
+                l.written,
+                l.error.as_ref().map(ToString::to_string),
+            )
+        };
         let st = self.follow.lock();
         let p = &st.published;
         LogStats {
@@ -401,6 +529,9 @@ impl Remote {
             checkpoint_error: p.error.as_ref().map(ToString::to_string),
             bytes_appended: 0,
             rejoins: st.rejoins,
+            local_checkpoint: local_last,
+            local_checkpoints_written: local_written,
+            local_checkpoint_error: local_error,
         }
     }
 
@@ -460,6 +591,11 @@ impl Remote {
         // Both joined whatever either did.
         let publisher = self.publisher.take().map(JoinHandle::join);
         let follower = self.follower.take().map(JoinHandle::join);
+        // Ends once the roll-forward thread dropped its sender.
+        let checkpointer = self.checkpointer.take().map(JoinHandle::join);
+        if let Some(Err(_)) = checkpointer {
+            return Err(DbError::Internal("the local checkpoint thread panicked"));
+        }
         if let Some(Err(_)) = publisher {
             return Err(DbError::Internal("the publishing thread panicked"));
         }
@@ -504,6 +640,12 @@ impl RemoteHandle {
             if let Some(e) = st.stopped() {
                 return Err(e);
             }
+            if let Some((_, limit)) = self.deadline.filter(|(at, _)| Instant::now() >= *at) {
+                return Err(DbError::TimedOut {
+                    pos: Some(self.pos),
+                    seconds: limit.as_secs_f64(),
+                });
+            }
             let pair_open = self.group_meld && st.next == self.pos + 1 && st.lcs < self.pos;
             if pair_open && !closed_pair && since.elapsed() >= PAIR_WAIT {
                 drop(st);
@@ -534,6 +676,26 @@ impl Drop for RemoteHandle {
             self.follow.lock().settle(self.pos);
         }
     }
+}
+
+/// Whether the shared log's entry at `begin` is a checkpoint begin record
+/// of the database `loaded` belongs to (a node directory's checkpoint is
+/// only used on the log it was written from).
+fn begins_here(
+    rt: &Rt,
+    client: &Client,
+    log: &str,
+    begin: LogPos,
+    loaded: &melddb::checkpoint::Loaded,
+) -> Result<bool, DbError> {
+    let (c, l) = (client.clone(), log.to_string());
+    let Ok(rec) = rt.run(async move { c.read(&l, begin).await })? else {
+        return Ok(false);
+    };
+    Ok(matches!(
+        melddb::checkpoint::parse_record(&rec),
+        Ok(melddb::checkpoint::Record::Begin { db_id }) if db_id == loaded.settings.db_id
+    ))
 }
 
 /// The state after the genesis record.

@@ -91,10 +91,12 @@ impl Pointer {
 
 /// The latest published checkpoint of `log` that loads and verifies, with
 /// its pointer, or `None` when there is none (or none usable: each
-/// skipped one is described in the second value).
+/// skipped one is described in the second value). Checkpoints begun at or
+/// before `have` (one the node already has) are not fetched.
 pub(crate) async fn latest(
     client: &Client,
     log: &str,
+    have: Option<LogPos>,
 ) -> Result<(Option<(Pointer, Loaded)>, Vec<String>), ClientError> {
     let mut skipped = Vec::new();
     let Some(comp) = companion(log) else {
@@ -121,6 +123,9 @@ pub(crate) async fn latest(
             skipped.push(format!("{comp} entry {at} is not a checkpoint pointer"));
             continue;
         };
+        if have.is_some_and(|h| ptr.begin <= h) {
+            break;
+        }
         match fetch(client, log, &ptr).await {
             Ok(loaded) => return Ok((Some((ptr, loaded)), skipped)),
             Err(why) => skipped.push(format!("checkpoint begun at {}: {why}", ptr.begin)),
