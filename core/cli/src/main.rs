@@ -468,6 +468,8 @@ fn run(args: Args) -> Result<ExitCode, String> {
                 "last_checkpoint": log.last_checkpoint.as_ref().map(|c| c.first),
                 "last_checkpoint_bytes": log.last_checkpoint.as_ref().map(|c| c.bytes),
                 "recovered_from_checkpoint": r.checkpoint,
+                "recovered_from_own_checkpoint": r.local_checkpoint,
+                "own_checkpoint": log.local_checkpoint.as_ref().map(|c| c.first),
                 "replayed_entries": r.replayed,
                 "unpersisted_nodes": db.unpersisted_nodes(),
                 "tree_memory_bytes_estimate": s.approx_bytes(),

@@ -21,7 +21,7 @@
 //! was connected to. Connected to another, the node discards the
 //! checkpoints (they hold another database) and starts the file afresh.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -52,7 +52,12 @@ struct Local {
 /// The checkpoint file log of a node on a shared log, and the node store
 /// that reads evicted nodes back from it.
 pub(crate) struct LocalCheckpoints {
-    log: FileLog,
+    /// `None` until the first checkpoint is written, when the directory
+    /// has none yet (creating a segment file costs two fsyncs, which a
+    /// node joining a log should not wait for).
+    log: Option<FileLog>,
+    path: PathBuf,
+    segment_bytes: u64,
     store: Arc<LogStore>,
     /// Complete checkpoints, oldest first.
     complete: Vec<Local>,
@@ -77,7 +82,11 @@ impl LocalCheckpoints {
         segment_bytes: u64,
         store: Arc<LogStore>,
     ) -> Result<LocalCheckpoints, DbError> {
-        let (mut log, _) = FileLog::open_with(&dir.join(DIR_NAME), segment_bytes)?;
+        let path = dir.join(DIR_NAME);
+        let mut log = match path.exists() {
+            true => Some(FileLog::open_with(&path, segment_bytes)?.0),
+            false => None,
+        };
         let id_path = dir.join(IDENTITY);
         let io = |source: std::io::Error| {
             DbError::from(FileLogError::Io {
@@ -89,14 +98,16 @@ impl LocalCheckpoints {
         if !ours {
             // Written from another log (or before this file existed):
             // nothing in it may start this node.
-            log.trim(log.tail())?;
+            if let Some(log) = log.as_mut() {
+                log.trim(log.tail())?;
+            }
             let tmp = dir.join(format!("{IDENTITY}.tmp"));
             std::fs::write(&tmp, url).map_err(io)?;
             std::fs::rename(&tmp, &id_path).map_err(io)?;
         }
         let mut complete = Vec::new();
         let mut open: Option<Local> = None;
-        log.replay(log.first(), |pos, e| {
+        let mut scan = |pos: LogPos, e: &[u8]| {
             let Ok(checkpoint::Record::Part {
                 begin, index, last, ..
             }) = checkpoint::parse_record(e)
@@ -119,9 +130,14 @@ impl LocalCheckpoints {
             } else {
                 open = Some(cur);
             }
-        })?;
+        };
+        if let Some(log) = &log {
+            log.replay(log.first(), |pos, e| scan(pos, e))?;
+        }
         Ok(LocalCheckpoints {
             log,
+            path,
+            segment_bytes,
             store,
             complete,
             next_generation: 1,
@@ -145,6 +161,7 @@ impl LocalCheckpoints {
         cache_bytes: u64,
         skipped: &mut Vec<String>,
     ) -> Option<Loaded> {
+        let log = self.log.as_ref()?;
         for i in (0..self.complete.len()).rev() {
             let c = self.complete[i].clone();
             if c.begin < min_begin {
@@ -153,14 +170,14 @@ impl LocalCheckpoints {
             let encoded: u64 = c
                 .parts
                 .iter()
-                .map(|p| self.log.record_len(*p).unwrap_or(u64::MAX / 4))
+                .map(|p| log.record_len(*p).unwrap_or(u64::MAX / 4))
                 .fold(0, u64::saturating_add);
             let lazy = cache_bytes > 0 && encoded.saturating_mul(2) > cache_bytes;
-            let generation = self.take_generation();
+            let generation = take_generation(&mut self.next_generation, &self.store);
             let result = if lazy {
-                load_lazily(&self.log, &c.parts, &self.store, generation, c.begin)
+                load_lazily(log, &c.parts, &self.store, generation, c.begin)
             } else {
-                load_whole(&self.log, &c.parts)
+                load_whole(log, &c.parts)
             };
             let result = result.and_then(|(l, _)| {
                 if settings.is_some_and(|s| *s != l.settings) {
@@ -194,14 +211,6 @@ impl LocalCheckpoints {
         None
     }
 
-    fn take_generation(&mut self) -> u16 {
-        let g = self.next_generation;
-        // Generation numbers wrap; 0 is never used.
-        self.next_generation = g.checked_add(1).unwrap_or(1);
-        self.store.remove(g);
-        g
-    }
-
     /// Writes a checkpoint of `state`, the state at the shared log's begin
     /// record at `state.pos()`, registers it with the node store once it
     /// is durable, and trims the file below the checkpoint before it.
@@ -213,12 +222,19 @@ impl LocalCheckpoints {
     ) -> Result<CheckpointInfo, DbError> {
         let started = Instant::now();
         let begin = state.pos();
-        let generation = self.take_generation();
+        let generation = take_generation(&mut self.next_generation, &self.store);
+        if self.log.is_none() {
+            self.log = Some(FileLog::open_with(&self.path, self.segment_bytes)?.0);
+        }
+        let log = self
+            .log
+            .as_mut()
+            .ok_or(DbError::Internal("the checkpoint file log was just opened"))?;
         let (mut parts, mut bytes) = (Vec::new(), 0u64);
         let mut failed = None;
         let encoded =
             checkpoint::encode_streaming(settings, state, part_bytes, Some(generation), |part| {
-                match self.log.append(&part) {
+                match log.append(&part) {
                     Ok(pos) => {
                         bytes += part.len() as u64;
                         parts.push((pos, part));
@@ -234,9 +250,9 @@ impl LocalCheckpoints {
         if let Some(e) = failed {
             return Err(e.into());
         }
-        self.log.sync()?;
+        log.sync()?;
         for (pos, part) in &parts {
-            register_part(&self.log, &self.store, generation, begin, *pos, part)
+            register_part(log, &self.store, generation, begin, *pos, part)
                 .map_err(|_| DbError::Internal("a checkpoint part just written does not parse"))?;
         }
         self.store.complete(generation);
@@ -279,9 +295,18 @@ impl LocalCheckpoints {
             }
         }
         self.complete.drain(..keep);
-        if below > self.log.first() {
-            self.log.trim(below)?;
+        if let Some(log) = self.log.as_mut().filter(|l| below > l.first()) {
+            log.trim(below)?;
         }
         Ok(())
     }
+}
+
+/// The next node store generation (they wrap; 0 is never used), forgotten
+/// by `store` in case an old checkpoint still had it.
+fn take_generation(next: &mut u16, store: &LogStore) -> u16 {
+    let g = *next;
+    *next = g.checked_add(1).unwrap_or(1);
+    store.remove(g);
+    g
 }

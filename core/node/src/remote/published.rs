@@ -134,15 +134,33 @@ pub(crate) async fn latest(
     Ok((None, skipped))
 }
 
+/// Part reads a joining node keeps in flight.
+const READS_AHEAD: usize = 8;
+
 /// Reads the parts `ptr` names and loads them (every check of
 /// `checkpoint::load`, the digest included, and that they are the
 /// checkpoint of the begin record `ptr` names).
 async fn fetch(client: &Client, log: &str, ptr: &Pointer) -> Result<Loaded, String> {
     let mut parts = Vec::with_capacity(ptr.parts.len());
+    // Reads go out `READS_AHEAD` at a time on the one connection (a round
+    // trip per part would dominate a join); each record must be the next
+    // part of this checkpoint before more are read, so a pointer naming
+    // other entries costs a few reads at most.
+    let mut pending = std::collections::VecDeque::new();
+    let mut ahead = ptr.parts.iter().copied();
     for (i, &p) in ptr.parts.iter().enumerate() {
-        let rec = client.read(log, p).await.map_err(|e| e.to_string())?;
-        // Each record must be the next part of this checkpoint before the
-        // next one is read: a pointer naming other entries costs one read.
+        while pending.len() < READS_AHEAD {
+            let Some(next) = ahead.next() else { break };
+            let (c, l) = (client.clone(), log.to_string());
+            pending.push_back(tokio::spawn(async move { c.read(&l, next).await }));
+        }
+        let read = pending
+            .pop_front()
+            .ok_or_else(|| format!("part {i} was never read"))?;
+        let rec = read
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
         match checkpoint::parse_record(&rec) {
             Ok(checkpoint::Record::Part { begin, index, .. })
                 if begin == ptr.begin && index == i as u64 => {}
