@@ -31,6 +31,7 @@ pub mod codec;
 mod db;
 mod engine;
 pub mod error;
+mod garbage;
 mod genesis;
 mod isolation;
 mod log;
@@ -45,8 +46,9 @@ pub mod validate;
 
 pub use codec::{parse, Intention, ParsedIntention};
 pub use db::Database;
-pub use engine::{decode_with, Garbage, Melder, Outcome};
+pub use engine::{decode_with, Melder, Outcome};
 pub use error::{CheckpointError, CommitError, DecodeError, Error, LogError, OpenError, TxnError};
+pub use garbage::Garbage;
 pub use genesis::{Settings, DEFAULT_MAX_CONFLICT_ZONE, MAX_CONFLICT_ZONE_LIMIT};
 pub use isolation::Isolation;
 pub use log::{Entry, Log, MemLog};
