@@ -77,6 +77,11 @@ pub(crate) struct CacheSide {
     /// Local checkpoint every this many bytes of log melded (0: only
     /// under cache pressure).
     pub every: u64,
+    /// Log bytes without any begin record after which this node appends
+    /// a bare one: between two and three times `every`, drawn once per
+    /// node, so that nodes which all see the same log do not all append
+    /// one at the same position (the first one resets everyone's count).
+    pub bare_after: u64,
     /// Node cache budget (0: off).
     pub budget: u64,
     /// A client and log to append a bare begin record with, when this
@@ -129,7 +134,7 @@ impl CacheSide {
 
     /// Whether this node should append a bare begin record now: it does
     /// not publish, no local checkpoint is being written, and either no
-    /// begin record came for twice the local checkpoint interval or the
+    /// begin record came for `bare_after` bytes of log or the
     /// cache needs a checkpoint (then after a sixteenth of its budget of
     /// log since the last begin record, so that a checkpoint that cannot
     /// relieve the pressure does not fill the log with barriers).
@@ -138,7 +143,7 @@ impl CacheSide {
             && !self.begin_asked
             && !self.shared.busy.load(Ordering::Acquire)
             && ((self.pressure && since_any_begin >= self.budget / 16)
-                || (self.every > 0 && since_any_begin >= 2 * self.every))
+                || (self.every > 0 && since_any_begin >= self.bare_after))
     }
 
     /// Appends a bare begin record (without waiting for it).

@@ -285,6 +285,10 @@ impl Remote {
                     shared: local_shared.clone(),
                     store: store.clone(),
                     every: opts.checkpoint_bytes,
+                    bare_after: opts
+                        .checkpoint_bytes
+                        .saturating_mul(2)
+                        .saturating_add(rand::random_range(0..=opts.checkpoint_bytes)),
                     budget: opts.cache_bytes,
                     appender: publish_every
                         .is_none()
