@@ -33,6 +33,8 @@ pub(crate) struct LocalShared {
     pub cache: Mutex<CacheStats>,
     /// The local checkpoint thread is writing one.
     pub busy: AtomicBool,
+    /// The last bare begin record this node appended failed.
+    pub begin_failed: AtomicBool,
 }
 
 impl LocalShared {
@@ -116,19 +118,22 @@ impl CacheSide {
     pub fn begin(&mut self, state: &Snapshot) {
         self.begin_asked = false;
         let due = (self.every > 0 && self.since >= self.every) || self.pressure;
-        if !due || self.shared.busy.load(Ordering::Acquire) {
+        if !due || self.shared.busy.swap(true, Ordering::AcqRel) {
             return;
         }
+        // `busy` is set before the hand-over: the thread clears it once
+        // done, which may be before `try_send` returns.
         match self.states.try_send(state.clone()) {
             Ok(()) => {
-                self.shared.busy.store(true, Ordering::Release);
                 self.since = 0;
                 if std::mem::take(&mut self.pressure) {
                     self.shared.cache().pressure_checkpoints += 1;
                 }
             }
-            // Busy with the previous one: the next begin record will do.
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {}
+            // Not taken: the next begin record will do.
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.shared.busy.store(false, Ordering::Release);
+            }
         }
     }
 
@@ -138,7 +143,10 @@ impl CacheSide {
     /// cache needs a checkpoint (then after a sixteenth of its budget of
     /// log since the last begin record, so that a checkpoint that cannot
     /// relieve the pressure does not fill the log with barriers).
-    pub fn wants_begin(&self, since_any_begin: u64) -> bool {
+    pub fn wants_begin(&mut self, since_any_begin: u64) -> bool {
+        if self.shared.begin_failed.swap(false, Ordering::AcqRel) {
+            self.begin_asked = false;
+        }
         self.appender.is_some()
             && !self.begin_asked
             && !self.shared.busy.load(Ordering::Acquire)
@@ -152,11 +160,13 @@ impl CacheSide {
             return;
         };
         self.begin_asked = true;
-        let (c, l) = (client.clone(), log.clone());
+        self.shared.begin_failed.store(false, Ordering::Release);
+        let (c, l, shared) = (client.clone(), log.clone(), self.shared.clone());
         rt.spawn(async move {
-            // A failure leaves `begin_asked` set until the next begin
-            // record of anyone; the next pressure asks again after that.
-            let _ = c.append(&l, checkpoint::begin_record(db_id)).await;
+            // A failure lets the roll-forward thread ask again.
+            if c.append(&l, checkpoint::begin_record(db_id)).await.is_err() {
+                shared.begin_failed.store(true, Ordering::Release);
+            }
         });
     }
 

@@ -373,7 +373,9 @@ impl Roller {
     }
 
     /// Melds the entry at `pos` (the next one) and tells the committers.
-    fn meld(&mut self, shared: &Follow, pos: LogPos, bytes: bytes::Bytes) {
+    /// A read-back failure (node cache) stops here, before anything of
+    /// the entry is published: the decisions since are meaningless.
+    fn meld(&mut self, shared: &Follow, pos: LogPos, bytes: bytes::Bytes) -> Result<(), DbError> {
         let settings = self.settings;
         let event = self.tracker.feed(&settings, pos, &bytes);
         let local = shared.lock().own.remove(&pos);
@@ -385,6 +387,9 @@ impl Roller {
             Some(local) => self.melder.apply_local(&bytes, local),
             None => self.melder.apply(&bytes),
         };
+        if let Some(e) = self.melder.read_error() {
+            return Err(DbError::Store(e.clone()));
+        }
         if watched {
             publish_changes(
                 &shared.feeds,
@@ -468,6 +473,7 @@ impl Roller {
                 st.outcomes.insert(p, o);
             }
         }
+        Ok(())
     }
 }
 
@@ -544,7 +550,9 @@ pub(crate) fn follow(
                     // a broken stream: start it again where meld stands.
                     continue 'subscribe;
                 }
-                r.meld(shared, pos, bytes);
+                if let Err(e) = r.meld(shared, pos, bytes) {
+                    return fail(shared, e);
+                }
             }
             if let Err(e) = r.housekeep(shared) {
                 return fail(shared, e);

@@ -230,37 +230,46 @@ impl LocalCheckpoints {
             .log
             .as_mut()
             .ok_or(DbError::Internal("the checkpoint file log was just opened"))?;
+        // Each part is registered as it is appended (the store reads none
+        // until the checkpoint is complete), so no more than one part is
+        // held in memory.
         let (mut parts, mut bytes) = (Vec::new(), 0u64);
-        let mut failed = None;
+        let mut failed: Option<DbError> = None;
+        let store = &self.store;
         let encoded =
             checkpoint::encode_streaming(settings, state, part_bytes, Some(generation), |part| {
                 match log.append(&part) {
                     Ok(pos) => {
                         bytes += part.len() as u64;
-                        parts.push((pos, part));
-                        true
+                        parts.push(pos);
+                        match register_part(log, store, generation, begin, pos, &part) {
+                            Ok(()) => true,
+                            Err(_) => {
+                                failed = Some(DbError::Internal(
+                                    "a checkpoint part just written does not parse",
+                                ));
+                                false
+                            }
+                        }
                     }
                     Err(e) => {
-                        failed = Some(e);
+                        failed = Some(e.into());
                         false
                     }
                 }
             })
             .map_err(|source| DbError::Checkpoint(CheckpointFailure::Encode { begin, source }))?;
         if let Some(e) = failed {
-            return Err(e.into());
+            self.store.remove(generation);
+            return Err(e);
         }
         log.sync()?;
-        for (pos, part) in &parts {
-            register_part(log, &self.store, generation, begin, *pos, part)
-                .map_err(|_| DbError::Internal("a checkpoint part just written does not parse"))?;
-        }
         self.store.complete(generation);
-        let last = parts.last().map_or(0, |p| p.0);
+        let last = parts.last().copied().unwrap_or(0);
         self.complete.push(Local {
             begin,
             generation,
-            parts: parts.into_iter().map(|p| p.0).collect(),
+            parts,
         });
         self.trim()?;
         Ok(CheckpointInfo {

@@ -232,6 +232,20 @@ impl Remote {
             }
             (p, _, _) => p.map(|(_, loaded)| loaded),
         };
+        // The directory's checkpoint did not start the node: the published
+        // ones it skipped as older may still.
+        let published = match published {
+            None if have.is_some() => {
+                let (c, l) = (client.clone(), log.clone());
+                let (p, more) = rt
+                    .run(async move { self::published::latest(&c, &l, None).await })?
+                    .map_err(service)?;
+                skipped.extend(more);
+                joined = p.as_ref().map(|(p, _)| p.begin);
+                p.map(|(_, loaded)| loaded)
+            }
+            p => p,
+        };
         let melder = match published {
             Some(loaded) => Melder::from_checkpoint(loaded),
             None if first > 0 => {
