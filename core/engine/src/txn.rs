@@ -132,6 +132,13 @@ pub struct Transaction {
     widened: bool,
     /// A read of the snapshot back from the log failed (node cache).
     failed: Option<crate::node::StoreError>,
+    /// Keys read while the tree was still the snapshot's, whose read marks
+    /// are not in the tree yet. Marking copies the path from the root, which
+    /// only a transaction that writes needs (a read-only one logs nothing),
+    /// so the marks wait for the first write ([`Transaction::mark_reads`])
+    /// and are then made in read order: the tree ends exactly as if each
+    /// read had marked at once.
+    unmarked: Vec<Bytes>,
 }
 
 enum Dir {
@@ -149,6 +156,7 @@ impl Transaction {
             local: Owner::new(OwnerKind::Local, 0),
             root: snapshot.root.clone(),
             failed: None,
+            unmarked: Vec::new(),
             deleted: BTreeMap::new(),
             ranges: Vec::new(),
             wrote: false,
@@ -183,8 +191,8 @@ impl Transaction {
         let found = crate::node::find(&self.root, key).cloned();
         match found {
             Some(n) => {
-                if self.isolation.tracks_reads() && self.needs_read_mark(&n) {
-                    self.mark_read(key);
+                if self.isolation.tracks_reads() {
+                    self.note_read(key, &n);
                 }
                 Ok(Some(n.val().clone()))
             }
@@ -205,6 +213,7 @@ impl Transaction {
     fn put_inner(&mut self, key: &[u8], value: &[u8]) -> Result<(), TxnError> {
         check_key(key)?;
         check_value(value)?;
+        self.mark_reads();
         let root = self.root.clone();
         let v: Bytes = value.into();
         self.root = Some(self.insert(&root, key, &v).0);
@@ -222,6 +231,7 @@ impl Transaction {
 
     fn delete_inner(&mut self, key: &[u8]) -> Result<bool, TxnError> {
         check_key(key)?;
+        self.mark_reads();
         let root = self.root.clone();
         match self.remove(&root, key) {
             Some((new_root, removed)) => {
@@ -294,6 +304,7 @@ impl Transaction {
 
     /// The final local tree, delete list and header ranges.
     fn seal(mut self) -> Sealed {
+        self.mark_reads();
         let mut header_ranges = Vec::new();
         let ranges = std::mem::take(&mut self.ranges);
         // Dependency ranges go on the root: its interval is every key, so no
@@ -342,6 +353,35 @@ impl Transaction {
             !n.altered() && n.scv != 0 && !n.depends_on()
         } else {
             true
+        }
+    }
+
+    /// Records a read of `key`, found as `n` in the current tree: put off
+    /// while the tree is the snapshot's (see [`Transaction::unmarked`]),
+    /// marked at once otherwise.
+    fn note_read(&mut self, key: &[u8], n: &Node) {
+        let untouched = match (&self.root, &self.snapshot.root) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        if untouched {
+            self.unmarked.push(key.into());
+        } else if self.needs_read_mark(n) {
+            self.mark_read(key);
+        }
+    }
+
+    /// Makes the read marks put off so far, in read order. Called before
+    /// the first change to the tree; a key read twice is marked once, as
+    /// it would have been at read time.
+    fn mark_reads(&mut self) {
+        for key in std::mem::take(&mut self.unmarked) {
+            let found = crate::node::find(&self.root, &key).cloned();
+            if let Some(n) = found {
+                if self.needs_read_mark(&n) {
+                    self.mark_read(&key);
+                }
+            }
         }
     }
 

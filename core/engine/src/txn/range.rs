@@ -115,9 +115,7 @@ impl Iterator for TxnRange<'_> {
             let tx = &mut *self.tx;
             let marked = guarded(|| {
                 if let Some(n) = find(&tx.root, &k).cloned() {
-                    if tx.needs_read_mark(&n) {
-                        tx.mark_read(&k);
-                    }
+                    tx.note_read(&k, &n);
                 }
             });
             if let Err(e) = marked {

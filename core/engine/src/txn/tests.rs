@@ -101,3 +101,64 @@ fn from_local_matches_the_encode_decode_round_trip() {
         assert_eq!(shape(&direct), shape(&decoded), "round {round}");
     }
 }
+
+/// Read marks put off until the first write leave the transaction with
+/// exactly the intention it logs when every read marks at once.
+#[test]
+fn put_off_read_marks_give_the_intention_of_marking_at_once() {
+    let mut m = Melder::new(Settings::default());
+    let mut load = Transaction::begin(m.lcs(), Isolation::SnapshotIsolation);
+    for k in (0u16..300).step_by(3) {
+        load.put(&k.to_be_bytes(), b"v0").unwrap();
+    }
+    let Ok(Finished::Intention(b)) = load.finish() else {
+        panic!()
+    };
+    m.apply(&b);
+    let snap = m.lcs().clone();
+    let mut seed = 11u64;
+    let mut next = || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) as u16
+    };
+    let mut compared = 0;
+    for round in 0..300 {
+        let iso = [Isolation::Serializable, Isolation::RepeatableRead][round % 2];
+        let ops: Vec<(u16, [u8; 2])> = (0..(1 + next() % 10))
+            .map(|_| (next() % 5, (next() % 320).to_be_bytes()))
+            .collect();
+        let run = |at_once: bool| {
+            let mut tx = Transaction::begin(&snap, iso);
+            for (op, k) in &ops {
+                match op {
+                    0 | 1 => drop(tx.get(k).unwrap()),
+                    2 => tx.put(k, b"new").unwrap(),
+                    3 => drop(tx.delete(k).unwrap()),
+                    _ => drop(
+                        tx.range(
+                            Bound::Included(&k[..]),
+                            Bound::Unbounded,
+                            Order::Forward,
+                            Some(4),
+                        )
+                        .collect::<Result<Vec<_>, _>>()
+                        .unwrap(),
+                    ),
+                }
+                if at_once {
+                    tx.mark_reads();
+                }
+            }
+            match tx.finish().unwrap() {
+                Finished::ReadOnly => None,
+                Finished::Intention(b) => Some(b),
+            }
+        };
+        let (later, at_once) = (run(false), run(true));
+        assert_eq!(later, at_once, "round {round}: {ops:?}");
+        compared += usize::from(later.is_some());
+    }
+    assert!(compared > 100, "only {compared} transactions wrote");
+}
