@@ -22,7 +22,7 @@ use redb::{ReadableTable, TableDefinition};
 
 const TABLE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("kv");
 /// The value every workload writes (100 bytes).
-pub(crate) const VALUE: [u8; 100] = [b'v'; 100];
+pub const VALUE: [u8; 100] = [b'v'; 100];
 
 /// Transaction shapes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,7 +134,7 @@ pub struct Cell {
 }
 
 /// The workloads' `i`-th key (spread over the key space).
-pub(crate) fn key(i: u64) -> [u8; 8] {
+pub fn key(i: u64) -> [u8; 8] {
     i.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_be_bytes()
 }
 
@@ -283,7 +283,7 @@ impl Client for Redb {
 }
 
 /// Loads keys `0..keys` into a MeldDB database, 10,000 per transaction.
-pub(crate) fn load_meld(db: &Database, keys: u64) -> Result<(), String> {
+pub fn load_meld(db: &Database, keys: u64) -> Result<(), String> {
     let mut i = 0;
     while i < keys {
         let end = (i + 10_000).min(keys);
