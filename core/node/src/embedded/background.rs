@@ -72,8 +72,28 @@ pub(super) fn background_loop(engine: &Engine, rx: Receiver<Msg>) {
             // asks now gets the next one.
             w.ckpt_waiters.append(&mut asked);
             let mut step = w.maybe_begin_checkpoint();
+            let mut done = false;
             if step.is_ok() {
-                step = w.append_parts();
+                match w.append_parts(usize::MAX) {
+                    Ok(d) => done = d,
+                    Err(e) => step = Err(e),
+                }
+            }
+            if done {
+                // Most of the checkpoint's sync happens with the lock let
+                // go, so commits go on meanwhile; what finishing syncs
+                // under the lock is only what came after.
+                if let Ok((file, upto, _)) = w.log.sync_handle() {
+                    drop(w);
+                    let synced = file.sync_data().is_ok();
+                    w = engine.lock();
+                    if synced {
+                        w.log.mark_synced(upto);
+                    }
+                }
+                if step.is_ok() && w.failed.is_none() {
+                    step = w.finish_checkpoint();
+                }
             }
             // One that just completed may have left askers for the next.
             if step.is_ok() {
@@ -107,8 +127,9 @@ pub(super) fn background_loop(engine: &Engine, rx: Receiver<Msg>) {
             .as_ref()
             .and_then(|c| c.encoder.as_ref())
             .is_some_and(JoinHandle::is_finished)
+        && w.append_parts(usize::MAX).is_ok()
     {
-        let _ = w.append_parts();
+        let _ = w.finish_checkpoint();
     }
     if let Some(ck) = w.ckpt.take() {
         drop(w);

@@ -33,6 +33,9 @@ pub(super) struct InProgress {
     pub(super) started: Instant,
     pub(super) encoder: Option<JoinHandle<()>>,
     pub(super) parts: Option<Receiver<Piece>>,
+    /// The encoder's end, received after its last part and not yet acted
+    /// on ([`super::writer::Writer::finish_checkpoint`]).
+    pub(super) done: Option<Result<Encoded, DbError>>,
     pub(super) bytes: u64,
     pub(super) waiters: Vec<SyncSender<Result<CheckpointInfo, DbError>>>,
 }

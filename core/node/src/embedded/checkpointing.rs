@@ -154,28 +154,29 @@ impl Writer {
             started,
             encoder: Some(encoder),
             parts: Some(parts_rx),
+            done: None,
             bytes: 0,
             waiters: std::mem::take(&mut self.ckpt_waiters),
         });
         Ok(())
     }
 
-    /// Appends the checkpoint parts the encoder handed over (at most two
-    /// wait); once the encoder is done and every part is in, syncs, makes
-    /// the checkpoint's nodes readable by the node cache, trims the log
-    /// below the previous checkpoint (never below one a stub still reads
-    /// from) and answers who asked.
-    pub(super) fn append_parts(&mut self) -> Result<(), DbError> {
+    /// Appends up to `most` of the checkpoint parts the encoder handed
+    /// over (at most two wait), and keeps its end, once it comes, for
+    /// [`Writer::finish_checkpoint`]. Returns whether that end is in.
+    pub(super) fn append_parts(&mut self, most: usize) -> Result<bool, DbError> {
         let Some(ck) = self.ckpt.as_mut() else {
-            return Ok(());
+            return Ok(false);
         };
-        let mut appended = false;
-        let mut done = None;
-        while let Some(piece) = ck.parts.as_ref().and_then(|rx| rx.try_recv().ok()) {
+        let mut appended = 0;
+        while appended < most && ck.done.is_none() {
+            let Some(piece) = ck.parts.as_ref().and_then(|rx| rx.try_recv().ok()) else {
+                break;
+            };
             let p = match piece {
                 Piece::Part(p) => p,
                 Piece::Done(r) => {
-                    done = Some(r);
+                    ck.done = Some(r);
                     break;
                 }
             };
@@ -191,17 +192,27 @@ impl Writer {
                 ));
             }
             read_back_ok(&self.melder)?;
-            appended = true;
+            appended += 1;
         }
+        let done = ck.done.is_some();
+        if appended > 0 && !done && self.unflushed.is_empty() {
+            // No commit waits: the new entries are parts only.
+            self.release(self.log.tail());
+        }
+        Ok(done)
+    }
+
+    /// Once the encoder is done and every part is in: syncs, makes the
+    /// checkpoint's nodes readable by the node cache, trims the log below
+    /// the previous checkpoint (never below one a stub still reads from)
+    /// and answers who asked. The background thread's work: the sync and
+    /// the trim would hold up the commit that did it.
+    pub(super) fn finish_checkpoint(&mut self) -> Result<(), DbError> {
+        let Some(done) = self.ckpt.as_mut().and_then(|ck| ck.done.take()) else {
+            return Ok(());
+        };
         let enc = match done {
-            None => {
-                if appended && self.unflushed.is_empty() {
-                    // No commit waits: the new entries are parts only.
-                    self.release(self.log.tail());
-                }
-                return Ok(());
-            }
-            Some(Err(e)) => {
+            Err(e) => {
                 // The barrier stays (harmless); the checkpoint is abandoned
                 // and automatic ones stop, saying why.
                 let waiters = self
@@ -212,7 +223,7 @@ impl Writer {
                 self.give_up_checkpoints(waiters, e);
                 return Ok(());
             }
-            Some(Ok(enc)) => enc,
+            Ok(enc) => enc,
         };
         let pos = self.log.tail() - 1;
         self.log.sync()?;

@@ -135,17 +135,22 @@ impl Writer {
         Ok((pos, outcomes.into_iter().find(|o| o.pos() == Some(pos))))
     }
 
-    /// After each commit: appends the checkpoint parts that are ready,
+    /// After each commit: appends one checkpoint part if one is ready,
     /// begins a checkpoint when one is due (its begin record goes right
     /// after this commit; it is encoded on another thread), and
     /// asks the background thread to measure the node cache when enough
     /// was added (once until it has looked).
     pub(super) fn after_commit(&mut self) -> Result<(), DbError> {
-        // Parts the encoder handed over go in between commits, as they
-        // come: left to the background thread alone, which competes with
+        // Parts the encoder handed over go in between commits, one per
+        // commit: left to the background thread alone, which competes with
         // every committer for the lock, a checkpoint could take much
-        // longer under load.
-        self.append_parts()?;
+        // longer under load; more than one would make this commit (and
+        // every one waiting for the lock) wait for megabytes of writes.
+        // Finishing the checkpoint (a sync of all of it, the trim) is the
+        // background thread's.
+        if self.append_parts(1)? {
+            let _ = self.to_bg.try_send(Msg::PartReady);
+        }
         self.maybe_begin_checkpoint()?;
         if !self.poked && self.sweep_wanted(false) && self.to_bg.try_send(Msg::Housekeeping).is_ok()
         {
