@@ -43,27 +43,36 @@ fn shape(i: &Intention) -> Vec<String> {
     out
 }
 
-/// The in-memory conversion premeld uses gives exactly the intention
-/// that encoding and decoding the same transaction gives.
-#[test]
-fn from_local_matches_the_encode_decode_round_trip() {
+/// A state holding the keys `0, step, 2 * step, ...` below `end`.
+fn loaded(end: u16, step: usize) -> Snapshot {
     let mut m = Melder::new(Settings::default());
     let mut load = Transaction::begin(m.lcs(), Isolation::SnapshotIsolation);
-    for k in (0u16..400).step_by(2) {
+    for k in (0..end).step_by(step) {
         load.put(&k.to_be_bytes(), b"v0").unwrap();
     }
     let Ok(Finished::Intention(b)) = load.finish() else {
         panic!()
     };
     m.apply(&b);
-    let snap = m.lcs().clone();
-    let mut seed = 7u64;
-    let mut next = || {
+    m.lcs().clone()
+}
+
+/// A deterministic stream of small numbers from `seed`.
+fn draws(mut seed: u64) -> impl FnMut() -> u16 {
+    move || {
         seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         (seed >> 33) as u16
-    };
+    }
+}
+
+/// The in-memory conversion premeld uses gives exactly the intention
+/// that encoding and decoding the same transaction gives.
+#[test]
+fn from_local_matches_the_encode_decode_round_trip() {
+    let snap = loaded(400, 2);
+    let mut next = draws(7);
     for round in 0..200 {
         let iso = [
             Isolation::Serializable,
@@ -106,23 +115,8 @@ fn from_local_matches_the_encode_decode_round_trip() {
 /// exactly the intention it logs when every read marks at once.
 #[test]
 fn put_off_read_marks_give_the_intention_of_marking_at_once() {
-    let mut m = Melder::new(Settings::default());
-    let mut load = Transaction::begin(m.lcs(), Isolation::SnapshotIsolation);
-    for k in (0u16..300).step_by(3) {
-        load.put(&k.to_be_bytes(), b"v0").unwrap();
-    }
-    let Ok(Finished::Intention(b)) = load.finish() else {
-        panic!()
-    };
-    m.apply(&b);
-    let snap = m.lcs().clone();
-    let mut seed = 11u64;
-    let mut next = || {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (seed >> 33) as u16
-    };
+    let snap = loaded(300, 3);
+    let mut next = draws(11);
     let mut compared = 0;
     for round in 0..300 {
         let iso = [Isolation::Serializable, Isolation::RepeatableRead][round % 2];
