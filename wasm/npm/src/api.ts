@@ -1,0 +1,20 @@
+/** The package's public API, the same on every platform. */
+export { MeldDB } from "./db.js";
+export type { Settings, MemoryOptions, TransactOptions, TransactResult, Change, Commit } from "./db.js";
+export { MemoryLog } from "./log.js";
+export type { LogClient, EntryListener } from "./log.js";
+export { Snapshot, RangeIterator } from "./read.js";
+export type { RangeOptions, Entry } from "./read.js";
+export { Transaction } from "./transaction.js";
+export type { Isolation, Outcome, Committed, Aborted } from "./transaction.js";
+export type { Bytes } from "./bytes.js";
+export {
+  MeldError,
+  MeldAbortError,
+  MeldArgumentError,
+  MeldStorageError,
+  MeldConnectionError,
+  MeldLogError,
+  MeldStateError,
+} from "./errors.js";
+export type { AbortReason } from "./errors.js";

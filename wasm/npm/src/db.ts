@@ -1,0 +1,321 @@
+/**
+ * A MeldDB node in JavaScript: it follows one log, melds every entry in
+ * the wasm module, begins transactions on its latest committed state and
+ * appends their intentions. All work runs on the caller's event loop.
+ */
+import * as raw from "../pkg/melddb_wasm.js";
+import { type Bytes, hasPrefix, toBytes } from "./bytes.js";
+import { type AbortReason, MeldAbortError, MeldArgumentError, MeldLogError, MeldStateError, call } from "./errors.js";
+import { type LogClient, MemoryLog } from "./log.js";
+import { Snapshot, disposeSymbol } from "./read.js";
+import { type Isolation, type Outcome, type Committed, Transaction, isolationCode } from "./transaction.js";
+import { loadWasm } from "./wasm.js";
+
+/** Database-wide settings, fixed by the genesis record when the log is created. */
+export interface Settings {
+  /** The database's identifier (default 0). */
+  dbId?: number | bigint;
+  /** Longest conflict zone in log entries (default 1024). */
+  maxConflictZone?: number;
+  /** Premeld threads t (default 0: off). */
+  premeldThreads?: number;
+  /** Premeld distance d (at least 1 with premeld on). */
+  premeldDistance?: number;
+  /** Group meld of adjacent pairs (default off). */
+  groupMeld?: boolean;
+}
+
+/** Options of `MeldDB.memory`. */
+export interface MemoryOptions {
+  /** The log to share with other nodes (default: a new one). */
+  log?: MemoryLog;
+  /** Settings for a new log's genesis record (ignored if the log has one). */
+  settings?: Settings;
+}
+
+/** Options of `transact`. */
+export interface TransactOptions {
+  /** Isolation level (default "serializable"). */
+  isolation?: Isolation;
+  /** Attempts after the first when it aborts (default 10). */
+  retries?: number;
+}
+
+/** One key's committed change: its new value, or undefined for a deletion. */
+export interface Change {
+  key: Uint8Array;
+  value: Uint8Array | undefined;
+}
+
+/** The changes one committed transaction made under a watched prefix. */
+export interface Commit {
+  pos: number;
+  changes: Change[];
+}
+
+/** The result of `transact`: the outcome and what the callback returned. */
+export type TransactResult<T> = Committed & { value: T };
+
+interface Watcher {
+  prefix: Uint8Array;
+  callback: (commit: Commit) => void;
+}
+
+function genesisOf(s: Settings): Uint8Array {
+  return call(() =>
+    raw.genesisRecord(
+      BigInt(s.dbId ?? 0),
+      s.maxConflictZone ?? 1024,
+      s.premeldThreads ?? 0,
+      s.premeldDistance ?? 0,
+      s.groupMeld ?? false,
+    ),
+  );
+}
+
+function outcomeOf(d: raw.Decision): Outcome {
+  if (d.committed) return { committed: true, pos: d.pos, csn: d.csn, readOnly: false };
+  return {
+    committed: false,
+    pos: d.pos,
+    reason: (d.reason ?? "Malformed") as AbortReason,
+    key: d.key,
+    message: d.message,
+  };
+}
+
+/** A database node on one log. */
+export class MeldDB {
+  readonly #log: LogClient;
+  #node: raw.Node | undefined;
+  #unsubscribe: (() => void) | undefined;
+  /** Decisions kept while own appends are in flight, by position. */
+  readonly #decided = new Map<number, Outcome>();
+  readonly #waiting = new Map<number, { resolve: (o: Outcome) => void; reject: (e: unknown) => void }>();
+  #inflight = 0;
+  /** Waits for the node to reach a position. */
+  readonly #reach: Array<{ pos: number; resolve: () => void; reject: (e: unknown) => void }> = [];
+  readonly #watchers = new Set<Watcher>();
+  #failed: unknown;
+
+  private constructor(log: LogClient) {
+    this.#log = log;
+  }
+
+  /** A node on an in-memory log: a new one, or `options.log` shared with other nodes. */
+  static async memory(options: MemoryOptions = {}): Promise<MeldDB> {
+    await loadWasm();
+    const log = options.log ?? new MemoryLog();
+    if (log.length === 0) log.appendNow(genesisOf(options.settings ?? {}));
+    return MeldDB.follow(log);
+  }
+
+  /**
+   * A node on any log: it melds the log from its genesis record (position
+   * 0), which must exist (a creator appends it first).
+   */
+  static async follow(log: LogClient): Promise<MeldDB> {
+    await loadWasm();
+    const db = new MeldDB(log);
+    await new Promise<void>((resolve, reject) => {
+      db.#unsubscribe = log.subscribe(0, (pos, entry) => {
+        if (db.#node === undefined) {
+          try {
+            db.#node = call(() => new raw.Node(entry));
+            resolve();
+          } catch (e) {
+            db.#fail(e);
+            reject(e);
+          }
+          return;
+        }
+        db.#onEntry(pos, entry);
+      });
+    });
+    return db;
+  }
+
+  #live(): raw.Node {
+    if (this.#failed !== undefined) throw this.#failed;
+    if (this.#node === undefined) throw new MeldStateError("the database is closed", "Closed");
+    return this.#node;
+  }
+
+  #onEntry(pos: number, entry: Uint8Array): void {
+    const node = this.#node;
+    if (node === undefined || this.#failed !== undefined) return;
+    if (pos !== node.nextPos()) {
+      this.#fail(new MeldLogError(`the log delivered position ${pos} where ${node.nextPos()} was next`, "Gap"));
+      return;
+    }
+    let decisions: raw.Decision[];
+    try {
+      decisions = call(() => node.apply(entry));
+    } catch (e) {
+      this.#fail(e);
+      return;
+    }
+    for (const d of decisions) {
+      const outcome = outcomeOf(d);
+      if (this.#watchers.size > 0 && d.committed) this.#publish(d);
+      d.free();
+      const w = this.#waiting.get(outcome.pos);
+      if (w !== undefined) {
+        this.#waiting.delete(outcome.pos);
+        w.resolve(outcome);
+      } else if (this.#inflight > 0) {
+        this.#decided.set(outcome.pos, outcome);
+      }
+    }
+    const next = node.nextPos();
+    for (let i = this.#reach.length - 1; i >= 0; i--) {
+      const r = this.#reach[i];
+      if (r !== undefined && r.pos <= next) {
+        this.#reach.splice(i, 1);
+        r.resolve();
+      }
+    }
+  }
+
+  #publish(d: raw.Decision): void {
+    const changes: Change[] = [];
+    for (let i = 0; i < d.changeCount(); i++) {
+      const key = d.changeKey(i);
+      if (key !== undefined) changes.push({ key, value: d.changeValue(i) });
+    }
+    const pos = d.pos;
+    for (const w of this.#watchers) {
+      const mine = changes.filter((c) => hasPrefix(c.key, w.prefix));
+      // Callbacks run after this entry's meld, never inside it.
+      if (mine.length > 0) queueMicrotask(() => this.#watchers.has(w) && w.callback({ pos, changes: mine }));
+    }
+  }
+
+  /** Stops the node: pending commits and waits reject with `e`. */
+  #fail(e: unknown): void {
+    this.#failed ??= e;
+    for (const w of this.#reach.splice(0)) w.reject(e);
+    for (const w of this.#waiting.values()) w.reject(e);
+    this.#waiting.clear();
+  }
+
+  /** The latest committed state this node has melded. */
+  snapshot(): Snapshot {
+    const node = this.#live();
+    return new Snapshot(node.snapshot());
+  }
+
+  /**
+   * The latest committed state once this node has melded everything
+   * appended to the log before the call: an up-to-date read.
+   */
+  async latest(): Promise<Snapshot> {
+    const tail = await this.#log.tail();
+    await this.#until(tail);
+    return this.snapshot();
+  }
+
+  #until(pos: number): Promise<void> {
+    const node = this.#live();
+    if (node.nextPos() >= pos) return Promise.resolve();
+    return new Promise((resolve, reject) => this.#reach.push({ pos, resolve, reject }));
+  }
+
+  /** Begins a transaction on the latest committed state this node has. */
+  begin(options: { isolation?: Isolation } = {}): Transaction {
+    const iso = options.isolation ?? "serializable";
+    const code = isolationCode[iso];
+    if (code === undefined) {
+      throw new MeldArgumentError(`isolation must be serializable, repeatable-read or snapshot, not ${String(iso)}`, "Isolation");
+    }
+    const node = this.#live();
+    const txn = call(() => node.begin(code));
+    const snap = node.snapshot();
+    const at = { pos: snap.pos, csn: snap.csn };
+    snap.free();
+    return new Transaction(txn, this, at);
+  }
+
+  /** @internal Appends a finished intention and resolves with its outcome. */
+  async commitIntention(intention: Uint8Array): Promise<Outcome> {
+    this.#live();
+    this.#inflight++;
+    let pos: number;
+    try {
+      pos = await this.#log.append(intention);
+    } finally {
+      this.#inflight--;
+    }
+    const known = this.#decided.get(pos);
+    if (this.#inflight === 0) this.#decided.clear();
+    if (known !== undefined) return known;
+    this.#live();
+    return new Promise((resolve, reject) => this.#waiting.set(pos, { resolve, reject }));
+  }
+
+  /**
+   * Runs `fn` in a transaction and commits it; an aborted attempt runs
+   * again on a newer state, up to `retries` times, then rejects with
+   * `MeldAbortError`. If `fn` throws, nothing is committed and the error
+   * propagates.
+   */
+  async transact<T>(fn: (tx: Transaction) => T | Promise<T>, options: TransactOptions = {}): Promise<TransactResult<T>> {
+    const retries = options.retries ?? 10;
+    if (!Number.isInteger(retries) || retries < 0) {
+      throw new MeldArgumentError(`retries must be a non-negative integer, not ${String(retries)}`, "Retries");
+    }
+    for (let attempt = 0; ; attempt++) {
+      const tx = this.begin(options);
+      let value: T;
+      try {
+        value = await fn(tx);
+      } catch (e) {
+        tx.abandon();
+        throw e;
+      }
+      const outcome = await tx.commit();
+      if (outcome.committed) return { ...outcome, value };
+      if (attempt >= retries) throw new MeldAbortError(outcome.message, outcome.reason, outcome.key, outcome.pos);
+    }
+  }
+
+  /**
+   * Calls `callback` with the changes under `prefix` of each transaction
+   * committed from now on, in log order. Returns the function that stops it.
+   */
+  watch(prefix: Bytes, callback: (commit: Commit) => void): () => void {
+    const node = this.#live();
+    const w: Watcher = { prefix: toBytes(prefix, "prefix").slice(), callback };
+    this.#watchers.add(w);
+    node.trackChanges(true);
+    return () => {
+      this.#watchers.delete(w);
+      if (this.#watchers.size === 0) this.#node?.trackChanges(false);
+    };
+  }
+
+  /** The position of the next log entry this node will meld. */
+  get nextPos(): number {
+    return this.#live().nextPos();
+  }
+
+  /** Stops following the log and releases the node; later calls throw `MeldStateError`. */
+  close(): void {
+    this.#unsubscribe?.();
+    this.#unsubscribe = undefined;
+    this.#fail(new MeldStateError("the database is closed", "Closed"));
+    this.#node?.free();
+    this.#node = undefined;
+    this.#watchers.clear();
+  }
+
+  /** Same as `close()`. */
+  free(): void {
+    this.close();
+  }
+
+  /** Same as `close()`, for `using`. */
+  [disposeSymbol](): void {
+    this.close();
+  }
+}
