@@ -8,6 +8,8 @@
 //! returned records (what every transaction read and wrote) feed the SQLite
 //! oracle in `tests/sqlite_oracle.rs`.
 
+pub mod conformance;
+
 use std::collections::BTreeMap;
 use std::ops::Bound;
 

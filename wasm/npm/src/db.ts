@@ -250,7 +250,13 @@ export class MeldDB {
     if (this.#inflight === 0) this.#decided.clear();
     if (known !== undefined) return known;
     this.#live();
-    return new Promise((resolve, reject) => this.#waiting.set(pos, { resolve, reject }));
+    const decided = new Promise<Outcome>((resolve, reject) => this.#waiting.set(pos, { resolve, reject }));
+    // With group meld an entry that heads a pair is decided with the next
+    // one. If it is melded and still undecided, append an empty filler
+    // (every node rejects it as malformed), as the core's Database does.
+    await this.#until(pos + 1);
+    if (this.#waiting.has(pos)) await this.#log.append(new Uint8Array(0));
+    return decided;
   }
 
   /**
