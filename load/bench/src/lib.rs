@@ -1,6 +1,7 @@
 //! Workloads shared by the `melddb-bench` binary and the criterion benches.
 
 pub mod embedded;
+pub mod js;
 pub mod logsvc;
 pub mod nodes;
 pub mod pipeline;

@@ -49,6 +49,8 @@ enum Suite {
     /// Node processes on one log of the log service against a node on a
     /// file log; joining a long log from a checkpoint against replaying it.
     Nodes(NodesArgs),
+    /// The JavaScript package under Node against the native core.
+    Js(suites::js::JsArgs),
     /// One node process of the `nodes` suite (started by it).
     #[command(hide = true)]
     NodesWorker(WorkerArgs),
@@ -66,6 +68,7 @@ fn main() {
         Suite::Embedded(args) => suites::embedded::run_suite(&args),
         Suite::Log(args) => suites::log::run_suite(&args),
         Suite::Nodes(args) => suites::nodes::run_suite(&args),
+        Suite::Js(args) => suites::js::run_suite(&args),
         Suite::NodesWorker(args) => suites::nodes::worker(&args),
         Suite::EmbeddedPlots(args) => suites::embedded::replot(&args),
         Suite::PipelinePlots(args) => suites::pipeline::replot(&args),

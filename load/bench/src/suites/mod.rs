@@ -2,6 +2,7 @@
 //! its table and writes its JSON and plots.
 
 pub mod embedded;
+pub mod js;
 pub mod log;
 mod log_point;
 pub mod meld;
