@@ -1,7 +1,9 @@
 /** The package's public API, the same on every platform. */
 export { MeldDB } from "./db.js";
-export type { Settings, MemoryOptions, TransactOptions, TransactResult, Change, Commit } from "./db.js";
+export type { Settings, MemoryOptions, ConnectOptions, TransactOptions, TransactResult, Change, Commit } from "./db.js";
 export { MemoryLog } from "./log.js";
+export { ServiceLog } from "./remote.js";
+export type { ServiceLogOptions, WebSocketLike, WebSocketConstructor } from "./remote.js";
 export type { LogClient, EntryListener } from "./log.js";
 export { Snapshot, RangeIterator } from "./read.js";
 export type { RangeOptions, Entry } from "./read.js";

@@ -7,6 +7,7 @@ import * as raw from "../pkg/melddb_wasm.js";
 import { type Bytes, hasPrefix, toBytes } from "./bytes.js";
 import { type AbortReason, MeldAbortError, MeldArgumentError, MeldLogError, MeldStateError, call } from "./errors.js";
 import { type LogClient, MemoryLog } from "./log.js";
+import { ServiceLog, type WebSocketConstructor } from "./remote.js";
 import { Snapshot, disposeSymbol } from "./read.js";
 import { type Isolation, type Outcome, type Committed, Transaction, isolationCode } from "./transaction.js";
 import { loadWasm } from "./wasm.js";
@@ -31,6 +32,20 @@ export interface MemoryOptions {
   log?: MemoryLog;
   /** Settings for a new log's genesis record (ignored if the log has one). */
   settings?: Settings;
+}
+
+/** Options of `MeldDB.connect`. */
+export interface ConnectOptions {
+  /** The log's name on the service. */
+  log: string;
+  /** A token of the service's `[tokens]` (sent in Hello). */
+  token?: string;
+  /** Settings for the genesis record if the log is empty. */
+  settings?: Settings;
+  /** Reconnections an append rides out before it fails (default 8). */
+  attempts?: number;
+  /** A WebSocket constructor in place of the platform's. */
+  WebSocket?: WebSocketConstructor;
 }
 
 /** Options of `transact`. */
@@ -87,6 +102,7 @@ function outcomeOf(d: raw.Decision): Outcome {
 /** A database node on one log. */
 export class MeldDB {
   readonly #log: LogClient;
+  #ownsLog = false;
   #node: raw.Node | undefined;
   #unsubscribe: (() => void) | undefined;
   /** Decisions kept while own appends are in flight, by position. */
@@ -111,6 +127,37 @@ export class MeldDB {
   }
 
   /**
+   * A node on a log of the log service, over its WebSocket (`url`:
+   * `ws://HOST:PORT`, or `http://HOST:PORT`, path `/v1/ws` by default).
+   * An empty log gets a genesis record with `options.settings`. Resolves
+   * once the node has melded the log up to the tail it found. Rejects
+   * with `MeldConnectionError` if the service is unreachable or refuses
+   * the token, `MeldLogError` if the log is trimmed (joining from a
+   * published checkpoint is not in this package yet).
+   */
+  static async connect(url: string, options: ConnectOptions): Promise<MeldDB> {
+    await loadWasm();
+    const log = await ServiceLog.open(url, options);
+    try {
+      if ((await log.bounds()).tail === 0) await log.append(genesisOf(options.settings ?? {}));
+      const { first } = await log.bounds();
+      if (first > 0) {
+        throw new MeldLogError(
+          `log ${options.log} is trimmed below position ${first}; this package melds a log from its genesis record and cannot join it yet`,
+          "Trimmed",
+        );
+      }
+      const db = await MeldDB.follow(log);
+      db.#ownsLog = true;
+      await db.latest();
+      return db;
+    } catch (e) {
+      log.close();
+      throw e;
+    }
+  }
+
+  /**
    * A node on any log: it melds the log from its genesis record (position
    * 0), which must exist (a creator appends it first).
    */
@@ -130,6 +177,9 @@ export class MeldDB {
           return;
         }
         db.#onEntry(pos, entry);
+      }, (e) => {
+        db.#fail(e);
+        reject(e);
       });
     });
     return db;
@@ -309,6 +359,7 @@ export class MeldDB {
   close(): void {
     this.#unsubscribe?.();
     this.#unsubscribe = undefined;
+    if (this.#ownsLog) this.#log.close?.();
     this.#fail(new MeldStateError("the database is closed", "Closed"));
     this.#node?.free();
     this.#node = undefined;

@@ -16,9 +16,12 @@ export interface LogClient {
   tail(): Promise<number>;
   /**
    * Delivers every entry from `from` on, in order, now and as they are
-   * appended, until the returned function is called.
+   * appended, until the returned function is called. `onError` hears of
+   * a subscription the log ended (e.g. trimmed below `from`).
    */
-  subscribe(from: number, listener: EntryListener): () => void;
+  subscribe(from: number, listener: EntryListener, onError?: (e: unknown) => void): () => void;
+  /** Releases the log's resources (connections); optional. */
+  close?(): void;
 }
 
 /**

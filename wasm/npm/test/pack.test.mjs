@@ -27,7 +27,7 @@ test("npm pack installs into a fresh project, where the README examples run and 
   const app = join(work, "app");
   sh("mkdir", ["-p", app]);
   writeFileSync(join(app, "package.json"), JSON.stringify({ name: "app", private: true, type: "module" }));
-  sh("npm", ["install", "--offline", "--no-audit", "--no-fund", join(work, packed[0].filename)], app);
+  sh("npm", ["install", "--prefer-offline", "--no-audit", "--no-fund", join(work, packed[0].filename)], app);
 
   const readme = readFileSync(join(pkgDir, "README.md"), "utf8");
   const blocks = [...readme.matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1]);
