@@ -7,14 +7,18 @@ import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSy
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { startService } from "./service.mjs";
 
 const pkgDir = join(dirname(fileURLToPath(import.meta.url)), "..");
 
-function sh(cmd, args, cwd) {
-  return execFileSync(cmd, args, { cwd, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
+function sh(cmd, args, cwd, env = process.env) {
+  return execFileSync(cmd, args, { cwd, env, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
 }
 
-test("npm pack installs into a fresh project, where the README examples run and the types check", (t) => {
+test("npm pack installs into a fresh project, where the README examples run and the types check", async (t) => {
+  // The README's service example connects to MELDDB_URL.
+  const svc = await startService(t);
+  const env = { ...process.env, MELDDB_URL: svc.ws, MELDDB_TOKEN: "writer" };
   assert.ok(existsSync(join(pkgDir, "pkg", "melddb_wasm_bg.wasm")), "build first: npm run build");
   const work = mkdtempSync(join(tmpdir(), "melddb-pack-"));
   t.after(() => rmSync(work, { recursive: true, force: true }));
@@ -31,11 +35,11 @@ test("npm pack installs into a fresh project, where the README examples run and 
 
   const readme = readFileSync(join(pkgDir, "README.md"), "utf8");
   const blocks = [...readme.matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1]);
-  assert.ok(blocks.length >= 4, `README has ${blocks.length} js examples`);
+  assert.ok(blocks.length >= 5, `README has ${blocks.length} js examples`);
   blocks.forEach((code, i) => {
     const file = join(app, `readme-${i}.mjs`);
     writeFileSync(file, code);
-    sh(process.execPath, [file], app);
+    sh(process.execPath, [file], app, env);
   });
   assert.match(sh(process.execPath, [join(app, "readme-0.mjs")], app), /^100\n$/);
 
