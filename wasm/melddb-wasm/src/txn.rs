@@ -4,7 +4,7 @@
 
 use std::ops::Bound;
 
-use melddb::{Finished, Order, Snapshot, Transaction, TxnError};
+use melddb::{Bytes, Finished, Order, Snapshot, Transaction, TxnError};
 use wasm_bindgen::prelude::*;
 
 use crate::errors::{finished, js_error, store_error, txn_error};
@@ -24,14 +24,23 @@ fn bound(kind: u8, key: &[u8]) -> Result<Bound<&[u8]>, JsValue> {
     }
 }
 
-/// Appends one pair to a chunk: u32 little-endian key length, the key,
-/// u32 value length, the value (`src/codec.ts` reads it back).
-fn push_pair(out: &mut Vec<u8>, k: &[u8], v: &[u8]) {
-    // Keys and values are bounded far below 4 GiB by the core's limits.
-    out.extend_from_slice(&(k.len() as u32).to_le_bytes());
-    out.extend_from_slice(k);
-    out.extend_from_slice(&(v.len() as u32).to_le_bytes());
-    out.extend_from_slice(v);
+/// The pairs of a walk as one chunk: per pair a u32 little-endian key
+/// length, the key, a u32 value length, the value (`src/bytes.ts`,
+/// `decodePairs`, reads it back).
+fn chunk<E>(
+    items: impl Iterator<Item = Result<(Bytes, Bytes), E>>,
+    err: fn(E) -> JsValue,
+) -> Result<Vec<u8>, JsValue> {
+    let mut out = Vec::new();
+    for item in items {
+        let (k, v) = item.map_err(err)?;
+        // Keys and values are bounded far below 4 GiB by the core's limits.
+        out.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        out.extend_from_slice(&k);
+        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        out.extend_from_slice(&v);
+    }
+    Ok(out)
 }
 
 fn order(reverse: bool) -> Order {
@@ -84,7 +93,7 @@ impl Txn {
         self.tx.as_ref().map_or(0.0, |t| t.snapshot().pos() as f64)
     }
     /// Up to `limit` pairs between the bounds (see `bound`), in order,
-    /// seeing this transaction's writes, as one chunk (see `push_pair`).
+    /// seeing this transaction's writes, as one chunk (see `chunk`).
     /// A chunk shorter than `limit` means the walk reached the end.
     pub fn range(
         &mut self,
@@ -97,12 +106,10 @@ impl Txn {
     ) -> Result<Vec<u8>, JsValue> {
         let (s, e) = (bound(start_kind, start)?, bound(end_kind, end)?);
         let tx = self.live()?;
-        let mut out = Vec::new();
-        for item in tx.range(s, e, order(reverse), Some(limit.max(1) as usize)) {
-            let (k, v) = item.map_err(txn_error)?;
-            push_pair(&mut out, &k, &v);
-        }
-        Ok(out)
+        chunk(
+            tx.range(s, e, order(reverse), Some(limit.max(1) as usize)),
+            txn_error,
+        )
     }
     /// Ends the transaction: the intention bytes to append, or `undefined`
     /// if it wrote nothing (read-only: nothing to log).
@@ -148,15 +155,11 @@ impl Snap {
         limit: u32,
     ) -> Result<Vec<u8>, JsValue> {
         let (s, e) = (bound(start_kind, start)?, bound(end_kind, end)?);
-        let mut out = Vec::new();
-        for item in self
-            .snap
-            .range(s, e, order(reverse), Some(limit.max(1) as usize))
-        {
-            let (k, v) = item.map_err(store_error)?;
-            push_pair(&mut out, &k, &v);
-        }
-        Ok(out)
+        chunk(
+            self.snap
+                .range(s, e, order(reverse), Some(limit.max(1) as usize)),
+            store_error,
+        )
     }
     /// The log position of this state.
     #[wasm_bindgen(getter)]
