@@ -274,7 +274,7 @@ export class MeldDB {
   /** Begins a transaction on the latest committed state this node has. */
   begin(options: { isolation?: Isolation } = {}): Transaction {
     const iso = options.isolation ?? "serializable";
-    const code = isolationCode[iso];
+    const code = Object.hasOwn(isolationCode, iso) ? isolationCode[iso] : undefined;
     if (code === undefined) {
       throw new MeldArgumentError(`isolation must be serializable, repeatable-read or snapshot, not ${String(iso)}`, "Isolation");
     }
@@ -301,6 +301,9 @@ export class MeldDB {
     if (known !== undefined) return known;
     this.#live();
     const decided = new Promise<Outcome>((resolve, reject) => this.#waiting.set(pos, { resolve, reject }));
+    // The caller awaits `decided` only after the wait below; if the node
+    // fails first, both reject, and this marks `decided` handled meanwhile.
+    decided.catch(() => undefined);
     // With group meld an entry that heads a pair is decided with the next
     // one. If it is melded and still undecided, append an empty filler
     // (every node rejects it as malformed), as the core's Database does.

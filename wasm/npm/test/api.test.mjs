@@ -211,6 +211,7 @@ test("bad arguments are typed errors, never a crash", async () => {
   assert.throws(() => tx.put("k", new Uint8Array(2 << 20)), (e) => e instanceof MeldArgumentError && e.code === "ValueTooLarge");
   assert.throws(() => tx.put(42, "v"), TypeError);
   assert.throws(() => db.begin({ isolation: "chaos" }), MeldArgumentError);
+  assert.throws(() => db.begin({ isolation: "toString" }), MeldArgumentError);
   await assert.rejects(db.transact(() => {}, { retries: -1 }), MeldArgumentError);
   // The transaction is still usable after a rejected argument.
   tx.put("k", "v");
