@@ -115,12 +115,18 @@ impl Node {
             let Some(mut d) = Decision::from_outcome(o) else {
                 continue;
             };
-            while let Some((p, changes)) = self.pending.pop_front() {
-                if p == o.pos().unwrap_or(p) {
+            // Changes of entries before this one were never claimed
+            // (watching began after they were fed): drop them; the
+            // entry's own, if recorded, go with a commit.
+            let at = o.pos().unwrap_or(pos);
+            while self.pending.front().is_some_and(|(p, _)| *p < at) {
+                self.pending.pop_front();
+            }
+            if self.pending.front().is_some_and(|(p, _)| *p == at) {
+                if let Some((_, changes)) = self.pending.pop_front() {
                     if d.committed() {
                         d.set_changes(changes);
                     }
-                    break;
                 }
             }
             out.push(d);
