@@ -39,11 +39,13 @@
 mod encode;
 mod load;
 mod node_record;
+mod pointer;
 
 pub use self::encode::{encode, encode_streaming, Encoded};
 pub use self::load::{load, load_lazy, Loaded};
 use self::node_record::put;
 pub(crate) use self::node_record::read_node;
+pub use self::pointer::Pointer;
 
 use crate::codec::Reader;
 use crate::error::DecodeError;

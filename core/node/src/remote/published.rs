@@ -11,17 +11,12 @@
 //! reads the latest pointer, fetches those parts, loads and verifies the
 //! checkpoint (its digest included) and melds the log from the entry after
 //! the begin record on.
-//!
-//! Pointer record (little-endian): `MLDP`, version 1, `db_id` u64, begin
-//! u64, part count u32, each part's position u64, CRC-32 of everything
-//! before it.
+//! The pointer record is `melddb::checkpoint::Pointer`.
 
+pub(crate) use melddb::checkpoint::Pointer;
 use melddb::checkpoint::{self, Loaded};
 use melddb::LogPos;
 use melddb_log::{Client, ClientError};
-
-const MAGIC: &[u8; 4] = b"MLDP";
-const VERSION: u8 = 1;
 
 /// Pointers looked at, newest first, before a joiner gives up on
 /// published checkpoints and replays from genesis.
@@ -32,61 +27,6 @@ pub(crate) const TRIES: u64 = 4;
 pub(crate) fn companion(log: &str) -> Option<String> {
     let name = format!("{log}.ckpt");
     melddb_log::store::check_log_name(&name).ok().map(|_| name)
-}
-
-/// A published checkpoint: its begin record's position and its parts'.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Pointer {
-    pub db_id: u64,
-    pub begin: LogPos,
-    pub parts: Vec<LogPos>,
-}
-
-impl Pointer {
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(25 + 8 * self.parts.len());
-        out.extend_from_slice(MAGIC);
-        out.push(VERSION);
-        out.extend_from_slice(&self.db_id.to_le_bytes());
-        out.extend_from_slice(&self.begin.to_le_bytes());
-        out.extend_from_slice(&(self.parts.len() as u32).to_le_bytes());
-        for p in &self.parts {
-            out.extend_from_slice(&p.to_le_bytes());
-        }
-        let crc = crc32fast::hash(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        out
-    }
-
-    /// Parses a pointer; `None` for anything else (a stranger's record is
-    /// skipped, never trusted).
-    pub fn decode(b: &[u8]) -> Option<Pointer> {
-        let (body, crc) = b.split_at_checked(b.len().checked_sub(4)?)?;
-        if crc32fast::hash(body).to_le_bytes() != crc[..] {
-            return None;
-        }
-        let rest = body.strip_prefix(MAGIC)?.strip_prefix(&[VERSION])?;
-        let u64_at = |i: usize| -> Option<u64> {
-            Some(u64::from_le_bytes(rest.get(i..i + 8)?.try_into().ok()?))
-        };
-        let db_id = u64_at(0)?;
-        let begin = u64_at(8)?;
-        let count = u32::from_le_bytes(rest.get(16..20)?.try_into().ok()?) as usize;
-        if rest.len() != 20 + 8 * count || count == 0 || count as u64 > checkpoint::MAX_PARTS {
-            return None;
-        }
-        let parts: Option<Vec<u64>> = (0..count).map(|i| u64_at(20 + 8 * i)).collect();
-        let parts = parts?;
-        // Parts come after their begin record, in log order.
-        if parts[0] <= begin || parts.windows(2).any(|w| w[0] >= w[1]) {
-            return None;
-        }
-        Some(Pointer {
-            db_id,
-            begin,
-            parts,
-        })
-    }
 }
 
 /// The latest published checkpoint of `log` that loads and verifies, with
@@ -193,37 +133,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pointers_round_trip_and_anything_else_is_refused() {
-        let p = Pointer {
-            db_id: 7,
-            begin: 100,
-            parts: vec![101, 105, 300],
-        };
-        let b = p.encode();
-        assert_eq!(Pointer::decode(&b), Some(p.clone()));
-        // Every single-byte change and every truncation is refused.
-        for i in 0..b.len() {
-            let mut c = b.clone();
-            c[i] ^= 0x40;
-            assert_eq!(Pointer::decode(&c), None, "byte {i}");
-            assert_eq!(Pointer::decode(&b[..i]), None, "cut at {i}");
-        }
-        for bad in [
-            Pointer {
-                parts: vec![],
-                ..p.clone()
-            },
-            Pointer {
-                parts: vec![100],
-                ..p.clone()
-            },
-            Pointer {
-                parts: vec![101, 101],
-                ..p.clone()
-            },
-        ] {
-            assert_eq!(Pointer::decode(&bad.encode()), None, "{bad:?}");
-        }
+    fn the_companion_log_is_named_after_the_log_when_the_name_fits() {
         assert_eq!(companion("bank").as_deref(), Some("bank.ckpt"));
         assert_eq!(companion(&"x".repeat(60)), None);
     }
