@@ -14,6 +14,7 @@
 
 mod decision;
 mod errors;
+mod join;
 mod txn;
 
 use std::collections::VecDeque;
@@ -22,6 +23,7 @@ use melddb::{Isolation, LogPos, Melder, Settings};
 use wasm_bindgen::prelude::*;
 
 pub use decision::Decision;
+pub use join::{CheckpointLoader, Published};
 
 use decision::Changes;
 pub use txn::{Snap, Txn};
@@ -76,11 +78,7 @@ impl Node {
     pub fn new(genesis: &[u8]) -> Result<Node, JsValue> {
         let melder =
             Melder::from_genesis(genesis).map_err(|e| js_error("MeldLogError", "Genesis", e))?;
-        Ok(Node {
-            melder,
-            track: false,
-            pending: VecDeque::new(),
-        })
+        Ok(Node::with_melder(melder))
     }
 
     /// The position of the next entry to feed.
@@ -159,9 +157,20 @@ impl Node {
 }
 
 impl Node {
+    pub(crate) fn with_melder(melder: Melder) -> Node {
+        Node {
+            melder,
+            track: false,
+            pending: VecDeque::new(),
+        }
+    }
+
     /// What `bytes` would change if it commits: its puts, and its deletes
     /// of keys present in the latest state (a delete of an absent key
-    /// changed nothing). Empty for bytes that are not an intention.
+    /// changed nothing). Empty for bytes that are not an intention. For
+    /// the second entry of a group-meld pair the latest state is the one
+    /// before the pair; that is the same answer, since the second commits
+    /// only if it writes no key the first wrote.
     fn changes(&self, bytes: &[u8]) -> Changes {
         let Ok(parsed) = melddb::parse(bytes) else {
             return Vec::new();

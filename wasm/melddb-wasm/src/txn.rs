@@ -12,6 +12,9 @@ use crate::errors::{finished, js_error, store_error, txn_error};
 /// A bound as the TypeScript layer passes it: 0 open, 1 inclusive,
 /// 2 exclusive.
 fn bound(kind: u8, key: &[u8]) -> Result<Bound<&[u8]>, JsValue> {
+    if kind != 0 && key.len() > melddb::error::MAX_KEY_LEN {
+        return Err(txn_error(TxnError::KeyTooLong { len: key.len() }));
+    }
     match kind {
         0 => Ok(Bound::Unbounded),
         1 => Ok(Bound::Included(key)),

@@ -1,6 +1,6 @@
 /** The package's public API, the same on every platform. */
 export { MeldDB } from "./db.js";
-export type { Settings, MemoryOptions, ConnectOptions, TransactOptions, TransactResult, Change, Commit } from "./db.js";
+export type { Settings, MemoryOptions, ConnectOptions, TransactOptions, TransactResult, Change, Commit, NodeStats } from "./db.js";
 export { MemoryLog } from "./log.js";
 export { ServiceLog } from "./remote.js";
 export type { ServiceLogOptions, WebSocketLike, WebSocketConstructor } from "./remote.js";

@@ -6,6 +6,7 @@
 import * as raw from "../pkg/melddb_wasm.js";
 import { type Bytes, hasPrefix, toBytes } from "./bytes.js";
 import { type AbortReason, MeldAbortError, MeldArgumentError, MeldLogError, MeldStateError, call } from "./errors.js";
+import { fromPublished } from "./join.js";
 import { type LogClient, MemoryLog } from "./log.js";
 import { ServiceLog, type WebSocketConstructor } from "./remote.js";
 import { Snapshot, disposeSymbol } from "./read.js";
@@ -68,6 +69,16 @@ export interface Commit {
   changes: Change[];
 }
 
+/** Where a node started and how much of the log it has melded since. */
+export interface NodeStats {
+  /** The position of the state it started from: 0 (the genesis record) or a checkpoint's begin record. */
+  startedAt: number;
+  /** Log entries it has melded since it started. */
+  melded: number;
+  /** The position of the next entry it will meld. */
+  nextPos: number;
+}
+
 /** The result of `transact`: the outcome and what the callback returned. */
 export type TransactResult<T> = Committed & { value: T };
 
@@ -76,14 +87,29 @@ interface Watcher {
   callback: (commit: Commit) => void;
 }
 
+/** A settings field that must be an integer in `[0, max]`. */
+function whole(s: Settings, field: "maxConflictZone" | "premeldThreads" | "premeldDistance", fallback: number): number {
+  const v = s[field] ?? fallback;
+  if (typeof v !== "number" || !Number.isInteger(v) || v < 0 || v > 0xffffffff) {
+    throw new MeldArgumentError(`settings.${field} must be an integer from 0 to 2^32-1, not ${String(v)}`, "Settings");
+  }
+  return v;
+}
+
 function genesisOf(s: Settings): Uint8Array {
+  if (typeof s !== "object" || s === null) throw new MeldArgumentError("settings must be an object", "Settings");
+  const id = s.dbId ?? 0;
+  const idOk = typeof id === "bigint" ? id >= 0n && id < 1n << 64n : Number.isSafeInteger(id) && id >= 0;
+  if (!idOk) throw new MeldArgumentError(`settings.dbId must be an integer from 0 to 2^64-1, not ${String(id)}`, "Settings");
+  const group = s.groupMeld ?? false;
+  if (typeof group !== "boolean") throw new MeldArgumentError(`settings.groupMeld must be a boolean, not ${String(group)}`, "Settings");
   return call(() =>
     raw.genesisRecord(
-      BigInt(s.dbId ?? 0),
-      s.maxConflictZone ?? 1024,
-      s.premeldThreads ?? 0,
-      s.premeldDistance ?? 0,
-      s.groupMeld ?? false,
+      BigInt(id),
+      whole(s, "maxConflictZone", 1024),
+      whole(s, "premeldThreads", 0),
+      whole(s, "premeldDistance", 0),
+      group,
     ),
   );
 }
@@ -105,14 +131,20 @@ export class MeldDB {
   #ownsLog = false;
   #node: raw.Node | undefined;
   #unsubscribe: (() => void) | undefined;
-  /** Decisions kept while own appends are in flight, by position. */
+  /**
+   * Decisions at or past the lowest position an own append in flight can
+   * land at, by position, until that append's committer takes its own.
+   */
   readonly #decided = new Map<number, Outcome>();
   readonly #waiting = new Map<number, { resolve: (o: Outcome) => void; reject: (e: unknown) => void }>();
-  #inflight = 0;
+  /** Own appends in flight, by the lowest position each can land at. */
+  readonly #floors = new Map<number, number>();
   /** Waits for the node to reach a position. */
   readonly #reach: Array<{ pos: number; resolve: () => void; reject: (e: unknown) => void }> = [];
   readonly #watchers = new Set<Watcher>();
   #failed: unknown;
+  #startedAt = 0;
+  #melded = 0;
 
   private constructor(log: LogClient) {
     this.#log = log;
@@ -129,25 +161,35 @@ export class MeldDB {
   /**
    * A node on a log of the log service, over its WebSocket (`url`:
    * `ws://HOST:PORT`, or `http://HOST:PORT`, path `/v1/ws` by default).
-   * An empty log gets a genesis record with `options.settings`. Resolves
-   * once the node has melded the log up to the tail it found. Rejects
-   * with `MeldConnectionError` if the service is unreachable or refuses
-   * the token, `MeldLogError` if the log is trimmed (joining from a
-   * published checkpoint is not in this package yet).
+   * An empty log gets a genesis record with `options.settings`. The node
+   * starts from the latest checkpoint published in the companion log
+   * `LOG.ckpt` that loads and verifies (a native node with
+   * `publish_checkpoints` writes them), else from the genesis record.
+   * Resolves once the node has melded the log up to the tail it found.
+   * Rejects with `MeldConnectionError` if the service is unreachable or
+   * refuses the token, `MeldLogError` (`Trimmed`) if the log is trimmed
+   * and no published checkpoint loads.
    */
   static async connect(url: string, options: ConnectOptions): Promise<MeldDB> {
     await loadWasm();
     const log = await ServiceLog.open(url, options);
     try {
       if ((await log.bounds()).tail === 0) await log.append(genesisOf(options.settings ?? {}));
-      const { first } = await log.bounds();
-      if (first > 0) {
-        throw new MeldLogError(
-          `log ${options.log} is trimmed below position ${first}; this package melds a log from its genesis record and cannot join it yet`,
-          "Trimmed",
-        );
+      const joined = await fromPublished(log, options.log);
+      let db: MeldDB;
+      if (joined.node !== undefined) {
+        db = await MeldDB.#start(log, joined.node, joined.begin);
+      } else {
+        const { first } = await log.bounds();
+        if (first > 0) {
+          const why = joined.skipped.length > 0 ? ` (${joined.skipped.join("; ")})` : "";
+          throw new MeldLogError(
+            `log ${options.log} is trimmed below position ${first} and no published checkpoint of it loads${why}; a node that publishes checkpoints must write one first`,
+            "Trimmed",
+          );
+        }
+        db = await MeldDB.follow(log);
       }
-      const db = await MeldDB.follow(log);
       db.#ownsLog = true;
       await db.latest();
       return db;
@@ -161,9 +203,20 @@ export class MeldDB {
    * A node on any log: it melds the log from its genesis record (position
    * 0), which must exist (a creator appends it first).
    */
-  static async follow(log: LogClient): Promise<MeldDB> {
+  static follow(log: LogClient): Promise<MeldDB> {
+    return MeldDB.#start(log, undefined, 0);
+  }
+
+  /** A node melding `log` from the entry after `at`, starting from `node` (the state at `at`), or from the genesis record. */
+  static async #start(log: LogClient, node: raw.Node | undefined, at: number): Promise<MeldDB> {
     await loadWasm();
     const db = new MeldDB(log);
+    db.#node = node;
+    db.#startedAt = at;
+    if (node !== undefined) {
+      db.#unsubscribe = log.subscribe(at + 1, (pos, entry) => db.#onEntry(pos, entry), (e) => db.#fail(e));
+      return db;
+    }
     await new Promise<void>((resolve, reject) => {
       db.#unsubscribe = log.subscribe(0, (pos, entry) => {
         if (db.#node === undefined) {
@@ -205,6 +258,7 @@ export class MeldDB {
       this.#fail(e);
       return;
     }
+    this.#melded++;
     for (const d of decisions) {
       const outcome = outcomeOf(d);
       if (this.#watchers.size > 0 && d.committed) this.#publish(d);
@@ -213,7 +267,7 @@ export class MeldDB {
       if (w !== undefined) {
         this.#waiting.delete(outcome.pos);
         w.resolve(outcome);
-      } else if (this.#inflight > 0) {
+      } else if (this.#floors.size > 0 && outcome.pos >= this.#lowestFloor()) {
         this.#decided.set(outcome.pos, outcome);
       }
     }
@@ -286,18 +340,31 @@ export class MeldDB {
     return new Transaction(txn, this, at);
   }
 
+  #lowestFloor(): number {
+    let low = Infinity;
+    for (const f of this.#floors.keys()) low = Math.min(low, f);
+    return low;
+  }
+
   /** @internal Appends a finished intention and resolves with its outcome. */
   async commitIntention(intention: Uint8Array): Promise<Outcome> {
-    this.#live();
-    this.#inflight++;
+    // The entry lands at or past the next position this node melds.
+    const floor = this.#live().nextPos();
+    this.#floors.set(floor, (this.#floors.get(floor) ?? 0) + 1);
     let pos: number;
+    let known: Outcome | undefined;
     try {
       pos = await this.#log.append(intention);
+      known = this.#decided.get(pos);
+      this.#decided.delete(pos);
     } finally {
-      this.#inflight--;
+      const n = (this.#floors.get(floor) ?? 1) - 1;
+      if (n === 0) this.#floors.delete(floor);
+      else this.#floors.set(floor, n);
+      // Decisions below every remaining append's floor are nobody's.
+      const low = this.#lowestFloor();
+      for (const p of this.#decided.keys()) if (p < low) this.#decided.delete(p);
     }
-    const known = this.#decided.get(pos);
-    if (this.#inflight === 0) this.#decided.clear();
     if (known !== undefined) return known;
     this.#live();
     const decided = new Promise<Outcome>((resolve, reject) => this.#waiting.set(pos, { resolve, reject }));
@@ -308,7 +375,9 @@ export class MeldDB {
     // one. If it is melded and still undecided, append an empty filler
     // (every node rejects it as malformed), as the core's Database does.
     await this.#until(pos + 1);
-    if (this.#waiting.has(pos)) await this.#log.append(new Uint8Array(0));
+    if (this.#waiting.has(pos) && (await this.#log.tail()) === pos + 1 && this.#waiting.has(pos)) {
+      await this.#log.append(new Uint8Array(0));
+    }
     return decided;
   }
 
@@ -356,6 +425,11 @@ export class MeldDB {
   /** The position of the next log entry this node will meld. */
   get nextPos(): number {
     return this.#live().nextPos();
+  }
+
+  /** Where this node started and how many log entries it has melded since. */
+  stats(): NodeStats {
+    return { startedAt: this.#startedAt, melded: this.#melded, nextPos: this.#live().nextPos() };
   }
 
   /** Stops following the log and releases the node; later calls throw `MeldStateError`. */

@@ -7,10 +7,12 @@
 /** Request and response type numbers. */
 export const T = {
   Hello: 1,
+  Read: 3,
   Bounds: 4,
   AppendBatch: 8,
   SubscribeBatches: 10,
   HelloOk: 101,
+  Entry: 103,
   Bounds_: 104,
   AppendedBatch: 108,
   Entries: 109,
@@ -100,6 +102,7 @@ export class FrameWriter {
   /** A string with a u8 (`str8`) or u16 (`str16`) length. */
   str(s: string, lenBytes: 1 | 2): this {
     const b = utf8.encode(s);
+    if (b.length >= 1 << (8 * lenBytes)) throw new RangeError(`a string of ${b.length} bytes does not fit str${8 * lenBytes}`);
     return (lenBytes === 1 ? this.u8(b.length) : this.u16(b.length)).bytes(b);
   }
 
@@ -147,6 +150,11 @@ export class FrameReader {
   /** A u64 as a number (positions stay far below 2^53). */
   u64(): number {
     return Number(this.#view.getBigUint64(this.#advance(8), true));
+  }
+
+  /** The bytes not read yet. */
+  rest(): Uint8Array {
+    return this.bytes(this.#b.length - this.#at);
   }
 
   bytes(n: number): Uint8Array {

@@ -33,7 +33,9 @@ interface RangeSource {
   range(sk: number, s: Uint8Array, ek: number, e: Uint8Array, reverse: boolean, limit: number): Uint8Array;
 }
 
-const CHUNK = 256;
+/** Pairs in a range's first chunk; each next chunk doubles, up to `MAX_CHUNK`. */
+const FIRST_CHUNK = 16;
+const MAX_CHUNK = 256;
 const EMPTY = new Uint8Array(0);
 
 /** A bound as the wasm module takes it: [kind, key] with 0 open, 1 inclusive, 2 exclusive. */
@@ -78,9 +80,11 @@ function bounds(o: RangeOptions): { start: Bound; end: Bound; limit: number; rev
 /**
  * The pairs of a range, in key order (or reversed), fetched lazily in
  * chunks. Iterate it once, with `for await` or plain `for` (each chunk is
- * one synchronous call), or take `toArray()`. Under serializable isolation a transaction's range
- * protects what it has read so far against phantoms: all of it once the
- * iteration ended by itself, up to the last pair when stopped early.
+ * one synchronous call), or take `toArray()`. Under serializable isolation a
+ * transaction's range protects what it has fetched against phantoms: all
+ * of the range once the iteration ended by itself; when stopped early, up
+ * to the last pair of the last chunk fetched (chunks hold 16 pairs at
+ * first, doubling to 256), which may be a little past the last pair read.
  */
 export class RangeIterator implements AsyncIterable<Entry>, Iterable<Entry> {
   readonly #src: () => RangeSource;
@@ -91,6 +95,7 @@ export class RangeIterator implements AsyncIterable<Entry>, Iterable<Entry> {
   #buffer: Entry[] = [];
   #at = 0;
   #done = false;
+  #chunk = FIRST_CHUNK;
 
   /** @internal */
   constructor(src: () => RangeSource, options: RangeOptions) {
@@ -104,7 +109,8 @@ export class RangeIterator implements AsyncIterable<Entry>, Iterable<Entry> {
   }
 
   #fill(): void {
-    const want = Math.min(CHUNK, this.#left);
+    const want = Math.min(this.#chunk, this.#left);
+    this.#chunk = Math.min(this.#chunk * 2, MAX_CHUNK);
     const [sk, s] = this.#start;
     const [ek, e] = this.#end;
     const src = this.#src();

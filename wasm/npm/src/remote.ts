@@ -51,6 +51,12 @@ interface Pending {
   reject: (e: unknown) => void;
 }
 
+interface PendingAppend {
+  entry: Uint8Array;
+  resolve: (pos: number) => void;
+  reject: (e: unknown) => void;
+}
+
 interface Subscription {
   next: number;
   listener: EntryListener;
@@ -58,6 +64,17 @@ interface Subscription {
 }
 
 const MAX_BACKOFF_MS = 1000;
+/**
+ * Payload bytes one AppendBatch frame carries at most (more go in the
+ * next frame; a longer entry goes alone), far below the service's
+ * default frame limit of 64 MiB.
+ */
+const BATCH_BYTES = 1 << 20;
+/** Entries one AppendBatch frame carries at most. */
+const BATCH_ENTRIES = 4096;
+/** The service's default `max_record_bytes`; a longer entry is refused here. */
+const MAX_ENTRY_BYTES = 64 << 20;
+const utf8 = new TextEncoder();
 const SUB_RECORDS = 4096;
 const SUB_BYTES = 4 << 20;
 const LOG_NAME = /^[A-Za-z0-9_.-]{1,64}$/;
@@ -121,9 +138,11 @@ export class ServiceLog implements LogClient {
   #closed = false;
   #backoff = 50;
   #retry: ReturnType<typeof setTimeout> | undefined;
+  /** Resends after a retryable error, cleared on close. */
+  readonly #resends = new Set<ReturnType<typeof setTimeout>>();
   readonly #pending = new Map<bigint, Pending>();
   readonly #subs = new Map<bigint, Subscription>();
-  #batch: Array<{ entry: Uint8Array; resolve: (pos: number) => void; reject: (e: unknown) => void }> = [];
+  #batch: PendingAppend[] = [];
 
   private constructor(url: string, o: ServiceLogOptions, Socket: WebSocketConstructor) {
     this.#url = url;
@@ -137,6 +156,13 @@ export class ServiceLog implements LogClient {
   static async open(url: string, options: ServiceLogOptions): Promise<ServiceLog> {
     if (typeof options.log !== "string" || !LOG_NAME.test(options.log)) {
       throw new MeldArgumentError(`log name ${JSON.stringify(options.log)} is not 1-64 bytes of A-Z a-z 0-9 _ . -`, "BadLogName");
+    }
+    const attempts = options.attempts ?? 8;
+    if (typeof attempts !== "number" || !Number.isInteger(attempts) || attempts < 0) {
+      throw new MeldArgumentError(`attempts must be a non-negative integer, not ${String(attempts)}`, "Attempts");
+    }
+    if (options.token !== undefined && (typeof options.token !== "string" || utf8.encode(options.token).length > 0xffff)) {
+      throw new MeldArgumentError("the token must be a string of at most 65535 UTF-8 bytes", "Token");
     }
     const Socket = options.WebSocket ?? defaultSocket;
     if (Socket === undefined) {
@@ -248,20 +274,63 @@ export class ServiceLog implements LogClient {
       this.#onSubscription(r.corr, sub, r);
       return;
     }
+    if (r.corr === 0n && r.type === T.Error) {
+      this.#onConnectionError(r);
+      return;
+    }
     const p = this.#pending.get(r.corr);
     if (p === undefined) return;
     if (r.type === T.Error) {
-      const [code, a, b, message] = [r.u16(), r.u64(), r.u64(), r.str16()];
-      if (RETRYABLE.has(code) && ++p.tries <= this.#attempts) {
-        setTimeout(() => this.#ready && this.#pending.has(r.corr) && this.#ws?.send(p.frame), this.#backoff);
+      let err: { code: number; a: number; b: number; message: string };
+      try {
+        err = { code: r.u16(), a: r.u64(), b: r.u64(), message: r.str16() };
+      } catch {
+        this.#pending.delete(r.corr);
+        p.reject(new MeldConnectionError("the log service sent a malformed error frame", "BadFrame"));
         return;
       }
-      this.#pending.delete(r.corr);
-      p.reject(serviceError(code, a, b, message));
+      const corr = r.corr;
+      if (RETRYABLE.has(err.code) && ++p.tries <= this.#attempts) {
+        const t = setTimeout(() => {
+          this.#resends.delete(t);
+          if (this.#ready && this.#pending.has(corr)) this.#ws?.send(p.frame);
+        }, this.#backoff);
+        this.#resends.add(t);
+        return;
+      }
+      this.#pending.delete(corr);
+      p.reject(serviceError(err.code, err.a, err.b, err.message));
       return;
     }
     this.#pending.delete(r.corr);
     p.resolve(r);
+  }
+
+  /**
+   * An error under correlation id 0 comes before the service closes the
+   * connection. "Too large" (7, a = length, b = limit) names no request:
+   * every request in flight longer than the limit fails with it instead of
+   * being resent forever; the rest ride out the reconnection.
+   */
+  #onConnectionError(r: FrameReader): void {
+    let code: number;
+    let limit: number;
+    let message: string;
+    try {
+      code = r.u16();
+      r.u64();
+      limit = r.u64();
+      message = r.str16();
+    } catch {
+      return;
+    }
+    if (code !== 7) return;
+    for (const [corr, p] of this.#pending) {
+      if (p.frame.length > limit) {
+        this.#pending.delete(corr);
+        p.reject(serviceError(code, p.frame.length, limit, message));
+      }
+    }
   }
 
   #onSubscription(corr: bigint, sub: Subscription, r: FrameReader): void {
@@ -303,39 +372,85 @@ export class ServiceLog implements LogClient {
   }
 
   append(entry: Uint8Array): Promise<number> {
+    if (entry.length > MAX_ENTRY_BYTES) {
+      return Promise.reject(
+        new MeldArgumentError(`an entry of ${entry.length} bytes is longer than the log service's ${MAX_ENTRY_BYTES}-byte records`, "TooLarge"),
+      );
+    }
     return new Promise((resolve, reject) => {
       this.#batch.push({ entry: entry.slice(), resolve, reject });
-      // Appends made in one turn of the event loop go out as one batch.
+      // Appends made in one turn of the event loop go out as few batches.
       if (this.#batch.length === 1) queueMicrotask(() => this.#flush());
     });
   }
 
   #flush(): void {
-    const batch = this.#batch;
+    const all = this.#batch;
     this.#batch = [];
-    if (batch.length === 0) return;
+    // Frames stay near `BATCH_BYTES` (an entry longer than that goes alone).
+    let start = 0;
+    while (start < all.length) {
+      let end = start;
+      let bytes = 0;
+      while (end < all.length && end - start < BATCH_ENTRIES) {
+        const n = (all[end] as PendingAppend).entry.length;
+        if (end > start && bytes + n > BATCH_BYTES) break;
+        bytes += n;
+        end++;
+      }
+      this.#sendBatch(all.slice(start, end));
+      start = end;
+    }
+  }
+
+  #sendBatch(batch: PendingAppend[]): void {
     const first = this.#nextRequest;
     this.#nextRequest += BigInt(batch.length);
-    this.#send(T.AppendBatch, (w) => {
-      w.str(this.#log, 1).u64(this.#client).u64(first).u32(batch.length);
-      for (const b of batch) w.u32(b.entry.length).bytes(b.entry);
-    }).then(
+    this.#ask(
+      T.AppendBatch,
+      (w) => {
+        w.str(this.#log, 1).u64(this.#client).u64(first).u32(batch.length);
+        for (const b of batch) w.u32(b.entry.length).bytes(b.entry);
+      },
+      T.AppendedBatch,
       (r) => {
-        if (r.type !== T.AppendedBatch) throw new MeldConnectionError(`unexpected answer ${r.type} to an append`, "BadFrame");
         const n = r.u32();
         if (n !== batch.length) throw new MeldConnectionError(`${n} positions for ${batch.length} appends`, "BadFrame");
-        for (const b of batch) b.resolve(r.u64());
+        return batch.map(() => r.u64());
       },
-    ).catch((e: unknown) => {
-      for (const b of batch) b.reject(e);
+    ).then(
+      (positions) => batch.forEach((b, i) => b.resolve(positions[i] as number)),
+      (e: unknown) => batch.forEach((b) => b.reject(e)),
+    );
+  }
+
+  /** Sends a request and decodes an answer of type `answer`; anything else, or a short frame, is `BadFrame`. */
+  async #ask<R>(type: number, body: (w: FrameWriter) => void, answer: number, decode: (r: FrameReader) => R): Promise<R> {
+    const r = await this.#send(type, body);
+    try {
+      if (r.type !== answer) throw new RangeError(`answer type ${r.type}, expected ${answer}`);
+      return decode(r);
+    } catch (e) {
+      if (e instanceof MeldError) throw e;
+      throw new MeldConnectionError(`the log service answered request type ${type} with a malformed frame: ${String(e)}`, "BadFrame", { cause: e });
+    }
+  }
+
+  /**
+   * The entry at `pos` of this log, or of `log` (a companion such as
+   * `NAME.ckpt`); rejects with `MeldLogError` (`Trimmed`, `NotYetWritten`)
+   * if there is none.
+   */
+  read(pos: number, log: string = this.#log): Promise<Uint8Array> {
+    return this.#ask(T.Read, (w) => w.str(log, 1).u64(pos), T.Entry, (r) => {
+      if (r.u64() !== pos) throw new RangeError(`an entry for another position than ${pos}`);
+      return r.rest().slice();
     });
   }
 
-  /** The log's first retained position and its tail (the next position to be written). */
-  async bounds(): Promise<{ first: number; tail: number }> {
-    const r = await this.#send(T.Bounds, (w) => w.str(this.#log, 1));
-    if (r.type !== T.Bounds_) throw new MeldConnectionError(`unexpected answer ${r.type} to Bounds`, "BadFrame");
-    return { first: r.u64(), tail: r.u64() };
+  /** The first retained position and the tail (the next position to be written) of this log, or of `log`. */
+  bounds(log: string = this.#log): Promise<{ first: number; tail: number }> {
+    return this.#ask(T.Bounds, (w) => w.str(log, 1), T.Bounds_, (r) => ({ first: r.u64(), tail: r.u64() }));
   }
 
   async tail(): Promise<number> {
@@ -356,6 +471,8 @@ export class ServiceLog implements LogClient {
     this.#closed = true;
     if (this.#retry !== undefined) clearTimeout(this.#retry);
     this.#retry = undefined;
+    for (const t of this.#resends) clearTimeout(t);
+    this.#resends.clear();
     const e = new MeldStateError("the service log is closed", "Closed");
     for (const p of this.#pending.values()) p.reject(e);
     this.#pending.clear();

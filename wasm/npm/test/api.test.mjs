@@ -200,6 +200,33 @@ test("ranges agree with a model map under every option", async () => {
   db.close();
 });
 
+test("a serializable range stopped early guards the chunks it fetched, not the whole range", async () => {
+  const log = new MemoryLog();
+  const a = await MeldDB.memory({ log });
+  const b = await MeldDB.memory({ log });
+  await a.transact((tx) => {
+    for (let i = 0; i < 1000; i++) tx.put(`r/${String(i).padStart(4, "0")}`, "x");
+  });
+  const readThreeThenCommit = async (inserted) => {
+    const tx = a.begin();
+    let n = 0;
+    for (const [k] of tx.range({ prefix: "r/" })) {
+      assert.equal(text(k), `r/000${n}`);
+      if (++n === 3) break;
+    }
+    tx.put("reader", inserted);
+    await b.transact((t) => t.put(inserted, "new"));
+    return tx.commit();
+  };
+  // Key 100 is past the first chunk (16 pairs) but inside what a fixed 256-pair chunk would guard.
+  assert.equal((await readThreeThenCommit("r/0100a")).committed, true);
+  const near = await readThreeThenCommit("r/0001a");
+  assert.equal(near.committed, false);
+  assert.equal(near.reason, "Phantom");
+  a.close();
+  b.close();
+});
+
 test("bad arguments are typed errors, never a crash", async () => {
   const db = await MeldDB.memory();
   const tx = db.begin();

@@ -46,6 +46,50 @@ test("JavaScript nodes and a native node on one service log reach the same state
   assert.equal((await a.latest()).digest(), stats.digest);
 });
 
+test("under group meld and premeld, concurrent JavaScript nodes and a native node reach one state", async (t) => {
+  const svc = await startService(t);
+  const settings = { groupMeld: true, premeldThreads: 2, premeldDistance: 4, dbId: 9 };
+  const a = await MeldDB.connect(svc.ws, { ...opts("pairs"), settings });
+  const b = await MeldDB.connect(svc.ws, opts("pairs"));
+  t.after(() => {
+    a.close();
+    b.close();
+  });
+  // Transfers between 8 accounts from both nodes at once: pairs form,
+  // lone heads get fillers, conflicts abort and retry.
+  await a.transact((tx) => {
+    for (let i = 0; i < 8; i++) tx.put(`acct/${i}`, "100");
+  });
+  let seed = 5;
+  const next = (n) => (seed = (seed * 1103515245 + 12345) % 2147483648) % n;
+  const transfer = (db) =>
+    db.transact(
+      (tx) => {
+        const from = `acct/${next(8)}`;
+        const to = `acct/${next(8)}`;
+        const amount = 1 + next(5);
+        tx.put(from, String(Number(tx.getString(from)) - amount));
+        tx.put(to, String(Number(tx.getString(to)) + amount));
+      },
+      { retries: 50 },
+    );
+  for (let round = 0; round < 15; round++) await Promise.all([transfer(a), transfer(b), transfer(a), transfer(b)]);
+  const total = (snap) => [...snap.range({ prefix: "acct/" })].reduce((sum, [, v]) => sum + Number(new TextDecoder().decode(v)), 0);
+  const snapA = await a.latest();
+  assert.equal(total(snapA), 800);
+
+  const melddb = binary("melddb-cli", "melddb");
+  const dir = mkdtempSync(join(tmpdir(), "melddb-native-pairs-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const stats = JSON.parse(
+    execFileSync(melddb, ["--dir", dir, "--log", `melddb://${svc.tcp}/pairs`, "--token", "writer", "stats", "--json"], { encoding: "utf8" }),
+  );
+  const snapB = await b.latest();
+  assert.equal(snapA.pos, stats.last_position);
+  assert.equal(snapA.digest(), stats.digest);
+  assert.equal(snapB.digest(), stats.digest);
+});
+
 test("commits ride out a service restart", async (t) => {
   const svc = await startService(t);
   const db = await MeldDB.connect(svc.ws, { ...opts("restart"), attempts: 50 });
@@ -126,4 +170,79 @@ test("refusals and bad arguments are typed errors", async (t) => {
   t.after(() => r.close());
   assert.equal((await r.latest()).getString("k"), "v");
   await assert.rejects(r.transact((tx) => tx.put("k", "mine")), (e) => e instanceof MeldConnectionError && e.code === "Forbidden");
+  // Options are checked before anything is sent.
+  for (const bad of [{ attempts: -1 }, { attempts: Number.NaN }, { attempts: 1.5 }, { token: "t".repeat(70000) }]) {
+    await assert.rejects(MeldDB.connect(svc.ws, { ...opts("x"), ...bad }), MeldArgumentError, JSON.stringify(bad).slice(0, 40));
+  }
+  for (const settings of [{ dbId: -1 }, { dbId: 1.5 }, { maxConflictZone: Number.NaN }, { groupMeld: "yes" }, { premeldThreads: -2 }]) {
+    await assert.rejects(MeldDB.connect(svc.ws, { ...opts("fresh"), settings }), MeldArgumentError, JSON.stringify(settings));
+    await assert.rejects(MeldDB.memory({ settings }), MeldArgumentError, JSON.stringify(settings));
+  }
+});
+
+test("appends in one turn are split into frames the service takes; oversized ones fail, never loop", async (t) => {
+  // The test service takes records up to 1 MiB and frames up to 2 MiB.
+  const svc = await startService(t);
+  const log = await ServiceLog.open(svc.ws, { ...opts("big"), attempts: 2 });
+  t.after(() => log.close());
+  const entry = (n, fill) => new Uint8Array(n).fill(fill);
+  // Three 900 KB entries in one turn: one frame would be 2.7 MB.
+  const positions = await Promise.all([1, 2, 3].map((i) => log.append(entry(900_000, i))));
+  assert.deepEqual(positions, [0, 1, 2]);
+  assert.equal((await log.read(2))[0], 3);
+  // A record over the service's limit: refused under its request.
+  await assert.rejects(log.append(entry(1_500_000, 9)), (e) => e instanceof MeldArgumentError && e.code === "TooLarge");
+  // A frame over the service's frame limit: the service closes the
+  // connection; the append fails instead of being resent forever, and
+  // the log stays usable.
+  await assert.rejects(log.append(entry(3_000_000, 9)), (e) => e instanceof MeldArgumentError && e.code === "TooLarge");
+  assert.equal(await log.append(entry(10, 4)), 3);
+  assert.equal(await log.tail(), 4);
+});
+
+test("a node joins a trimmed log from its latest published checkpoint, skipping bad pointers", async (t) => {
+  const svc = await startService(t);
+  const a = await MeldDB.connect(svc.ws, opts("long"));
+  t.after(() => a.close());
+  const melddb = binary("melddb-cli", "melddb");
+  const dir = mkdtempSync(join(tmpdir(), "melddb-publisher-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  // A native node that publishes checkpoints (and trims below the one before the latest).
+  const publish = () =>
+    execFileSync(melddb, ["--dir", dir, "--log", `melddb://${svc.tcp}/long`, "--token", "writer", "--publish-checkpoints", "checkpoint", "--json"], {
+      encoding: "utf8",
+    });
+  for (let round = 0; round < 3; round++) {
+    for (let i = 0; i < 30; i++) {
+      await a.transact((tx) => {
+        tx.put(`k/${round}/${i}`, `v${i}`);
+        tx.put("counter", String(Number(tx.getString("counter") ?? "0") + 1));
+      });
+    }
+    publish();
+  }
+  await a.transact((tx) => tx.put("after", "checkpoints"));
+  const log = await ServiceLog.open(svc.ws, opts("long"));
+  t.after(() => log.close());
+  const { first, tail } = await log.bounds();
+  assert.ok(first > 0, `the publisher trimmed the log (first ${first})`);
+
+  // A stranger's record in the companion log is skipped.
+  const companion = await ServiceLog.open(svc.ws, opts("long.ckpt"));
+  t.after(() => companion.close());
+  await companion.append(new TextEncoder().encode("not a pointer"));
+
+  const b = await MeldDB.connect(svc.ws, opts("long"));
+  t.after(() => b.close());
+  const stats = b.stats();
+  assert.ok(stats.startedAt >= first, `started at ${stats.startedAt}, the log starts at ${first}`);
+  assert.equal(stats.nextPos, tail);
+  assert.equal(stats.melded, tail - stats.startedAt - 1);
+  const snap = await b.latest();
+  assert.equal(snap.getString("counter"), "90");
+  assert.equal(snap.getString("after"), "checkpoints");
+  assert.equal(snap.digest(), (await a.latest()).digest());
+  // It commits like any node, and the others see it.
+  await b.transact((tx) => tx.put("from", "b"));
+  assert.equal((await a.latest()).getString("from"), "b");
 });

@@ -33,6 +33,9 @@ segment_bytes = 4194304
 prepared_segments = 0
 max_record_bytes = 1048576
 
+[limits]
+max_frame_bytes = 2097152
+
 [listen]
 tcp = "${tcp}"
 http = "${http}"
