@@ -37,11 +37,15 @@ impl Published {
     }
 }
 
-/// Collects the parts a [`Published`] pointer names, in order, and loads
-/// them into a node.
+/// Collects the parts of one checkpoint, in order, and loads them into a
+/// node: the parts a [`Published`] pointer names, or those of a checkpoint
+/// the host saved itself ([`CheckpointLoader::saved`]).
 #[wasm_bindgen]
 pub struct CheckpointLoader {
     ptr: Pointer,
+    /// Whether `ptr.db_id` is known (a saved checkpoint's is not checked
+    /// against a pointer).
+    check_db: bool,
     parts: Vec<Vec<u8>>,
 }
 
@@ -56,8 +60,29 @@ impl CheckpointLoader {
     pub fn new(published: &Published) -> CheckpointLoader {
         CheckpointLoader {
             ptr: published.ptr.clone(),
+            check_db: true,
             parts: Vec::new(),
         }
+    }
+
+    /// A loader for a checkpoint of `count` parts begun at `begin` that the
+    /// host saved from [`Node::checkpoint`].
+    pub fn saved(begin: f64, count: u32) -> Result<CheckpointLoader, JsValue> {
+        if count == 0 || u64::from(count) > checkpoint::MAX_PARTS {
+            return Err(bad_checkpoint(format!(
+                "a checkpoint has 1 to {} parts, not {count}",
+                checkpoint::MAX_PARTS
+            )));
+        }
+        Ok(CheckpointLoader {
+            ptr: Pointer {
+                db_id: 0,
+                begin: begin as u64,
+                parts: vec![0; count as usize],
+            },
+            check_db: false,
+            parts: Vec::new(),
+        })
     }
 
     /// Adds the next part (the log entry at the next position of
@@ -74,8 +99,11 @@ impl CheckpointLoader {
             ) if begin == self.ptr.begin && i == index => {}
             (at, _) => {
                 return Err(bad_checkpoint(format!(
-                    "entry {} is not part {index} of the checkpoint begun at {}",
-                    at.map_or_else(|| "past the last part".to_owned(), |p| p.to_string()),
+                    "{} is not part {index} of the checkpoint begun at {}",
+                    at.map_or_else(
+                        || "a record past the last part".to_owned(),
+                        |p| format!("entry {p}")
+                    ),
                     self.ptr.begin
                 )))
             }
@@ -108,7 +136,7 @@ impl CheckpointLoader {
                 self.ptr.begin
             )));
         }
-        if loaded.settings.db_id != self.ptr.db_id {
+        if self.check_db && loaded.settings.db_id != self.ptr.db_id {
             return Err(bad_checkpoint(
                 "its parts belong to another database".to_owned(),
             ));

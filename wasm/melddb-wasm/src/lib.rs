@@ -19,7 +19,7 @@ mod txn;
 
 use std::collections::VecDeque;
 
-use melddb::{Isolation, LogPos, Melder, Settings};
+use melddb::{Isolation, LogPos, Melder, Settings, Snapshot};
 use wasm_bindgen::prelude::*;
 
 pub use decision::Decision;
@@ -68,6 +68,10 @@ pub struct Node {
     /// Changes of entries fed but not yet decided (a group-meld pair's
     /// head is decided with the entry after it), oldest first.
     pending: VecDeque<(LogPos, Changes)>,
+    /// The state at the latest checkpoint begin record melded: the one
+    /// state a local checkpoint can hold, since nothing after a begin
+    /// record needs a state before it.
+    last_begin: Option<Snapshot>,
 }
 
 #[wasm_bindgen]
@@ -100,6 +104,7 @@ impl Node {
     /// node of the state that cannot be read back is.
     pub fn apply(&mut self, bytes: &[u8]) -> Result<Vec<Decision>, JsValue> {
         let pos = self.melder.next_pos();
+        let barrier = self.melder.barrier();
         if self.track {
             let changes = self.changes(bytes);
             self.pending.push_back((pos, changes));
@@ -107,6 +112,12 @@ impl Node {
         let outcomes = self.melder.apply(bytes);
         if let Some(e) = self.melder.read_error() {
             return Err(store_error(e.clone()));
+        }
+        let begin = self.melder.barrier();
+        if begin != barrier {
+            if let Some(state) = self.melder.meld_state(begin) {
+                self.last_begin = Some(state.snapshot().clone());
+            }
         }
         let mut out = Vec::with_capacity(outcomes.len());
         for o in &outcomes {
@@ -154,14 +165,54 @@ impl Node {
     pub fn snapshot(&self) -> Snap {
         Snap::new(self.melder.lcs().clone())
     }
+
+    /// The position of the latest checkpoint begin record melded (or
+    /// started from), if any: where [`Node::checkpoint`] encodes a state.
+    #[wasm_bindgen(js_name = lastBegin)]
+    pub fn last_begin(&self) -> Option<f64> {
+        self.last_begin.as_ref().map(|s| s.pos() as f64)
+    }
+
+    /// Encodes the state at [`Node::last_begin`] as checkpoint parts of at
+    /// most `part_bytes` of body each, returned as one buffer: per part a
+    /// u32 little-endian length and the part (the records a
+    /// `CheckpointLoader` takes back).
+    pub fn checkpoint(&self, part_bytes: u32) -> Result<Vec<u8>, JsValue> {
+        let state = self.last_begin.as_ref().ok_or_else(|| {
+            js_error(
+                "MeldStateError",
+                "NoBegin",
+                "no checkpoint begin record was melded yet; append one first",
+            )
+        })?;
+        let size = (part_bytes as usize).clamp(1024, melddb::checkpoint::MAX_PART_BYTES);
+        let parts = melddb::checkpoint::encode(self.melder.settings(), state, size)
+            .map_err(|e| js_error("MeldStorageError", "Checkpoint", e))?;
+        let mut out = Vec::with_capacity(parts.iter().map(|p| p.len() + 4).sum());
+        for p in parts {
+            out.extend_from_slice(&(p.len() as u32).to_le_bytes());
+            out.extend_from_slice(&p);
+        }
+        Ok(out)
+    }
+
+    /// A checkpoint begin record of this database: appended to the log,
+    /// it is a barrier every node melds alike, and a state a node can
+    /// checkpoint locally.
+    #[wasm_bindgen(js_name = beginRecord)]
+    pub fn begin_record(&self) -> Vec<u8> {
+        melddb::checkpoint::begin_record(self.melder.settings().db_id)
+    }
 }
 
 impl Node {
     pub(crate) fn with_melder(melder: Melder) -> Node {
+        let last_begin = (melder.barrier() > 0).then(|| melder.lcs().clone());
         Node {
             melder,
             track: false,
             pending: VecDeque::new(),
+            last_begin,
         }
     }
 

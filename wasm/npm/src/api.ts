@@ -2,6 +2,8 @@
 export { MeldDB } from "./db.js";
 export type { Settings, MemoryOptions, ConnectOptions, TransactOptions, TransactResult, Change, Commit, NodeStats } from "./db.js";
 export { MemoryLog } from "./log.js";
+export { MemoryStore } from "./store.js";
+export type { NodeStore, SavedNode } from "./store.js";
 export { ServiceLog } from "./remote.js";
 export type { ServiceLogOptions, WebSocketLike, WebSocketConstructor } from "./remote.js";
 export type { LogClient, EntryListener } from "./log.js";

@@ -5,8 +5,18 @@
  */
 import * as raw from "../pkg/melddb_wasm.js";
 import { type Bytes, hasPrefix, toBytes } from "./bytes.js";
-import { type AbortReason, MeldAbortError, MeldArgumentError, MeldLogError, MeldStateError, call } from "./errors.js";
+import {
+  type AbortReason,
+  MeldAbortError,
+  MeldArgumentError,
+  MeldLogError,
+  MeldStateError,
+  type MeldStorageError,
+  call,
+} from "./errors.js";
 import { fromPublished } from "./join.js";
+import { Persister, restore } from "./persist.js";
+import type { NodeStore } from "./store.js";
 import { type LogClient, MemoryLog } from "./log.js";
 import { ServiceLog, type WebSocketConstructor } from "./remote.js";
 import { Snapshot, disposeSymbol } from "./read.js";
@@ -47,6 +57,17 @@ export interface ConnectOptions {
   attempts?: number;
   /** A WebSocket constructor in place of the platform's. */
   WebSocket?: WebSocketConstructor;
+  /**
+   * Where the node keeps its checkpoint and the log it melded since, to
+   * resume there on the next `connect` (`openBrowserStore` in browsers,
+   * `MemoryStore`, or your own). Without it the node joins from the
+   * latest published checkpoint every time.
+   */
+  store?: NodeStore;
+  /** Log bytes melded between the store's checkpoints (default 4 MiB). */
+  checkpointBytes?: number;
+  /** Called once if the store fails; the node goes on without it (default: `console.warn`). */
+  onStorageError?: (e: MeldStorageError) => void;
 }
 
 /** Options of `transact`. */
@@ -73,8 +94,10 @@ export interface Commit {
 export interface NodeStats {
   /** The position of the state it started from: 0 (the genesis record) or a checkpoint's begin record. */
   startedAt: number;
-  /** Log entries it has melded since it started. */
+  /** Log entries it has melded from the log since it started. */
   melded: number;
+  /** Entries it melded again from its store when it started. */
+  restored: number;
   /** The position of the next entry it will meld. */
   nextPos: number;
 }
@@ -145,6 +168,9 @@ export class MeldDB {
   #failed: unknown;
   #startedAt = 0;
   #melded = 0;
+  #restored = 0;
+  #persister: Persister | undefined;
+  #closing: Promise<void> = Promise.resolve();
 
   private constructor(log: LogClient) {
     this.#log = log;
@@ -172,29 +198,53 @@ export class MeldDB {
    */
   static async connect(url: string, options: ConnectOptions): Promise<MeldDB> {
     await loadWasm();
+    const checkpointBytes = options.checkpointBytes ?? 4 << 20;
+    if (typeof checkpointBytes !== "number" || !Number.isSafeInteger(checkpointBytes) || checkpointBytes < 1) {
+      throw new MeldArgumentError(`checkpointBytes must be a positive integer, not ${String(checkpointBytes)}`, "CheckpointBytes");
+    }
+    const store = options.store;
     const log = await ServiceLog.open(url, options);
+    let node: raw.Node | undefined;
     try {
       if ((await log.bounds()).tail === 0) await log.append(genesisOf(options.settings ?? {}));
-      const joined = await fromPublished(log, options.log);
+      const skipped: string[] = [];
+      const local = store === undefined ? undefined : await restore(store, log, options.log, skipped);
+      node = local?.node;
+      const persister =
+        store === undefined
+          ? undefined
+          : new Persister(store, options.log, checkpointBytes, options.onStorageError ?? ((e) => console.warn(`melddb: ${e.message}`)));
+      // A published checkpoint past what the store holds is the shorter way.
+      const joined = await fromPublished(log, options.log, local?.last ?? -1, skipped, store !== undefined);
       let db: MeldDB;
       if (joined.node !== undefined) {
-        db = await MeldDB.#start(log, joined.node, joined.begin);
+        node?.free();
+        node = joined.node;
+        persister?.startAt(joined.begin, joined.parts, await log.read(joined.begin));
+        db = await MeldDB.#start(log, joined.node, joined.begin, joined.begin + 1, persister);
+      } else if (local !== undefined) {
+        persister?.resumed(local.last);
+        db = await MeldDB.#start(log, local.node, local.begin, local.last + 1, persister);
+        db.#restored = local.restored;
       } else {
         const { first } = await log.bounds();
         if (first > 0) {
-          const why = joined.skipped.length > 0 ? ` (${joined.skipped.join("; ")})` : "";
+          const why = skipped.length > 0 ? ` (${skipped.join("; ")})` : "";
           throw new MeldLogError(
             `log ${options.log} is trimmed below position ${first} and no published checkpoint of it loads${why}; a node that publishes checkpoints must write one first`,
             "Trimmed",
           );
         }
-        db = await MeldDB.follow(log);
+        db = await MeldDB.#start(log, undefined, 0, 0, persister);
       }
+      node = undefined;
       db.#ownsLog = true;
       await db.latest();
       return db;
     } catch (e) {
+      node?.free();
       log.close();
+      await store?.close().catch(() => undefined);
       throw e;
     }
   }
@@ -204,24 +254,31 @@ export class MeldDB {
    * 0), which must exist (a creator appends it first).
    */
   static follow(log: LogClient): Promise<MeldDB> {
-    return MeldDB.#start(log, undefined, 0);
+    return MeldDB.#start(log, undefined, 0, 0, undefined);
   }
 
-  /** A node melding `log` from the entry after `at`, starting from `node` (the state at `at`), or from the genesis record. */
-  static async #start(log: LogClient, node: raw.Node | undefined, at: number): Promise<MeldDB> {
+  /**
+   * A node melding `log` from position `from` on, starting from `node`
+   * (the state before `from`, which began at checkpoint position
+   * `startedAt`), or from the genesis record.
+   */
+  static async #start(log: LogClient, node: raw.Node | undefined, startedAt: number, from: number, persister: Persister | undefined): Promise<MeldDB> {
     await loadWasm();
     const db = new MeldDB(log);
     db.#node = node;
-    db.#startedAt = at;
+    db.#startedAt = startedAt;
+    db.#persister = persister;
     if (node !== undefined) {
-      db.#unsubscribe = log.subscribe(at + 1, (pos, entry) => db.#onEntry(pos, entry), (e) => db.#fail(e));
+      db.#unsubscribe = log.subscribe(from, (pos, entry) => db.#onEntry(pos, entry), (e) => db.#fail(e));
       return db;
     }
     await new Promise<void>((resolve, reject) => {
       db.#unsubscribe = log.subscribe(0, (pos, entry) => {
         if (db.#node === undefined) {
           try {
-            db.#node = call(() => new raw.Node(entry));
+            const genesis = call(() => new raw.Node(entry));
+            db.#node = genesis;
+            db.#persister?.melded(pos, entry, genesis);
             resolve();
           } catch (e) {
             db.#fail(e);
@@ -259,6 +316,12 @@ export class MeldDB {
       return;
     }
     this.#melded++;
+    const persister = this.#persister;
+    if (persister !== undefined) {
+      persister.melded(pos, entry, node);
+      // No begin record for a while: append one, so the store can checkpoint.
+      if (persister.wantsBegin()) this.#log.append(node.beginRecord()).catch(() => undefined);
+    }
     for (const d of decisions) {
       const outcome = outcomeOf(d);
       if (this.#watchers.size > 0 && d.committed) this.#publish(d);
@@ -429,18 +492,35 @@ export class MeldDB {
 
   /** Where this node started and how many log entries it has melded since. */
   stats(): NodeStats {
-    return { startedAt: this.#startedAt, melded: this.#melded, nextPos: this.#live().nextPos() };
+    return { startedAt: this.#startedAt, melded: this.#melded, restored: this.#restored, nextPos: this.#live().nextPos() };
+  }
+
+  /**
+   * Resolves once everything this node has melded is in its store (at
+   * once without one); rejects with `MeldStorageError` if the store failed.
+   */
+  async flush(): Promise<void> {
+    await this.#persister?.flush();
   }
 
   /** Stops following the log and releases the node; later calls throw `MeldStateError`. */
   close(): void {
     this.#unsubscribe?.();
     this.#unsubscribe = undefined;
+    // What was melded still goes to the store, which then closes (and
+    // releases its lock); `closed()` waits for it.
+    this.#closing = this.#persister?.close() ?? Promise.resolve();
+    this.#persister = undefined;
     if (this.#ownsLog) this.#log.close?.();
     this.#fail(new MeldStateError("the database is closed", "Closed"));
     this.#node?.free();
     this.#node = undefined;
     this.#watchers.clear();
+  }
+
+  /** Resolves once `close()` has finished with the store (at once without one). */
+  closed(): Promise<void> {
+    return this.#closing;
   }
 
   /** Same as `close()`. */

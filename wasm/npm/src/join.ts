@@ -15,20 +15,28 @@ const TRIES = 4;
 const READS_AHEAD = 8;
 
 /** A node loaded from a published checkpoint, or why there is none. */
-export type Joined = { node: raw.Node; begin: number } | { node: undefined; skipped: string[] };
+export type Joined = { node: raw.Node; begin: number; parts: Uint8Array[] } | { node: undefined };
 
-/** The newest published checkpoint of `name` that loads, as a node at its begin record. */
-export async function fromPublished(log: ServiceLog, name: string): Promise<Joined> {
-  const skipped: string[] = [];
+/**
+ * The newest published checkpoint of `name` that loads, as a node at its
+ * begin record, with its parts; none begun at or before `have` (a state
+ * the caller already has) is fetched. Why pointers were skipped is added
+ * to `skipped`. The parts are returned only with `keepParts`.
+ */
+export async function fromPublished(log: ServiceLog, name: string, have: number, skipped: string[], keepParts: boolean): Promise<Joined> {
   const companion = `${name}.ckpt`;
-  if (companion.length > 64) return { node: undefined, skipped: [`${companion} is longer than a log name may be`] };
+  if (companion.length > 64) {
+    skipped.push(`${companion} is longer than a log name may be`);
+    return { node: undefined };
+  }
   let bounds: { first: number; tail: number };
   try {
     bounds = await log.bounds(companion);
   } catch (e) {
     // A token that may read the log but not its companion melds from genesis.
     if (e instanceof MeldError && (e.code === "Forbidden" || e.code === "Unauthorized")) {
-      return { node: undefined, skipped: [`${companion} is not readable with this token: ${e.message}`] };
+      skipped.push(`${companion} is not readable with this token: ${e.message}`);
+      return { node: undefined };
     }
     throw e;
   }
@@ -39,8 +47,13 @@ export async function fromPublished(log: ServiceLog, name: string): Promise<Join
       continue;
     }
     const begin = ptr.begin;
+    if (begin <= have) {
+      ptr.free();
+      break;
+    }
     try {
-      return { node: await load(log, ptr), begin };
+      const parts: Uint8Array[] = [];
+      return { node: await load(log, ptr, keepParts ? parts : undefined), begin, parts };
     } catch (e) {
       if (!(e instanceof MeldError) || e.code === "Closed" || e.name === "MeldConnectionError") throw e;
       skipped.push(`checkpoint begun at ${begin}: ${e.message}`);
@@ -48,10 +61,11 @@ export async function fromPublished(log: ServiceLog, name: string): Promise<Join
       ptr.free();
     }
   }
-  return { node: undefined, skipped };
+  return { node: undefined };
 }
 
-async function load(log: ServiceLog, ptr: raw.Published): Promise<raw.Node> {
+/** Loads the checkpoint `ptr` names; its parts are added to `parts` if given. */
+async function load(log: ServiceLog, ptr: raw.Published, parts: Uint8Array[] | undefined): Promise<raw.Node> {
   const positions = ptr.parts;
   const loader = new raw.CheckpointLoader(ptr);
   const reads: Array<Promise<Uint8Array> | undefined> = [];
@@ -67,6 +81,7 @@ async function load(log: ServiceLog, ptr: raw.Published): Promise<raw.Node> {
       const part = await (reads[i] as Promise<Uint8Array>);
       reads[i] = undefined;
       call(() => loader.add(part));
+      parts?.push(part);
     }
     return call(() => loader.finish());
   } finally {

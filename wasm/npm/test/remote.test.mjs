@@ -9,7 +9,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { WebSocket } from "ws";
-import { MeldDB, ServiceLog, MeldConnectionError, MeldArgumentError } from "melddb";
+import { MeldDB, ServiceLog, MemoryStore, MeldConnectionError, MeldArgumentError, MeldStorageError } from "melddb";
 import { binary, startService } from "./service.mjs";
 
 const opts = (log) => ({ log, token: "writer" });
@@ -245,4 +245,70 @@ test("a node joins a trimmed log from its latest published checkpoint, skipping 
   // It commits like any node, and the others see it.
   await b.transact((tx) => tx.put("from", "b"));
   assert.equal((await a.latest()).getString("from"), "b");
+});
+
+test("a node with a store resumes from its checkpoint and tail and catches up, not melding the log again", async (t) => {
+  const svc = await startService(t);
+  const writer = await MeldDB.connect(svc.ws, opts("resume"));
+  t.after(() => writer.close());
+  const write = async (n, tag) => {
+    for (let i = 0; i < n; i++) await writer.transact((tx) => tx.put(`${tag}/${i}`, "v".repeat(200)), { retries: 50 });
+  };
+  await write(20, "early");
+  const store = new MemoryStore();
+  const withStore = { ...opts("resume"), store, checkpointBytes: 2000 };
+  const a = await MeldDB.connect(svc.ws, withStore);
+  assert.equal(a.stats().startedAt, 0);
+  // Enough log that the node appends begin records and checkpoints at them.
+  await write(60, "middle");
+  await a.latest();
+  await a.flush();
+  const left = a.stats().nextPos;
+  a.close();
+  await a.closed();
+  const saved = await store.load();
+  assert.ok(saved.checkpoint !== undefined, "the store holds a checkpoint");
+  assert.equal(saved.first + saved.tail.length, left);
+
+  await write(10, "late");
+  const b = await MeldDB.connect(svc.ws, withStore);
+  t.after(() => b.close());
+  const st = b.stats();
+  const tail = await writer.latest().then((s) => s.pos + 1);
+  assert.equal(st.startedAt, saved.first);
+  assert.equal(st.restored, saved.tail.length - 1);
+  assert.equal(st.melded, tail - left, "only the entries after the store's were read from the log");
+  assert.equal((await b.latest()).digest(), (await writer.latest()).digest());
+  await b.transact((tx) => tx.put("from", "b"));
+  assert.equal((await writer.latest()).getString("from"), "b");
+  b.close();
+  await b.closed();
+
+  // A store of another log is emptied; the node starts from that log's beginning.
+  const other = await MeldDB.connect(svc.ws, { ...opts("other"), store });
+  t.after(() => other.close());
+  assert.equal(other.stats().restored, 0);
+  assert.equal(other.stats().startedAt, 0);
+  await other.flush();
+  assert.equal((await store.load()).log, "other");
+});
+
+test("a failing store is reported once as MeldStorageError and the node goes on", async (t) => {
+  const svc = await startService(t);
+  const errors = [];
+  const failing = {
+    load: async () => undefined,
+    reset: async () => {
+      throw new MeldStorageError("quota exceeded", "Quota");
+    },
+    append: async () => undefined,
+    clear: async () => undefined,
+    close: async () => undefined,
+  };
+  const db = await MeldDB.connect(svc.ws, { ...opts("failing"), store: failing, onStorageError: (e) => errors.push(e) });
+  t.after(() => db.close());
+  await db.transact((tx) => tx.put("k", "v"));
+  await assert.rejects(db.flush(), (e) => e instanceof MeldStorageError && e.code === "Quota");
+  assert.equal(errors.length, 1);
+  assert.equal((await db.latest()).getString("k"), "v");
 });
