@@ -4,6 +4,8 @@ export type { Settings, MemoryOptions, ConnectOptions, TransactOptions, Transact
 export { MemoryLog } from "./log.js";
 export { MemoryStore } from "./store.js";
 export type { NodeStore, SavedNode } from "./store.js";
+export { openBrowserStore } from "./browser-store.js";
+export type { BrowserStoreOptions } from "./browser-store.js";
 export { ServiceLog } from "./remote.js";
 export type { ServiceLogOptions, WebSocketLike, WebSocketConstructor } from "./remote.js";
 export type { LogClient, EntryListener } from "./log.js";
