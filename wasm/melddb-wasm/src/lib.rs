@@ -68,10 +68,13 @@ pub struct Node {
     /// Changes of entries fed but not yet decided (a group-meld pair's
     /// head is decided with the entry after it), oldest first.
     pending: VecDeque<(LogPos, Changes)>,
-    /// The state at the latest checkpoint begin record melded: the one
-    /// state a local checkpoint can hold, since nothing after a begin
-    /// record needs a state before it.
+    /// The state at the latest checkpoint begin record melded since
+    /// [`Node::keep_begin`] was turned on: the one state a local
+    /// checkpoint can hold, since nothing after a begin record needs a
+    /// state before it. Kept only on request, as it holds every tree node
+    /// replaced since.
     last_begin: Option<Snapshot>,
+    keep_begin: bool,
 }
 
 #[wasm_bindgen]
@@ -114,7 +117,7 @@ impl Node {
             return Err(store_error(e.clone()));
         }
         let begin = self.melder.barrier();
-        if begin != barrier {
+        if self.keep_begin && begin != barrier {
             if let Some(state) = self.melder.meld_state(begin) {
                 self.last_begin = Some(state.snapshot().clone());
             }
@@ -166,8 +169,19 @@ impl Node {
         Snap::new(self.melder.lcs().clone())
     }
 
-    /// The position of the latest checkpoint begin record melded (or
-    /// started from), if any: where [`Node::checkpoint`] encodes a state.
+    /// Keeps the state at each checkpoint begin record melded from now on
+    /// (for [`Node::checkpoint`]), or stops and drops the one kept.
+    #[wasm_bindgen(js_name = keepBegin)]
+    pub fn keep_begin(&mut self, on: bool) {
+        self.keep_begin = on;
+        if !on {
+            self.last_begin = None;
+        }
+    }
+
+    /// The position of the latest checkpoint begin record kept (see
+    /// [`Node::keep_begin`]), if any: where [`Node::checkpoint`] encodes a
+    /// state.
     #[wasm_bindgen(js_name = lastBegin)]
     pub fn last_begin(&self) -> Option<f64> {
         self.last_begin.as_ref().map(|s| s.pos() as f64)
@@ -207,12 +221,12 @@ impl Node {
 
 impl Node {
     pub(crate) fn with_melder(melder: Melder) -> Node {
-        let last_begin = (melder.barrier() > 0).then(|| melder.lcs().clone());
         Node {
             melder,
             track: false,
             pending: VecDeque::new(),
-            last_begin,
+            last_begin: None,
+            keep_begin: false,
         }
     }
 

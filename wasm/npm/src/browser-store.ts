@@ -61,6 +61,11 @@ function unframe(buf: Uint8Array): Uint8Array[] {
   return out;
 }
 
+/** `b` itself if it spans its whole buffer, else a copy: IndexedDB stores a view's entire buffer. */
+function own(b: Uint8Array): Uint8Array {
+  return b.byteOffset === 0 && b.byteLength === b.buffer.byteLength ? b : b.slice();
+}
+
 interface Meta {
   version: 1;
   log: string;
@@ -172,7 +177,13 @@ class OpfsStore implements NodeStore {
 
   async reset(log: string, begin: number, parts: Uint8Array[], beginEntry: Uint8Array): Promise<void> {
     try {
-      const g = (this.#meta?.generation ?? 0) + 1;
+      // Past every generation on disk, so that files a crashed reset left
+      // behind are never mistaken for this one's.
+      let g = (this.#meta?.generation ?? 0) + 1;
+      for (const name of await this.#names()) {
+        const m = /^(?:ckpt|tail)-(\d+)[-.]/.exec(name);
+        if (m !== null) g = Math.max(g, Number(m[1]) + 1);
+      }
       if (parts.length > 0) await this.#write(`ckpt-${g}.bin`, frame(parts));
       await this.#write(`tail-${g}-${begin}.bin`, frame([beginEntry]));
       const meta: Meta = { version: 1, log, generation: g, begin, parts: parts.length };
@@ -291,8 +302,8 @@ class IndexedDbStore implements NodeStore {
       const ts = tx.objectStore("tail");
       ps.clear();
       ts.clear();
-      parts.forEach((p, i) => ps.put(p, i));
-      ts.put(beginEntry, begin);
+      parts.forEach((p, i) => ps.put(own(p), i));
+      ts.put(own(beginEntry), begin);
       const meta: Meta = { version: 1, log, generation: 0, begin, parts: parts.length };
       tx.objectStore("meta").put(meta, "meta");
       await committed(tx);
@@ -305,7 +316,7 @@ class IndexedDbStore implements NodeStore {
     try {
       const tx = this.#db.transaction("tail", "readwrite");
       const ts = tx.objectStore("tail");
-      entries.forEach((e, i) => ts.put(e, first + i));
+      entries.forEach((e, i) => ts.put(own(e), first + i));
       await committed(tx);
     } catch (e) {
       throw storageError("appending to the node's store (IndexedDB)", e);
@@ -372,7 +383,12 @@ export async function openBrowserStore(name: string, options: BrowserStoreOption
   if (backend === "indexeddb" && typeof indexedDB === "undefined") {
     throw new MeldStorageError("neither OPFS nor IndexedDB is available here", "Unsupported");
   }
-  const release = await lock(name);
+  let release: (() => void) | undefined;
+  try {
+    release = await lock(name);
+  } catch (e) {
+    throw storageError(`taking the Web Lock of store ${name}`, e);
+  }
   if (release === undefined) {
     throw new MeldStorageError(`store ${name} is open in another tab or worker of this origin; close it there or use another name`, "Locked");
   }

@@ -11,11 +11,11 @@ import {
   MeldArgumentError,
   MeldLogError,
   MeldStateError,
-  type MeldStorageError,
+  MeldStorageError,
   call,
 } from "./errors.js";
 import { fromPublished } from "./join.js";
-import { Persister, restore } from "./persist.js";
+import { Persister, type Restored, restore } from "./persist.js";
 import type { NodeStore } from "./store.js";
 import { type LogClient, MemoryLog } from "./log.js";
 import { ServiceLog, type WebSocketConstructor } from "./remote.js";
@@ -110,6 +110,21 @@ interface Watcher {
   callback: (commit: Commit) => void;
 }
 
+/** Whether `s` has the methods of a `NodeStore`. */
+function isStore(s: unknown): s is NodeStore {
+  const o = s as Record<string, unknown> | null;
+  return typeof o === "object" && o !== null && ["load", "reset", "append", "clear", "close"].every((m) => typeof o[m] === "function");
+}
+
+/** Hands a store failure to the user's callback, which must not break the node by throwing. */
+function report(callback: (e: MeldStorageError) => void, e: MeldStorageError): void {
+  try {
+    callback(e);
+  } catch {
+    // The failure was reported; the callback's own error is not the node's.
+  }
+}
+
 /** A settings field that must be an integer in `[0, max]`. */
 function whole(s: Settings, field: "maxConflictZone" | "premeldThreads" | "premeldDistance", fallback: number): number {
   const v = s[field] ?? fallback;
@@ -202,28 +217,42 @@ export class MeldDB {
     if (typeof checkpointBytes !== "number" || !Number.isSafeInteger(checkpointBytes) || checkpointBytes < 1) {
       throw new MeldArgumentError(`checkpointBytes must be a positive integer, not ${String(checkpointBytes)}`, "CheckpointBytes");
     }
-    const store = options.store;
+    let store = options.store;
+    if (store !== undefined && !isStore(store)) {
+      throw new MeldArgumentError("store must have the NodeStore methods load, reset, append, clear and close", "Store");
+    }
+    const onStorageError = options.onStorageError ?? ((e: MeldStorageError) => console.warn(`melddb: ${e.message}`));
+    if (typeof onStorageError !== "function") throw new MeldArgumentError("onStorageError must be a function", "OnStorageError");
     const log = await ServiceLog.open(url, options);
     let node: raw.Node | undefined;
+    let persister: Persister | undefined;
+    let db: MeldDB | undefined;
     try {
       if ((await log.bounds()).tail === 0) await log.append(genesisOf(options.settings ?? {}));
       const skipped: string[] = [];
-      const local = store === undefined ? undefined : await restore(store, log, options.log, skipped);
+      let local: Restored | undefined;
+      if (store !== undefined) {
+        try {
+          local = await restore(store, log, options.log, skipped);
+        } catch (e) {
+          if (!(e instanceof MeldStorageError)) throw e;
+          // A store that cannot be read is reported; the node goes on without it.
+          report(onStorageError, e);
+          await store.close().catch(() => undefined);
+          store = undefined;
+        }
+      }
       node = local?.node;
-      const persister =
-        store === undefined
-          ? undefined
-          : new Persister(store, options.log, checkpointBytes, options.onStorageError ?? ((e) => console.warn(`melddb: ${e.message}`)));
+      persister = store === undefined ? undefined : new Persister(store, options.log, checkpointBytes, onStorageError);
       // A published checkpoint past what the store holds is the shorter way.
       const joined = await fromPublished(log, options.log, local?.last ?? -1, skipped, store !== undefined);
-      let db: MeldDB;
       if (joined.node !== undefined) {
         node?.free();
         node = joined.node;
         persister?.startAt(joined.begin, joined.parts, await log.read(joined.begin));
         db = await MeldDB.#start(log, joined.node, joined.begin, joined.begin + 1, persister);
       } else if (local !== undefined) {
-        persister?.resumed(local.last);
+        persister?.resumed(local.last, local.tailBytes);
         db = await MeldDB.#start(log, local.node, local.begin, local.last + 1, persister);
         db.#restored = local.restored;
       } else {
@@ -235,6 +264,7 @@ export class MeldDB {
             "Trimmed",
           );
         }
+        node = undefined;
         db = await MeldDB.#start(log, undefined, 0, 0, persister);
       }
       node = undefined;
@@ -242,12 +272,21 @@ export class MeldDB {
       await db.latest();
       return db;
     } catch (e) {
-      node?.free();
-      log.close();
-      await store?.close().catch(() => undefined);
+      if (db !== undefined) {
+        // The node, its log and its store (after its pending writes) go with it.
+        db.#ownsLog = true;
+        db.close();
+        await db.closed().catch(() => undefined);
+      } else {
+        node?.free();
+        log.close();
+        if (persister !== undefined) await persister.close().catch(() => undefined);
+        else await store?.close().catch(() => undefined);
+      }
       throw e;
     }
   }
+
 
   /**
    * A node on any log: it melds the log from its genesis record (position
@@ -268,6 +307,8 @@ export class MeldDB {
     db.#node = node;
     db.#startedAt = startedAt;
     db.#persister = persister;
+    // Only a node with a store checkpoints, so only it keeps the state at begin records.
+    if (persister !== undefined) node?.keepBegin(true);
     if (node !== undefined) {
       db.#unsubscribe = log.subscribe(from, (pos, entry) => db.#onEntry(pos, entry), (e) => db.#fail(e));
       return db;
@@ -277,6 +318,7 @@ export class MeldDB {
         if (db.#node === undefined) {
           try {
             const genesis = call(() => new raw.Node(entry));
+            if (persister !== undefined) genesis.keepBegin(true);
             db.#node = genesis;
             db.#persister?.melded(pos, entry, genesis);
             resolve();
@@ -320,7 +362,7 @@ export class MeldDB {
     if (persister !== undefined) {
       persister.melded(pos, entry, node);
       // No begin record for a while: append one, so the store can checkpoint.
-      if (persister.wantsBegin()) this.#log.append(node.beginRecord()).catch(() => undefined);
+      if (persister.wantsBegin()) this.#log.append(node.beginRecord()).catch((e: unknown) => persister.beginFailed(e));
     }
     for (const d of decisions) {
       const outcome = outcomeOf(d);

@@ -22,6 +22,8 @@ export interface Restored {
   restored: number;
   /** Position of the last entry melded. */
   last: number;
+  /** Bytes of the saved entries after the checkpoint. */
+  tailBytes: number;
 }
 
 function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
@@ -36,10 +38,22 @@ function splitParts(buf: Uint8Array): Uint8Array[] {
   const view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
   for (let at = 0; at + 4 <= buf.length; ) {
     const n = view.getUint32(at, true);
-    parts.push(buf.subarray(at + 4, at + 4 + n));
+    // Copies: a view would carry the whole buffer into stores that keep
+    // its ArrayBuffer (IndexedDB stores the buffer, not the view).
+    parts.push(buf.slice(at + 4, at + 4 + n));
     at += 4 + n;
   }
   return parts;
+}
+
+/** Runs a store call; anything it throws becomes a `MeldStorageError`. */
+export async function storeCall<T>(what: string, op: () => Promise<T>): Promise<T> {
+  try {
+    return await op();
+  } catch (e) {
+    if (e instanceof MeldStorageError) throw e;
+    throw new MeldStorageError(`${what}: ${String(e)}`, "Failed", { cause: e });
+  }
 }
 
 /** The node a store's contents stand for: its checkpoint, with its tail melded again. */
@@ -76,16 +90,23 @@ function rebuild(saved: SavedNode): raw.Node {
  * emptied; `skipped` says why.
  */
 export async function restore(store: NodeStore, log: ServiceLog, name: string, skipped: string[]): Promise<Restored | undefined> {
-  const saved = await store.load();
+  const saved = await storeCall("reading the node's store", () => store.load());
   if (saved === undefined) return undefined;
   const giveUp = async (why: string): Promise<undefined> => {
     skipped.push(`the store: ${why}`);
-    await store.clear();
+    await storeCall("emptying the node's store", () => store.clear());
     return undefined;
   };
-  if (saved.log !== name) return giveUp(`it holds log ${saved.log}`);
+  if (typeof saved !== "object" || saved === null || !Array.isArray(saved.tail) || !Number.isSafeInteger(saved.first)) {
+    return giveUp("it returned something other than a saved node");
+  }
+  if (saved.log !== name) return giveUp(`it holds log ${String(saved.log)}`);
   const lastEntry = saved.tail[saved.tail.length - 1];
   if (lastEntry === undefined) return giveUp("its tail is empty");
+  // The tail starts at the checkpoint's begin record, or at the genesis record.
+  if (saved.checkpoint === undefined ? saved.first !== 0 : saved.checkpoint.begin !== saved.first) {
+    return giveUp(`its tail starts at ${saved.first}, not at its checkpoint's begin record`);
+  }
   const last = saved.first + saved.tail.length - 1;
   const bounds = await log.bounds();
   if (bounds.first > last || bounds.tail <= last) {
@@ -93,7 +114,8 @@ export async function restore(store: NodeStore, log: ServiceLog, name: string, s
   }
   if (!sameBytes(await log.read(last), lastEntry)) return giveUp(`its entry ${last} is not the log's`);
   try {
-    return { node: rebuild(saved), begin: saved.first, restored: saved.tail.length - 1, last };
+    const tailBytes = saved.tail.reduce((n, e, i) => (i === 0 ? n : n + e.length), 0);
+    return { node: rebuild(saved), begin: saved.first, restored: saved.tail.length - 1, last, tailBytes };
   } catch (e) {
     if (!(e instanceof MeldError)) throw e;
     return giveUp(`it does not load: ${e.message}`);
@@ -117,6 +139,7 @@ export class Persister {
   /** Log bytes without a begin record after which this node appends one. */
   readonly #beginEvery: number;
   #askedBegin = false;
+  #mayNotAppend = false;
   #started = false;
   #failed: MeldStorageError | undefined;
   #closed = false;
@@ -137,9 +160,13 @@ export class Persister {
   }
 
   /** The node was restored from the store up to `last`: new entries follow it. */
-  resumed(last: number): void {
+  resumed(last: number, tailBytes: number): void {
     this.#started = true;
     this.#first = last + 1;
+    // The saved tail counts toward the next checkpoint, so a node that
+    // melds little per session still checkpoints eventually.
+    this.#sinceCheckpoint = tailBytes;
+    this.#sinceBegin = tailBytes;
   }
 
   /** The node starts from a checkpoint of the log (`parts`, begun at `begin`, whose record is `beginEntry`): the store is replaced by it. */
@@ -154,7 +181,7 @@ export class Persister {
     if (this.#failed !== undefined || this.#closed) return;
     if (!this.#started) {
       // The genesis record: the store starts from it.
-      this.startAt(0, [], entry);
+      this.startAt(0, [], entry.slice());
       return;
     }
     const isBegin = node.lastBegin() === pos;
@@ -173,7 +200,8 @@ export class Persister {
         this.#buffer = [];
         this.#first = pos + 1;
         this.#sinceCheckpoint = 0;
-        this.#enqueue(() => this.#store.reset(this.#log, pos, parts, entry));
+        const record = entry.slice();
+        this.#enqueue(() => this.#store.reset(this.#log, pos, parts, record));
         return;
       }
     } else {
@@ -193,9 +221,16 @@ export class Persister {
 
   /** Whether the node should append a begin record: none came for a while, so its store cannot checkpoint. */
   wantsBegin(): boolean {
-    if (this.#failed !== undefined || this.#askedBegin || this.#sinceBegin < this.#beginEvery) return false;
+    if (this.#failed !== undefined || this.#askedBegin || this.#mayNotAppend || this.#sinceBegin < this.#beginEvery) return false;
     this.#askedBegin = true;
     return true;
+  }
+
+  /** The begin record's append failed: ask again after as much log again, or never if the token may not append. */
+  beginFailed(e: unknown): void {
+    this.#askedBegin = false;
+    this.#sinceBegin = 0;
+    if (e instanceof MeldError && (e.code === "Forbidden" || e.code === "Unauthorized")) this.#mayNotAppend = true;
   }
 
   #flushBuffer(): void {
@@ -222,7 +257,11 @@ export class Persister {
     if (this.#failed !== undefined) return;
     this.#failed =
       e instanceof MeldStorageError ? e : new MeldStorageError(`the node's store failed: ${String(e)}; the node goes on without it`, "Failed", { cause: e });
-    this.#onError(this.#failed);
+    try {
+      this.#onError(this.#failed);
+    } catch {
+      // A throwing callback must not stop the node or the store chain.
+    }
   }
 
   /** Resolves once everything melded so far is in the store (rejects with the store's failure). */

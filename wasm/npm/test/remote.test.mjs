@@ -311,4 +311,28 @@ test("a failing store is reported once as MeldStorageError and the node goes on"
   await assert.rejects(db.flush(), (e) => e instanceof MeldStorageError && e.code === "Quota");
   assert.equal(errors.length, 1);
   assert.equal((await db.latest()).getString("k"), "v");
+
+  // A store that cannot be read: reported as MeldStorageError, the node joins without it.
+  const unreadable = { ...failing, load: async () => Promise.reject(new Error("disk on fire")) };
+  const seen = [];
+  const db2 = await MeldDB.connect(svc.ws, { ...opts("failing"), store: unreadable, onStorageError: (e) => seen.push(e) });
+  t.after(() => db2.close());
+  assert.equal(seen.length, 1);
+  assert.ok(seen[0] instanceof MeldStorageError && /disk on fire/.test(seen[0].message), String(seen[0]));
+  assert.equal((await db2.latest()).getString("k"), "v");
+
+  // Contents that contradict themselves are emptied, never melded.
+  let cleared = 0;
+  const inconsistent = {
+    ...failing,
+    load: async () => ({ log: "failing", checkpoint: undefined, first: 1, tail: [new Uint8Array(3)] }),
+    clear: async () => void cleared++,
+  };
+  const db3 = await MeldDB.connect(svc.ws, { ...opts("failing"), store: inconsistent, onStorageError: () => {} });
+  t.after(() => db3.close());
+  assert.equal(cleared, 1);
+  assert.equal(db3.stats().restored, 0);
+  assert.equal((await db3.latest()).getString("k"), "v");
+
+  await assert.rejects(MeldDB.connect(svc.ws, { ...opts("failing"), store: { load() {} } }), MeldArgumentError);
 });
