@@ -55,21 +55,9 @@ impl Decision {
     }
 }
 
-/// An abort reason's code (the names of [`AbortReason`]'s variants) and
-/// the key it names, if it names one (a phantom names the range's start).
+/// An abort reason's code and the key it names, if it names one.
 pub(crate) fn reason_parts(r: &AbortReason) -> (&'static str, Option<Vec<u8>>) {
-    use std::ops::Bound;
-    match r {
-        AbortReason::WriteWrite { key } => ("WriteWrite", Some(key.to_vec())),
-        AbortReason::ReadWrite { key } => ("ReadWrite", Some(key.to_vec())),
-        AbortReason::Phantom { range } => match &range.start {
-            Bound::Included(k) | Bound::Excluded(k) => ("Phantom", Some(k.to_vec())),
-            Bound::Unbounded => ("Phantom", None),
-        },
-        AbortReason::SnapshotTooOld { .. } => ("SnapshotTooOld", None),
-        AbortReason::SnapshotUnavailable { .. } => ("SnapshotUnavailable", None),
-        AbortReason::Malformed(_) => ("Malformed", None),
-    }
+    (r.code(), r.key().map(<[u8]>::to_vec))
 }
 
 #[wasm_bindgen]

@@ -75,6 +75,35 @@ pub enum AbortReason {
     Malformed(crate::error::DecodeError),
 }
 
+impl AbortReason {
+    /// The variant's name (`WriteWrite`, `ReadWrite`, `Phantom`,
+    /// `SnapshotTooOld`, `SnapshotUnavailable`, `Malformed`): a stable code
+    /// for bindings and tools.
+    pub fn code(&self) -> &'static str {
+        match self {
+            AbortReason::WriteWrite { .. } => "WriteWrite",
+            AbortReason::ReadWrite { .. } => "ReadWrite",
+            AbortReason::Phantom { .. } => "Phantom",
+            AbortReason::SnapshotTooOld { .. } => "SnapshotTooOld",
+            AbortReason::SnapshotUnavailable { .. } => "SnapshotUnavailable",
+            AbortReason::Malformed(_) => "Malformed",
+        }
+    }
+
+    /// The key the conflict is about, where there is one: the contested or
+    /// read key, or for a phantom the start of the range that was read.
+    pub fn key(&self) -> Option<&[u8]> {
+        match self {
+            AbortReason::WriteWrite { key } | AbortReason::ReadWrite { key } => Some(key),
+            AbortReason::Phantom { range } => match &range.start {
+                std::ops::Bound::Included(k) | std::ops::Bound::Excluded(k) => Some(k),
+                std::ops::Bound::Unbounded => None,
+            },
+            _ => None,
+        }
+    }
+}
+
 impl std::fmt::Display for AbortReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
