@@ -7,7 +7,7 @@ use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use melddb::{Order, Transaction as CoreTxn};
-use melddb_runtime::ReadTransaction as CoreRead;
+use melddb_runtime::{prefix_end, ReadTransaction as CoreRead};
 
 use crate::error::MeldError;
 
@@ -155,18 +155,6 @@ fn check_key(key: &[u8]) -> Result<(), MeldError> {
         return Err(melddb::TxnError::KeyTooLong { len: key.len() }.into());
     }
     Ok(())
-}
-
-/// The first key after every key that starts with `p` (`None`: none).
-fn prefix_end(p: &[u8]) -> Option<Vec<u8>> {
-    let mut end = p.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return Some(end);
-        }
-    }
-    None
 }
 
 enum Source {

@@ -58,7 +58,7 @@ pub use embedded::{
 pub use feed::{Change, ChangeFeed, Commit, FeedError, QUEUE as FEED_QUEUE};
 pub use filelog::{FileLogError, DEFAULT_SEGMENT_BYTES};
 pub use nodestore::StoreStats;
-pub use read::{ReadRange, ReadTransaction};
+pub use read::{prefix_end, ReadRange, ReadTransaction};
 pub use remote::{is_log_url, SCHEME};
 
 use std::collections::BTreeMap;

@@ -88,7 +88,7 @@ impl Iterator for ReadRange {
 
 /// The first key after every key that starts with `prefix` (`None`: no
 /// such key, the prefix is all 0xff).
-pub(crate) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {

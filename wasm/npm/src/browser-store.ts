@@ -11,6 +11,7 @@
  * the old generation or the new one. IndexedDB (`melddb-NAME`) keeps the
  * same in one transaction per call.
  */
+import { decodeList, encodeList } from "./bytes.js";
 import { MeldArgumentError, MeldStorageError } from "./errors.js";
 import type { NodeStore, SavedNode } from "./store.js";
 
@@ -32,33 +33,6 @@ function storageError(what: string, e: unknown): MeldStorageError {
     return new MeldStorageError(`${what}: the browser's storage quota for this origin is exhausted; free space or clear the store`, "Quota", { cause: e });
   }
   return new MeldStorageError(`${what}: ${String(e)}`, "Failed", { cause: e });
-}
-
-function frame(list: Uint8Array[]): Uint8Array {
-  let n = 0;
-  for (const b of list) n += 4 + b.length;
-  const out = new Uint8Array(n);
-  const view = new DataView(out.buffer);
-  let at = 0;
-  for (const b of list) {
-    view.setUint32(at, b.length, true);
-    out.set(b, at + 4);
-    at += 4 + b.length;
-  }
-  return out;
-}
-
-/** The entries of a file written by `frame`; a torn end is dropped. */
-function unframe(buf: Uint8Array): Uint8Array[] {
-  const out: Uint8Array[] = [];
-  const view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
-  for (let at = 0; at + 4 <= buf.length; ) {
-    const n = view.getUint32(at, true);
-    if (at + 4 + n > buf.length) break;
-    out.push(buf.slice(at + 4, at + 4 + n));
-    at += 4 + n;
-  }
-  return out;
 }
 
 /** `b` itself if it spans its whole buffer, else a copy: IndexedDB stores a view's entire buffer. */
@@ -161,13 +135,13 @@ class OpfsStore implements NodeStore {
       const g = meta.generation;
       let checkpoint: SavedNode["checkpoint"];
       if (meta.parts > 0) {
-        const parts = unframe((await this.#read(`ckpt-${g}.bin`)) ?? new Uint8Array(0));
+        const parts = decodeList((await this.#read(`ckpt-${g}.bin`)) ?? new Uint8Array(0));
         if (parts.length !== meta.parts) return undefined;
         checkpoint = { begin: meta.begin, parts };
       }
       const pieces: Array<[number, Uint8Array[]]> = [];
       const files = await this.#tailNames(g);
-      for (const [first, name] of files) pieces.push([first, unframe((await this.#read(name)) ?? new Uint8Array(0))]);
+      for (const [first, name] of files) pieces.push([first, decodeList((await this.#read(name)) ?? new Uint8Array(0))]);
       this.#tailFiles = files.length;
       return { log: meta.log, checkpoint, first: meta.begin, tail: joinTail(meta.begin, pieces) };
     } catch (e) {
@@ -184,8 +158,8 @@ class OpfsStore implements NodeStore {
         const m = /^(?:ckpt|tail)-(\d+)[-.]/.exec(name);
         if (m !== null) g = Math.max(g, Number(m[1]) + 1);
       }
-      if (parts.length > 0) await this.#write(`ckpt-${g}.bin`, frame(parts));
-      await this.#write(`tail-${g}-${begin}.bin`, frame([beginEntry]));
+      if (parts.length > 0) await this.#write(`ckpt-${g}.bin`, encodeList(parts));
+      await this.#write(`tail-${g}-${begin}.bin`, encodeList([beginEntry]));
       const meta: Meta = { version: 1, log, generation: g, begin, parts: parts.length };
       await this.#write("meta.json", JSON.stringify(meta));
       this.#meta = meta;
@@ -207,7 +181,7 @@ class OpfsStore implements NodeStore {
     const meta = this.#meta;
     if (meta === undefined) throw new MeldStorageError("an append to a store without a checkpoint or genesis record", "Order");
     try {
-      await this.#write(`tail-${meta.generation}-${first}.bin`, frame(entries));
+      await this.#write(`tail-${meta.generation}-${first}.bin`, encodeList(entries));
       if (++this.#tailFiles > MAX_TAIL_FILES) await this.#fold(meta);
     } catch (e) {
       throw storageError("appending to the node's store (OPFS)", e);
@@ -218,8 +192,8 @@ class OpfsStore implements NodeStore {
   async #fold(meta: Meta): Promise<void> {
     const files = await this.#tailNames(meta.generation);
     const pieces: Array<[number, Uint8Array[]]> = [];
-    for (const [first, name] of files) pieces.push([first, unframe((await this.#read(name)) ?? new Uint8Array(0))]);
-    await this.#write(`tail-${meta.generation}-${meta.begin}.bin`, frame(joinTail(meta.begin, pieces)));
+    for (const [first, name] of files) pieces.push([first, decodeList((await this.#read(name)) ?? new Uint8Array(0))]);
+    await this.#write(`tail-${meta.generation}-${meta.begin}.bin`, encodeList(joinTail(meta.begin, pieces)));
     for (const [first, name] of files) if (first !== meta.begin) await this.#dir.removeEntry(name).catch(() => undefined);
     this.#tailFiles = 1;
   }

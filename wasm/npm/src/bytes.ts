@@ -54,3 +54,35 @@ export function hasPrefix(key: Uint8Array, prefix: Uint8Array): boolean {
   for (let i = 0; i < prefix.length; i++) if (key[i] !== prefix[i]) return false;
   return true;
 }
+
+/** A list of byte strings as one buffer: per item a u32 little-endian length, then the bytes. */
+export function encodeList(list: Uint8Array[]): Uint8Array {
+  let n = 0;
+  for (const b of list) n += 4 + b.length;
+  const out = new Uint8Array(n);
+  const view = new DataView(out.buffer);
+  let at = 0;
+  for (const b of list) {
+    view.setUint32(at, b.length, true);
+    out.set(b, at + 4);
+    at += 4 + b.length;
+  }
+  return out;
+}
+
+/**
+ * The items of a buffer `encodeList` wrote (the module's checkpoint parts
+ * use the same layout), as copies: a view would carry the whole buffer
+ * into stores that keep its ArrayBuffer. A torn last item is dropped.
+ */
+export function decodeList(buf: Uint8Array): Uint8Array[] {
+  const out: Uint8Array[] = [];
+  const view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
+  for (let at = 0; at + 4 <= buf.length; ) {
+    const n = view.getUint32(at, true);
+    if (at + 4 + n > buf.length) break;
+    out.push(buf.slice(at + 4, at + 4 + n));
+    at += 4 + n;
+  }
+  return out;
+}

@@ -6,6 +6,7 @@
  * reported, never thrown into a meld.
  */
 import * as raw from "../pkg/melddb_wasm.js";
+import { decodeList } from "./bytes.js";
 import { MeldError, MeldStorageError, call } from "./errors.js";
 import type { ServiceLog } from "./remote.js";
 import type { NodeStore, SavedNode } from "./store.js";
@@ -32,19 +33,6 @@ function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
   return true;
 }
 
-/** Splits the module's checkpoint buffer (u32 LE length, part) into parts. */
-function splitParts(buf: Uint8Array): Uint8Array[] {
-  const parts: Uint8Array[] = [];
-  const view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
-  for (let at = 0; at + 4 <= buf.length; ) {
-    const n = view.getUint32(at, true);
-    // Copies: a view would carry the whole buffer into stores that keep
-    // its ArrayBuffer (IndexedDB stores the buffer, not the view).
-    parts.push(buf.slice(at + 4, at + 4 + n));
-    at += 4 + n;
-  }
-  return parts;
-}
 
 /** Runs a store call; anything it throws becomes a `MeldStorageError`. */
 export async function storeCall<T>(what: string, op: () => Promise<T>): Promise<T> {
@@ -191,7 +179,7 @@ export class Persister {
       if (this.#sinceCheckpoint >= this.#checkpointBytes) {
         let parts: Uint8Array[];
         try {
-          parts = splitParts(call(() => node.checkpoint(PART_BYTES)));
+          parts = decodeList(call(() => node.checkpoint(PART_BYTES)));
         } catch (e) {
           this.#fail(e);
           return;
