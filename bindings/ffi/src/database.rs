@@ -51,7 +51,7 @@ pub enum CommitOutcome {
         /// The conflicting key, where the reason names one.
         key: Option<Vec<u8>>,
         /// What happened.
-        message: String,
+        detail: String,
     },
 }
 
@@ -64,7 +64,7 @@ impl From<Outcome> for CommitOutcome {
                 CommitOutcome::Aborted {
                     reason: reason.code().to_owned(),
                     key: reason.key().map(<[u8]>::to_vec),
-                    message: reason.to_string(),
+                    detail: reason.to_string(),
                 }
             }
         }
@@ -100,10 +100,10 @@ async fn off_thread<T: Send + 'static>(
             let _ = send.send(f());
         })
         .map_err(|e| MeldError::Internal {
-            message: format!("could not start a thread for the call: {e}"),
+            detail: format!("could not start a thread for the call: {e}"),
         })?;
     recv.await.map_err(|_| MeldError::Internal {
-        message: "the call's thread ended without an answer".into(),
+        detail: "the call's thread ended without an answer".into(),
     })?
 }
 
@@ -215,13 +215,13 @@ impl Database {
                 CommitOutcome::Aborted {
                     reason,
                     key,
-                    message,
+                    detail,
                 } => {
                     if attempt == attempts {
                         return Err(MeldError::Aborted {
                             reason,
                             key,
-                            message: format!("{message} (after {attempts} attempts)"),
+                            detail: format!("{detail} (after {attempts} attempts)"),
                         });
                     }
                     std::thread::sleep(pause);
@@ -231,7 +231,7 @@ impl Database {
             }
         }
         Err(MeldError::Internal {
-            message: "transact ran no attempt".into(),
+            detail: "transact ran no attempt".into(),
         })
     }
 
@@ -262,9 +262,11 @@ impl Database {
         self.with(|db| WatchHandle::start(db.watch_prefix(&prefix), listener))
     }
 
-    /// Flushes and closes the node; later calls fail with
-    /// [`MeldError::State`]. Objects still open keep their own state.
-    pub fn close(&self) -> Result<(), MeldError> {
+    /// Flushes and closes the node, reporting what failed; later calls
+    /// fail with [`MeldError::State`]. Objects still open keep their own
+    /// state. (Releasing the object, Kotlin's `close()` or Swift's last
+    /// reference, also closes the node, without an error to report.)
+    pub fn shutdown(&self) -> Result<(), MeldError> {
         let db = self
             .db
             .write()

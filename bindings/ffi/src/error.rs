@@ -11,93 +11,93 @@ pub enum MeldError {
     /// committed first and conflicts with it. `reason` is the abort's code
     /// (`WriteWrite`, `ReadWrite`, `Phantom`, `SnapshotTooOld`,
     /// `SnapshotUnavailable`, `Malformed`), `key` the key it names.
-    #[error("{message}")]
+    #[error("{detail}")]
     Aborted {
         /// The abort reason's code.
         reason: String,
         /// The conflicting key, where the reason names one.
         key: Option<Vec<u8>>,
         /// What happened.
-        message: String,
+        detail: String,
     },
     /// An argument was rejected (a key or value too long, a bad option or
     /// URL); nothing changed.
-    #[error("{message}")]
+    #[error("{detail}")]
     Argument {
         /// What was wrong.
-        message: String,
+        detail: String,
     },
     /// The node's directory or its log failed (locked by another opener,
     /// unreadable, out of space, a node that cannot be read back).
-    #[error("{message}")]
+    #[error("{detail}")]
     Storage {
         /// What failed.
-        message: String,
+        detail: String,
     },
     /// The log service could not be reached or refused the request.
-    #[error("{message}")]
+    #[error("{detail}")]
     Connection {
         /// What failed.
-        message: String,
+        detail: String,
     },
     /// The log cannot be followed (trimmed past this node, unrecoverable),
     /// or a commit's outcome is unknown.
-    #[error("{message}")]
+    #[error("{detail}")]
     Log {
         /// What happened.
-        message: String,
+        detail: String,
     },
     /// The database, transaction or iterator is closed or finished, or the
     /// node stopped.
-    #[error("{message}")]
+    #[error("{detail}")]
     State {
         /// What is closed.
-        message: String,
+        detail: String,
     },
     /// The caller's transaction body threw; nothing was committed.
-    #[error("{message}")]
+    #[error("{detail}")]
     Callback {
         /// The foreign error's description.
-        message: String,
+        detail: String,
     },
     /// A bug in MeldDB; report it.
-    #[error("{message}")]
+    #[error("{detail}")]
     Internal {
         /// What went wrong.
-        message: String,
+        detail: String,
     },
 }
 
 impl MeldError {
     pub(crate) fn closed(what: &str) -> MeldError {
         MeldError::State {
-            message: format!("the {what} is closed"),
+            detail: format!("the {what} is closed"),
         }
     }
 }
 
 impl From<DbError> for MeldError {
     fn from(e: DbError) -> MeldError {
-        let message = e.to_string();
+        let detail = e.to_string();
         match e {
             DbError::Conflict { last, .. } => MeldError::Aborted {
                 reason: last.code().to_owned(),
                 key: last.key().map(<[u8]>::to_vec),
-                message,
+                detail,
             },
             DbError::Txn(melddb::TxnError::Store(_)) | DbError::Store(_) => {
-                MeldError::Storage { message }
+                MeldError::Storage { detail }
             }
             DbError::Txn(_) | DbError::OptionOutOfRange { .. } | DbError::BadUrl { .. } => {
-                MeldError::Argument { message }
+                MeldError::Argument { detail }
             }
-            DbError::Service { .. } | DbError::TimedOut { .. } => MeldError::Connection { message },
+            DbError::Service { .. } | DbError::TimedOut { .. } => MeldError::Connection { detail },
             DbError::TrimmedBehind { .. }
             | DbError::OutcomeUnknown { .. }
-            | DbError::Unrecoverable { .. } => MeldError::Log { message },
-            DbError::Closed | DbError::Stopped { .. } => MeldError::State { message },
-            DbError::Internal(_) | DbError::Thread { .. } => MeldError::Internal { message },
-            _ => MeldError::Storage { message },
+            | DbError::Unrecoverable { .. } => MeldError::Log { detail },
+            DbError::Closed | DbError::Stopped { .. } => MeldError::State { detail },
+            DbError::Internal(_) | DbError::Thread { .. } => MeldError::Internal { detail },
+            _ => MeldError::Storage { detail },
         }
     }
 }
@@ -119,6 +119,6 @@ impl From<TransactError<MeldError>> for MeldError {
 
 impl From<uniffi::UnexpectedUniFFICallbackError> for MeldError {
     fn from(e: uniffi::UnexpectedUniFFICallbackError) -> MeldError {
-        MeldError::Callback { message: e.reason }
+        MeldError::Callback { detail: e.reason }
     }
 }

@@ -71,10 +71,10 @@ impl WatchHandle {
                         }),
                         Ok(None) => {}
                         Err(e) => {
-                            let message = e.to_string();
+                            let detail = e.to_string();
                             listener.on_end(match e {
-                                FeedError::Lagged { .. } => MeldError::Log { message },
-                                _ => MeldError::State { message },
+                                FeedError::Lagged { .. } => MeldError::Log { detail },
+                                _ => MeldError::State { detail },
                             });
                             return;
                         }
@@ -82,7 +82,7 @@ impl WatchHandle {
                 }
             })
             .map_err(|e| MeldError::Internal {
-                message: format!("could not start the watch's thread: {e}"),
+                detail: format!("could not start the watch's thread: {e}"),
             })?;
         Ok(Arc::new(WatchHandle { alive }))
     }
@@ -96,8 +96,9 @@ impl Drop for WatchHandle {
 
 #[uniffi::export]
 impl WatchHandle {
-    /// Stops the listener's calls (within 50 ms; a call under way finishes).
-    pub fn close(&self) {
+    /// Stops the listener's calls (within 50 ms; a call under way
+    /// finishes), as releasing the handle does.
+    pub fn stop(&self) {
         self.alive.store(false, Ordering::Relaxed);
     }
 }

@@ -153,12 +153,12 @@ fn a_conflict_aborts_with_its_reason_and_key_and_transact_retries_it() {
             body(|tx| {
                 tx.put(b"n".to_vec(), b"lost".to_vec())?;
                 Err(MeldError::Callback {
-                    message: "changed my mind".into(),
+                    detail: "changed my mind".into(),
                 })
             }),
         )
         .unwrap_err();
-    assert!(matches!(err, MeldError::Callback { ref message } if message == "changed my mind"));
+    assert!(matches!(err, MeldError::Callback { ref detail } if detail == "changed my mind"));
     assert_eq!(db.get(b"n".to_vec()).unwrap().as_deref(), Some(&b"12"[..]));
 }
 
@@ -305,7 +305,7 @@ fn errors_are_typed() {
         ),
         Err(MeldError::Argument { .. })
     ));
-    db.close().unwrap();
+    db.shutdown().unwrap();
     assert!(matches!(
         db.get(b"k".to_vec()),
         Err(MeldError::State { .. })
@@ -316,5 +316,5 @@ fn errors_are_typed() {
     ));
     // Objects taken before the close keep their own state.
     assert_eq!(read.get(b"k".to_vec()).unwrap(), None);
-    db.close().unwrap();
+    db.shutdown().unwrap();
 }
