@@ -12,7 +12,10 @@ target="${CARGO_TARGET_DIR:-target}"
 # generator's dependencies into the library.
 cargo build "${flag[@]}" -p melddb-ffi
 cargo build "${flag[@]}" -p uniffi-bindgen
-lib="$target/$profile/libmelddb_ffi.so"
+case "$(uname -s)" in
+  Darwin) lib="$target/$profile/libmelddb_ffi.dylib" ;;
+  *) lib="$target/$profile/libmelddb_ffi.so" ;;
+esac
 out=bindings/generated
 rm -rf "$out"
 "$target/$profile/uniffi-bindgen" generate --library "$lib" \

@@ -4,7 +4,7 @@
 # "Tests run:" lines.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-target="${CARGO_TARGET_DIR:-$PWD/target}"
+target="$(realpath -m "${CARGO_TARGET_DIR:-target}")"
 bash bindings/generate.sh --release >/dev/null
 cd bindings/kotlin
 mvn -B -Dstyle.color=never test -Dmelddb.lib.dir="$target/release"

@@ -2,7 +2,7 @@
 //! commits (blocking, and async for Swift's `async` and Kotlin's
 //! `suspend`), `transact` with retries around a foreign body, reads.
 
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use melddb::{Isolation as CoreIsolation, Outcome};
 use melddb_runtime::{Database as CoreDb, DbOptions, RetryPolicy};
@@ -84,7 +84,9 @@ pub trait TransactionBody: Send + Sync {
 /// of the log service shared with other nodes.
 #[derive(uniffi::Object)]
 pub struct Database {
-    db: RwLock<Option<CoreDb>>,
+    /// The node; calls take a clone and release the lock before they
+    /// block, so a waiting commit never holds up `shutdown` or other calls.
+    db: RwLock<Option<Arc<CoreDb>>>,
 }
 
 /// Runs `f` on a thread of its own and resolves with its result, so that
@@ -108,23 +110,14 @@ async fn off_thread<T: Send + 'static>(
 }
 
 impl Database {
-    fn live(&self) -> Result<RwLockReadGuard<'_, Option<CoreDb>>, MeldError> {
-        let g = self
+    fn with<T>(&self, f: impl FnOnce(&CoreDb) -> Result<T, MeldError>) -> Result<T, MeldError> {
+        let db = self
             .db
             .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if g.is_none() {
-            return Err(MeldError::closed("database"));
-        }
-        Ok(g)
-    }
-
-    fn with<T>(&self, f: impl FnOnce(&CoreDb) -> Result<T, MeldError>) -> Result<T, MeldError> {
-        let g = self.live()?;
-        match g.as_ref() {
-            Some(db) => f(db),
-            None => Err(MeldError::closed("database")),
-        }
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| MeldError::closed("database"))?;
+        f(&db)
     }
 }
 
@@ -135,7 +128,7 @@ impl Database {
     #[uniffi::constructor]
     pub fn open(dir: String) -> Result<Arc<Database>, MeldError> {
         Ok(Arc::new(Database {
-            db: RwLock::new(Some(CoreDb::open(dir)?)),
+            db: RwLock::new(Some(Arc::new(CoreDb::open(dir)?))),
         }))
     }
 
@@ -154,7 +147,7 @@ impl Database {
             ..DbOptions::default()
         };
         Ok(Arc::new(Database {
-            db: RwLock::new(Some(CoreDb::connect(&url, dir, opts)?)),
+            db: RwLock::new(Some(Arc::new(CoreDb::connect(&url, dir, opts)?))),
         }))
     }
 
@@ -210,7 +203,11 @@ impl Database {
         let mut pause = policy.first_backoff;
         for attempt in 1..=attempts {
             let tx = self.begin(isolation)?;
-            body.run(tx.clone())?;
+            if let Err(e) = body.run(tx.clone()) {
+                // The foreign side may keep `tx`: drop its snapshot now.
+                let _ = tx.take();
+                return Err(e);
+            }
             match self.commit_blocking(tx)? {
                 CommitOutcome::Aborted {
                     reason,
@@ -270,11 +267,13 @@ impl Database {
         let db = self
             .db
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .take();
-        match db {
-            Some(db) => Ok(db.close()?),
-            None => Ok(()),
+        match db.map(Arc::try_unwrap) {
+            Some(Ok(db)) => Ok(db.close()?),
+            // A call still under way holds the node: it closes when that
+            // call ends (dropping the node flushes it).
+            Some(Err(_)) | None => Ok(()),
         }
     }
 }

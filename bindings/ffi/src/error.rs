@@ -91,8 +91,9 @@ impl From<DbError> for MeldError {
             DbError::Txn(_) | DbError::OptionOutOfRange { .. } | DbError::BadUrl { .. } => {
                 MeldError::Argument { detail }
             }
-            DbError::Service { .. } | DbError::TimedOut { .. } => MeldError::Connection { detail },
-            DbError::TrimmedBehind { .. }
+            DbError::Service { .. } => MeldError::Connection { detail },
+            DbError::TimedOut { .. }
+            | DbError::TrimmedBehind { .. }
             | DbError::OutcomeUnknown { .. }
             | DbError::Unrecoverable { .. } => MeldError::Log { detail },
             DbError::Closed | DbError::Stopped { .. } => MeldError::State { detail },

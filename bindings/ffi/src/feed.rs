@@ -30,10 +30,11 @@ pub struct Commit {
 /// Receives a watch's commits, in log order, on the watch's thread.
 #[uniffi::export(with_foreign)]
 pub trait ChangeListener: Send + Sync {
-    /// A committed transaction's changes.
-    fn on_commit(&self, commit: Commit);
-    /// The feed ended: `error` says why (it fell more than the feed's
-    /// queue behind, or the node closed). No call follows.
+    /// A committed transaction's changes. An error (a throw) ends the
+    /// watch: `on_end` follows with [`MeldError::Callback`].
+    fn on_commit(&self, commit: Commit) -> Result<(), MeldError>;
+    /// The feed ended: `error` says why (the listener threw, it fell more
+    /// than the feed's queue behind, or the node closed). No call follows.
     fn on_end(&self, error: MeldError);
 }
 
@@ -57,27 +58,42 @@ impl WatchHandle {
             .name("melddb-ffi-watch".into())
             .spawn(move || {
                 while running.load(Ordering::Relaxed) {
-                    match feed.next_timeout(POLL) {
-                        Ok(Some(c)) => listener.on_commit(Commit {
-                            position: c.pos,
-                            changes: c
-                                .changes
-                                .into_iter()
-                                .map(|ch| Change {
-                                    key: ch.key.to_vec(),
-                                    value: ch.value.map(|v| v.to_vec()),
-                                })
-                                .collect(),
-                        }),
-                        Ok(None) => {}
+                    let commit = match feed.next_timeout(POLL) {
+                        Ok(Some(c)) => c,
+                        Ok(None) => continue,
                         Err(e) => {
                             let detail = e.to_string();
                             listener.on_end(match e {
-                                FeedError::Lagged { .. } => MeldError::Log { detail },
-                                _ => MeldError::State { detail },
+                                FeedError::Lagged { .. } | FeedError::Closed => {
+                                    MeldError::State { detail }
+                                }
                             });
                             return;
                         }
+                    };
+                    // Nothing is delivered once the handle is stopped.
+                    if !running.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let delivered = listener.on_commit(Commit {
+                        position: commit.pos,
+                        changes: commit
+                            .changes
+                            .into_iter()
+                            .map(|ch| Change {
+                                key: ch.key.to_vec(),
+                                value: ch.value.map(|v| v.to_vec()),
+                            })
+                            .collect(),
+                    });
+                    if let Err(e) = delivered {
+                        listener.on_end(match e {
+                            MeldError::Callback { .. } => e,
+                            other => MeldError::Callback {
+                                detail: other.to_string(),
+                            },
+                        });
+                        return;
                     }
                 }
             })

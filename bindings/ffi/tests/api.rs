@@ -88,6 +88,22 @@ fn ranges_agree_with_a_model_map_across_chunks() {
     tx.put(b"k/0000a".to_vec(), b"mine".to_vec()).unwrap();
     let mine = collect(&tx.clone().prefix(b"k/0000".to_vec()));
     assert_eq!(mine.len(), 2);
+    // Reversed, bounded and limited, across chunks, in the transaction.
+    let mut with_mine = model.clone();
+    with_mine.insert(b"k/0000a".to_vec(), b"mine".to_vec());
+    let want: Vec<_> = with_mine
+        .range(b"k/0000".to_vec()..b"k/0900".to_vec())
+        .rev()
+        .take(500)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let got = collect(&tx.clone().range(
+        Some(b"k/0000".to_vec()),
+        Some(b"k/0900".to_vec()),
+        true,
+        Some(500),
+    ));
+    assert_eq!(got, want);
     assert_eq!(read.get(b"k/0000a".to_vec()).unwrap(), None);
 }
 
@@ -165,8 +181,9 @@ fn a_conflict_aborts_with_its_reason_and_key_and_transact_retries_it() {
 struct Recorder(Mutex<Vec<Commit>>, Mutex<Option<MeldError>>);
 
 impl ChangeListener for Recorder {
-    fn on_commit(&self, commit: Commit) {
+    fn on_commit(&self, commit: Commit) -> Result<(), MeldError> {
         self.0.lock().unwrap().push(commit);
+        Ok(())
     }
     fn on_end(&self, error: MeldError) {
         *self.1.lock().unwrap() = Some(error);
@@ -214,6 +231,40 @@ fn a_watch_delivers_commits_under_its_prefix_until_its_handle_is_dropped() {
         2,
         "no call after the handle is gone"
     );
+}
+
+struct Failing(Mutex<u32>, Mutex<Option<MeldError>>);
+
+impl ChangeListener for Failing {
+    fn on_commit(&self, _: Commit) -> Result<(), MeldError> {
+        *self.0.lock().unwrap() += 1;
+        Err(MeldError::Argument {
+            detail: "listener broke".into(),
+        })
+    }
+    fn on_end(&self, error: MeldError) {
+        *self.1.lock().unwrap() = Some(error);
+    }
+}
+
+#[test]
+fn a_listener_that_fails_ends_its_watch_with_a_callback_error() {
+    let (_dir, db) = open();
+    let rec = Arc::new(Failing(Mutex::new(0), Mutex::new(None)));
+    let _handle = db.watch(b"".to_vec(), rec.clone()).unwrap();
+    for k in [&b"a"[..], b"b"] {
+        db.transact_blocking(
+            Isolation::Serializable,
+            body(move |tx| tx.put(k.to_vec(), b"v".to_vec())),
+        )
+        .unwrap();
+    }
+    wait_until("the end of the watch", || rec.1.lock().unwrap().is_some());
+    assert!(
+        matches!(rec.1.lock().unwrap().clone(), Some(MeldError::Callback { ref detail }) if detail.contains("listener broke"))
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(*rec.0.lock().unwrap(), 1, "no call after the failure");
 }
 
 /// Polls a future to completion on this thread (the foreign executor's

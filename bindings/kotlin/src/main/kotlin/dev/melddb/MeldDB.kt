@@ -8,7 +8,6 @@ package dev.melddb
 import kotlinx.coroutines.channels.awaitClose
 import kotlinx.coroutines.channels.trySendBlocking
 import kotlinx.coroutines.flow.Flow
-import kotlinx.coroutines.flow.buffer
 import kotlinx.coroutines.flow.callbackFlow
 import uniffi.melddb_ffi.ChangeListener
 import uniffi.melddb_ffi.Commit
@@ -20,29 +19,47 @@ import uniffi.melddb_ffi.MeldException
 import uniffi.melddb_ffi.RangeIterator
 import uniffi.melddb_ffi.Transaction
 import uniffi.melddb_ffi.TransactionBody
+import java.util.concurrent.atomic.AtomicReference
 
 /**
  * Runs [block] in a transaction and commits it, running it again on a
- * newer state when meld aborts it; an exception from [block] ends it with
- * nothing committed ([MeldException.Callback] for one that is not a
- * [MeldException]). Throws [MeldException.Aborted] when the retries run out.
+ * newer state when meld aborts it. Anything [block] throws (an `Error`
+ * too) ends it with nothing committed and is rethrown here as it was.
+ * Throws [MeldException.Aborted] when the retries run out.
  */
 suspend fun Database.transact(
     isolation: Isolation = Isolation.SERIALIZABLE,
     block: (Transaction) -> Unit,
-): CommitOutcome =
-    transact(
-        isolation,
+): CommitOutcome {
+    // The generated callback layer passes on only Exceptions; every
+    // Throwable is caught here, kept, and reported as a Callback error so
+    // that the native side commits nothing.
+    val thrown = AtomicReference<Throwable?>(null)
+    val body =
         object : TransactionBody {
-            override fun run(tx: Transaction) = block(tx)
-        },
-    )
+            override fun run(tx: Transaction) {
+                try {
+                    block(tx)
+                } catch (t: Throwable) {
+                    thrown.set(t)
+                    throw MeldException.Callback(t.toString())
+                }
+            }
+        }
+    try {
+        return transact(isolation, body)
+    } catch (e: MeldException.Callback) {
+        throw thrown.get() ?: e
+    }
+}
 
 /**
  * The committed changes under [prefix], one [Commit] per transaction, in
  * log order, from the moment of collection. Cancelling the collector stops
- * the watch; a feed that ends (it fell too far behind, or the node closed)
- * ends the flow with that [MeldException].
+ * the watch; a feed that ends (a collector that fell more than the node's
+ * feed queue behind, or the node closed) ends the flow with that
+ * [MeldException]. The flow buffers 64 commits; past them the watch waits
+ * for the collector.
  */
 fun Database.changes(prefix: ByteArray): Flow<Commit> =
     callbackFlow {
@@ -59,8 +76,11 @@ fun Database.changes(prefix: ByteArray): Flow<Commit> =
                     }
                 },
             )
-        awaitClose { handle.stop(); handle.close() }
-    }.buffer(kotlinx.coroutines.channels.Channel.UNLIMITED)
+        awaitClose {
+            handle.stop()
+            handle.close()
+        }
+    }
 
 /** The pairs of a range, fetched lazily; iterate it once. */
 fun RangeIterator.asSequence(): Sequence<KeyValue> = generateSequence { next() }
