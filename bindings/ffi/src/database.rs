@@ -9,7 +9,7 @@ use melddb_runtime::{Database as CoreDb, DbOptions, RetryPolicy};
 
 use crate::error::MeldError;
 use crate::feed::{ChangeListener, WatchHandle};
-use crate::txn::{ReadTransaction, Transaction};
+use crate::txn::{check_key, ReadTransaction, Transaction};
 
 /// Isolation of a read-write transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, uniffi::Enum)]
@@ -153,9 +153,7 @@ impl Database {
 
     /// Reads `key` in the latest committed state this node has.
     pub fn get(&self, key: Vec<u8>) -> Result<Option<Vec<u8>>, MeldError> {
-        if key.len() > melddb::error::MAX_KEY_LEN {
-            return Err(melddb::TxnError::KeyTooLong { len: key.len() }.into());
-        }
+        check_key(&key)?;
         self.with(|db| Ok(db.get(&key)?.map(|v| v.to_vec())))
     }
 

@@ -150,7 +150,9 @@ impl ReadTransaction {
     }
 }
 
-fn check_key(key: &[u8]) -> Result<(), MeldError> {
+/// Refuses a key (or range bound) longer than the core takes, as an
+/// argument error rather than a missing key.
+pub(crate) fn check_key(key: &[u8]) -> Result<(), MeldError> {
     if key.len() > melddb::error::MAX_KEY_LEN {
         return Err(melddb::TxnError::KeyTooLong { len: key.len() }.into());
     }

@@ -100,6 +100,15 @@ function serviceError(code: number, a: number, b: number, message: string): Meld
   }
 }
 
+/** The fields of an Error frame (`code u16, a u64, b u64, message str16`), or undefined for a short one. */
+function readError(r: FrameReader): { code: number; a: number; b: number; message: string } | undefined {
+  try {
+    return { code: r.u16(), a: r.u64(), b: r.u64(), message: r.str16() };
+  } catch {
+    return undefined;
+  }
+}
+
 /** The WebSocket address of a service: `ws[s]://` as given, `http[s]://` mapped; `/v1/ws` when no path is given. */
 export function socketUrl(url: string): string {
   let u: URL;
@@ -281,10 +290,8 @@ export class ServiceLog implements LogClient {
     const p = this.#pending.get(r.corr);
     if (p === undefined) return;
     if (r.type === T.Error) {
-      let err: { code: number; a: number; b: number; message: string };
-      try {
-        err = { code: r.u16(), a: r.u64(), b: r.u64(), message: r.str16() };
-      } catch {
+      const err = readError(r);
+      if (err === undefined) {
         this.#pending.delete(r.corr);
         p.reject(new MeldConnectionError("the log service sent a malformed error frame", "BadFrame"));
         return;
@@ -313,22 +320,12 @@ export class ServiceLog implements LogClient {
    * being resent forever; the rest ride out the reconnection.
    */
   #onConnectionError(r: FrameReader): void {
-    let code: number;
-    let limit: number;
-    let message: string;
-    try {
-      code = r.u16();
-      r.u64();
-      limit = r.u64();
-      message = r.str16();
-    } catch {
-      return;
-    }
-    if (code !== 7) return;
+    const err = readError(r);
+    if (err?.code !== 7) return;
     for (const [corr, p] of this.#pending) {
-      if (p.frame.length > limit) {
+      if (p.frame.length > err.b) {
         this.#pending.delete(corr);
-        p.reject(serviceError(code, p.frame.length, limit, message));
+        p.reject(serviceError(err.code, p.frame.length, err.b, err.message));
       }
     }
   }
@@ -336,13 +333,14 @@ export class ServiceLog implements LogClient {
   #onSubscription(corr: bigint, sub: Subscription, r: FrameReader): void {
     try {
       if (r.type === T.Error) {
-        const [code, a, b, message] = [r.u16(), r.u64(), r.u64(), r.str16()];
+        const err = readError(r);
         this.#subs.delete(corr);
-        if (RETRYABLE.has(code)) {
+        if (err === undefined) throw new MeldConnectionError("the log service sent a malformed error frame", "BadFrame");
+        if (RETRYABLE.has(err.code)) {
           this.#resubscribe(corr, sub);
           return;
         }
-        sub.onError?.(serviceError(code, a, b, message));
+        sub.onError?.(serviceError(err.code, err.a, err.b, err.message));
         return;
       }
       if (r.type !== T.Entries) return;
